@@ -1,0 +1,30 @@
+"""What the engine hands its callers: plain frozen records, safe to send between processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cadence.core.plan import SampledToken
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One request's progress in one engine step (a delta, not the whole history).
+
+    new_text is the text completed by this step's tokens, after stop-string handling: text that
+    may begin a stop string is held back until resolved, and a matched stop string (and anything
+    after it) never appears. logprobs, when the request asked for them, has one SampledToken per
+    entry of new_token_ids (its logprob and top alternatives). error says why, when
+    finish_reason == "error".
+    """
+
+    req_id: str
+    new_token_ids: tuple[int, ...]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    logprobs: tuple[SampledToken, ...] | None = None
+    error: str | None = None

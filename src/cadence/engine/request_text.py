@@ -1,0 +1,43 @@
+"""A request's output text as it streams: incremental detokenizing, then stop strings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cadence.core.sampling_params import SamplingParams
+from cadence.engine.stop_strings import StopStringMatcher
+from cadence.model.detokenizer import IncrementalDetokenizer
+from cadence.model.tokenizer import Tokenizer
+
+
+class RequestText:
+    """Turns each step's new token ids into the text the client may see now.
+
+    Without a tokenizer (token-ids-only engines in tests) the text is always empty and stop
+    strings are refused up front.
+    """
+
+    def __init__(self, tokenizer: Tokenizer | None, params: SamplingParams) -> None:
+        if tokenizer is None and params.stop:
+            raise ValueError("stop strings need a tokenizer; this engine has none")
+        self._detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        self._matcher = StopStringMatcher(params.stop)
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string matched: the request must finish with reason "stop"."""
+        return self._matcher.stopped
+
+    def push(self, token_ids: Sequence[int], finished: bool) -> str:
+        """Text completed by these tokens; `finished` releases everything still held back."""
+        if self._detok is None:
+            return ""
+        pieces = []
+        for token_id in token_ids:
+            if self._matcher.stopped:
+                break
+            pieces.append(self._matcher.feed(self._detok.push(token_id)))
+        if finished and not self._matcher.stopped:
+            pieces.append(self._matcher.feed(self._detok.flush()))
+            pieces.append(self._matcher.flush())
+        return "".join(pieces)
