@@ -1,0 +1,37 @@
+"""Chained hashes of full KV blocks, the keys of the prefix cache.
+
+Block i's hash covers (hash of block i-1, the block's token ids), so equal hashes mean equal
+whole prefixes, not just equal blocks. A keyed cryptographic digest (BLAKE2b, 128 bits) keeps
+collisions out of reach and gives the same value in every process (Python's `hash()` of bytes
+is salted per process), which a disaggregated prefill/decode pair needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+BlockHash = bytes
+
+# Parent of block 0; any fixed value works, a named one reads better in debugging.
+ROOT_BLOCK_HASH: BlockHash = b"cadence-root-block"
+
+
+def hash_block_tokens(parent_hash: BlockHash, token_ids: Sequence[int]) -> BlockHash:
+    """Hash of one full block given its parent's hash: h(parent_hash, tuple(token_ids))."""
+    digest = hashlib.blake2b(parent_hash, digest_size=16)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
+
+def extend_block_hashes(
+    block_hashes: list[BlockHash], token_ids: Sequence[int], block_size: int
+) -> None:
+    """Append the hashes of the full blocks of `token_ids` not yet in `block_hashes` (in place)."""
+    num_full_blocks = len(token_ids) // block_size
+    for i in range(len(block_hashes), num_full_blocks):
+        parent = block_hashes[i - 1] if i > 0 else ROOT_BLOCK_HASH
+        block_hashes.append(
+            hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size])
+        )

@@ -1,0 +1,168 @@
+"""The physical KV blocks: reference counts, the free queue and the prefix-cache hash map.
+
+A block is *used* while some request holds it (ref_count > 0) and *free* otherwise. A free block
+that still holds a full, hashed prefix block stays *cached*: a later request with the same prefix
+can take it back (`touch`) without recomputing. Allocation takes plain free blocks first and only
+then evicts cached ones, least recently freed first, so the cache keeps what it can.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cadence.core.block_hash import BlockHash
+
+
+class BlockPoolError(RuntimeError):
+    """The pool was asked for something impossible, or its bookkeeping is inconsistent."""
+
+
+@dataclass
+class KVBlock:
+    block_id: int
+    ref_count: int = 0
+    # Hash of the full prefix block this block holds, if it is registered in the prefix cache.
+    block_hash: BlockHash | None = None
+
+
+class BlockPool:
+    """`num_blocks` KV blocks with ref counts, an LRU free queue and a hash -> block map."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # Free blocks without a cached hash, reused first. Insertion-ordered set.
+        self._free_plain: dict[int, None] = dict.fromkeys(range(num_blocks))
+        # Free blocks holding a cached prefix block, oldest first (the eviction order).
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
+        self._cached: dict[BlockHash, int] = {}
+        self.num_evictions = 0
+
+    # -- counts -----------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds (cached ones included: they can be evicted)."""
+        return len(self._free_plain) + len(self._free_cached)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a reusable prefix block (evictable)."""
+        return len(self._free_cached)
+
+    # -- allocation -------------------------------------------------------------------------
+    def allocate(self, n: int) -> list[int]:
+        """Take `n` free blocks (ref_count 1 each), evicting cached ones only when needed."""
+        if n > self.num_free_blocks:
+            raise BlockPoolError(f"asked for {n} blocks, only {self.num_free_blocks} free")
+        out: list[int] = []
+        for _ in range(n):
+            if self._free_plain:
+                block_id = next(iter(self._free_plain))
+                del self._free_plain[block_id]
+            else:
+                block_id, _ = self._free_cached.popitem(last=False)
+                self._evict(block_id)
+            self.blocks[block_id].ref_count = 1
+            out.append(block_id)
+        return out
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Take another reference on blocks (prefix-cache hits); revives free cached blocks."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                if block_id not in self._free_cached:
+                    raise BlockPoolError(f"touch of free block {block_id} that is not cached")
+                del self._free_cached[block_id]
+            block.ref_count += 1
+
+    def free(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference on each block, in the order given: a block reaching zero joins the
+        free queue's most-recent end, so pass a request's blocks tail first to have its tail
+        evicted before its (more shareable) head."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count <= 0:
+                raise BlockPoolError(f"double free of block {block_id}")
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is not None:
+                    self._free_cached[block_id] = None
+                else:
+                    self._free_plain[block_id] = None
+
+    # -- prefix cache -----------------------------------------------------------------------
+    def get_cached_block(self, block_hash: BlockHash) -> int | None:
+        return self._cached.get(block_hash)
+
+    def cache_block(self, block_id: int, block_hash: BlockHash) -> bool:
+        """Register a used block as holding the full prefix block `block_hash`.
+
+        Returns False (and changes nothing) when the block is already registered or another
+        block holds the same prefix (two requests computed it at once): one copy is enough.
+        """
+        block = self.blocks[block_id]
+        if block.ref_count <= 0:
+            raise BlockPoolError(f"cache_block on free block {block_id}")
+        if block.block_hash is not None or block_hash in self._cached:
+            return False
+        block.block_hash = block_hash
+        self._cached[block_hash] = block_id
+        return True
+
+    def is_free(self, block_id: int) -> bool:
+        return self.blocks[block_id].ref_count == 0
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached hash of free blocks; returns how many were dropped."""
+        dropped = 0
+        while self._free_cached:
+            block_id, _ = self._free_cached.popitem(last=False)
+            self._evict(block_id)
+            self._free_plain[block_id] = None
+            dropped += 1
+        return dropped
+
+    def _evict(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.block_hash is not None
+        del self._cached[block.block_hash]
+        block.block_hash = None
+        self.num_evictions += 1
+
+    # -- integrity --------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Raise BlockPoolError unless: free + used == total, ref counts >= 0, every free block
+        is in exactly one free queue (cached iff it has a hash), and the hash map matches the
+        blocks' hashes both ways."""
+        used = 0
+        for block in self.blocks:
+            bid = block.block_id
+            if block.ref_count < 0:
+                raise BlockPoolError(f"block {bid} has ref_count {block.ref_count}")
+            in_plain, in_cached = bid in self._free_plain, bid in self._free_cached
+            if block.ref_count > 0:
+                used += 1
+                if in_plain or in_cached:
+                    raise BlockPoolError(f"used block {bid} is in a free queue")
+            elif in_plain == in_cached:
+                raise BlockPoolError(f"free block {bid} is in {int(in_plain) + int(in_cached)} queues")
+            elif in_cached != (block.block_hash is not None):
+                raise BlockPoolError(f"free block {bid}: queue does not match its cached hash")
+            if block.block_hash is not None and self._cached.get(block.block_hash) != bid:
+                raise BlockPoolError(f"block {bid} has a hash the cache map does not point to it")
+        if used + self.num_free_blocks != self.num_blocks:
+            raise BlockPoolError(
+                f"free ({self.num_free_blocks}) + used ({used}) != total ({self.num_blocks})"
+            )
+        for block_hash, bid in self._cached.items():
+            if self.blocks[bid].block_hash != block_hash:
+                raise BlockPoolError(f"cache map points to block {bid} whose hash differs")

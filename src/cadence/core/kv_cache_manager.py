@@ -1,0 +1,165 @@
+"""Which KV blocks each request holds, and the prefix cache on top of the block pool.
+
+A request's block list covers positions [0, num_computed_tokens + scheduled tokens), block i
+holding positions [i * block_size, (i + 1) * block_size). A block enters the prefix cache only
+once all its positions are computed (after the step that wrote them), so a cache hit never
+points at KV that a forward pass has not written yet.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from cadence.core.block_hash import extend_block_hashes
+from cadence.core.block_pool import BlockPool, BlockPoolError
+from cadence.core.request import Request
+
+
+class KVCacheManager:
+    """Allocates blocks for requests' new tokens and serves full-block prefix-cache hits."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self._req_blocks: dict[str, list[int]] = {}
+        # How many leading blocks of each request are registered in (or came from) the cache.
+        self._num_cached_blocks: dict[str, int] = {}
+        # Counted in tokens, as vLLM does: queries = prompt tokens looked up, hits = tokens found.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache lookup ----------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> list[int]:
+        """Blocks of the longest cached full-block prefix of `request` (nothing is taken yet).
+
+        Never the whole sequence: at least its last token must be computed so that the step
+        produces logits to sample from. Only for a request with nothing computed.
+        """
+        if not self.enable_prefix_caching or request.num_computed_tokens > 0:
+            return []
+        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block_id = self.pool.get_cached_block(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admission's lookup (called once per admission, not per attempt)."""
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += num_query_tokens
+            self.prefix_cache_hits += num_hit_tokens
+
+    # -- allocation -------------------------------------------------------------------------
+    def num_blocks_required(
+        self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()
+    ) -> int:
+        """Total blocks the request would hold after this allocation."""
+        num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
+        return self.blocks_for_tokens(num_computed + num_new_tokens)
+
+    def num_free_blocks_needed(
+        self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()
+    ) -> int:
+        """Free blocks this allocation would consume: new blocks plus cache hits that are free
+        right now (taking them removes them from the free queue)."""
+        held = len(self._req_blocks.get(request.req_id, ()))
+        required = self.num_blocks_required(request, num_new_tokens, computed_blocks)
+        new_blocks = max(0, required - held - len(computed_blocks))
+        revived = sum(1 for b in computed_blocks if self.pool.is_free(b))
+        return new_blocks + revived
+
+    def can_allocate(
+        self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()
+    ) -> bool:
+        need = self.num_free_blocks_needed(request, num_new_tokens, computed_blocks)
+        return need <= self.pool.num_free_blocks
+
+    def allocate(
+        self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()
+    ) -> list[int]:
+        """Take the cache hits `computed_blocks` (admission only) and enough new blocks for
+        `num_new_tokens` more tokens; returns the new block ids. The caller then advances
+        `request.num_computed_tokens` by len(computed_blocks) * block_size.
+        Raises BlockPoolError when it does not fit (check `can_allocate` first)."""
+        if not self.can_allocate(request, num_new_tokens, computed_blocks):
+            raise BlockPoolError(
+                f"request {request.req_id}: not enough free blocks for {num_new_tokens} tokens"
+            )
+        blocks = self._req_blocks.setdefault(request.req_id, [])
+        self._num_cached_blocks.setdefault(request.req_id, 0)
+        if computed_blocks:
+            if blocks:
+                raise BlockPoolError(f"request {request.req_id}: cache hits after allocation")
+            self.pool.touch(computed_blocks)
+            blocks.extend(computed_blocks)
+            self._num_cached_blocks[request.req_id] = len(computed_blocks)
+        required = self.num_blocks_required(request, num_new_tokens, computed_blocks)
+        new_blocks = self.pool.allocate(max(0, required - len(blocks)))
+        blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Register the request's newly completed full blocks in the prefix cache (call after
+        `num_computed_tokens` advanced past them, i.e. after the step computed them)."""
+        if not self.enable_prefix_caching:
+            return
+        blocks = self._req_blocks.get(request.req_id)
+        if not blocks:
+            return
+        start = self._num_cached_blocks[request.req_id]
+        num_full = min(request.num_computed_tokens // self.block_size, len(blocks))
+        if num_full <= start:
+            return
+        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        for i in range(start, num_full):
+            self.pool.cache_block(blocks[i], request.block_hashes[i])
+        self._num_cached_blocks[request.req_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release every block the request holds (tail first, so its tail is evicted first)."""
+        blocks = self._req_blocks.pop(request.req_id, None)
+        self._num_cached_blocks.pop(request.req_id, None)
+        if blocks:
+            self.pool.free(reversed(blocks))
+
+    def get_block_table(self, req_id: str) -> tuple[int, ...]:
+        return tuple(self._req_blocks.get(req_id, ()))
+
+    def holds_blocks(self, req_id: str) -> bool:
+        return bool(self._req_blocks.get(req_id))
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix not in use; returns the number of blocks dropped."""
+        return self.pool.reset_prefix_cache()
+
+    # -- integrity --------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Pool integrity, plus: each block's ref count equals the number of requests holding
+        it, and no request holds a block twice."""
+        self.pool.check_integrity()
+        holders: Counter[int] = Counter()
+        for req_id, blocks in self._req_blocks.items():
+            if len(set(blocks)) != len(blocks):
+                raise BlockPoolError(f"request {req_id} holds a block twice: {blocks}")
+            holders.update(blocks)
+        for block in self.pool.blocks:
+            if block.ref_count != holders[block.block_id]:
+                raise BlockPoolError(
+                    f"block {block.block_id}: ref_count {block.ref_count} but "
+                    f"{holders[block.block_id]} requests hold it"
+                )

@@ -1,0 +1,243 @@
+"""The scheduler: decides each step's work (`schedule`) and moves counters after it (`update`).
+
+    plan = scheduler.schedule()       # ints only: which tokens of which requests, which blocks
+    out  = executor.execute(plan)     # one sampled token per chunk with sample=True
+    ups  = scheduler.update(plan, out)
+
+Finishing outside `update` (abort_request, finish_request, or a request that can never fit the
+KV cache): blocks are freed at once, and the request's final RequestUpdate (finished=True, its
+reason, no new tokens) is delivered exactly once by the next `update()` call, the same way as
+requests that finish in a step. Until then `has_unfinished()` stays True, so an engine loop
+`while has_unfinished(): step()` always sees it; an empty plan can be updated with
+`StepOutput(plan.step_id)` without running the executor.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.kv_cache_manager import KVCacheManager
+from cadence.core.plan import StepOutput, StepPlan
+from cadence.core.policies import make_policy
+from cadence.core.request import Request, RequestStatus
+from cadence.core.request_queue import RankKey, make_waiting_queue
+from cadence.core.scheduler_types import RequestUpdate, SchedulerStats
+from cadence.core.step_builder import StepBuilder
+from cadence.core.stop_checker import check_stop
+
+__all__ = ["RequestUpdate", "Scheduler", "SchedulerStats"]
+
+
+class Scheduler:
+    """Token-budget scheduler over a paged KV cache with prefix caching and preemption."""
+
+    def __init__(self, sched: SchedulerConfig, cache: CacheConfig) -> None:
+        if cache.num_blocks is None:
+            raise ValueError("CacheConfig.num_blocks must be resolved before building a Scheduler")
+        self.config = sched
+        self.cache_config = cache
+        self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
+        self.policy = make_policy(sched)
+        self.waiting = make_waiting_queue(sched.scheduling, self._rank)
+        self.running: list[Request] = []
+        # Every request not yet reported finished, by id.
+        self._requests: dict[str, Request] = {}
+        self._add_order: dict[str, int] = {}
+        self._num_added = 0
+        # Finished outside update(); their final update goes out with the next update().
+        self._finished_unreported: list[Request] = []
+        self._next_step_id = 0
+        # The last non-empty plan, until update() consumes it.
+        self._outstanding_step_id: int | None = None
+        self.num_preemptions_total = 0
+
+    # -- requests in and out ----------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue a new request. Raises ValueError if its id is in use or prompt + max_tokens
+        exceeds max_model_len (the server turns that into a 400)."""
+        if req.req_id in self._requests:
+            raise ValueError(f"request id {req.req_id!r} is already in use")
+        if req.status is not RequestStatus.WAITING or req.num_computed_tokens or req.num_output_tokens:
+            raise ValueError(f"request {req.req_id}: only fresh requests can be added")
+        total = req.num_prompt_tokens + req.sampling.max_tokens
+        if total > self.config.max_model_len:
+            raise ValueError(
+                f"request {req.req_id}: prompt ({req.num_prompt_tokens} tokens) + max_tokens "
+                f"({req.sampling.max_tokens}) = {total} tokens exceeds max_model_len "
+                f"({self.config.max_model_len})"
+            )
+        self._requests[req.req_id] = req
+        self._add_order[req.req_id] = self._num_added
+        self._num_added += 1
+        self.waiting.add(req)
+
+    def abort_request(self, req_id: str, reason: str = "abort") -> bool:
+        """Finish a request in any state, freeing its blocks now. Returns False if unknown or
+        already finished. Its final update comes with the next update()."""
+        return self.finish_request(req_id, reason)
+
+    def finish_request(self, req_id: str, reason: str = "stop") -> bool:
+        """Like abort_request with another reason ("stop" for stop strings the engine found)."""
+        status = RequestStatus.from_finish_reason(reason)
+        req = self._requests.get(req_id)
+        if req is None or req.is_finished:
+            return False
+        self._finish(req, status)
+        self._finished_unreported.append(req)
+        return True
+
+    def get_request(self, req_id: str) -> Request | None:
+        return self._requests.get(req_id)
+
+    def has_unfinished(self) -> bool:
+        """True while any request waits, runs, or has a final update not yet delivered."""
+        return bool(self._requests)
+
+    # -- the step ---------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """Decide the next step. Each non-empty plan must go through update() before the next
+        schedule() (its tokens are not counted as computed until then)."""
+        if self._outstanding_step_id is not None:
+            raise RuntimeError(
+                f"schedule() called before update() of step {self._outstanding_step_id}"
+            )
+        step = StepBuilder(
+            kv=self.kv,
+            running=self.running,
+            waiting=self.waiting,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_seqs=self.config.max_num_seqs,
+            rank=self._rank,
+            fail=self._fail_request,
+        )
+        self.policy.build(step)
+        plan = step.build_plan(self._next_step_id)
+        self._next_step_id += 1
+        self.num_preemptions_total += len(plan.preempted)
+        if not plan.is_empty:
+            self._outstanding_step_id = plan.step_id
+        return plan
+
+    def update(self, plan: StepPlan, out: StepOutput) -> list[RequestUpdate]:
+        """Advance counters by the computed plan, append sampled tokens, check stops, free the
+        blocks of finished requests; one RequestUpdate per request with news."""
+        if out.step_id != plan.step_id:
+            raise ValueError(f"StepOutput of step {out.step_id} given for plan {plan.step_id}")
+        if not plan.is_empty and plan.step_id != self._outstanding_step_id:
+            raise ValueError(f"plan {plan.step_id} is not the outstanding step")
+        self._outstanding_step_id = None
+        updates: list[RequestUpdate] = []
+        for chunk in plan.chunks:
+            req = self._requests.get(chunk.req_id)
+            if req is None or req.is_finished:
+                continue  # finished (aborted) after schedule(): reported below
+            if chunk.start_pos != req.num_computed_tokens:
+                raise RuntimeError(
+                    f"request {req.req_id}: chunk starts at {chunk.start_pos} but "
+                    f"{req.num_computed_tokens} tokens are computed"
+                )
+            req.num_computed_tokens = chunk.end_pos
+            new_token_ids: tuple[int, ...] = ()
+            if chunk.sample:
+                token_id = self._sampled_token(out, req.req_id)
+                req.append_output_token(token_id)
+                new_token_ids = (token_id,)
+            self.kv.cache_computed_blocks(req)
+            status = check_stop(req, self.config.max_model_len) if chunk.sample else None
+            if status is not None:
+                self._finish(req, status)
+            if new_token_ids or req.is_finished:
+                updates.append(self._update_of(req, new_token_ids))
+        for req in self._finished_unreported:
+            updates.append(self._update_of(req, ()))
+        self._finished_unreported.clear()
+        for u in updates:
+            if u.finished:
+                self._forget(u.req_id)
+        return updates
+
+    # -- introspection ----------------------------------------------------------------------
+    def stats(self) -> SchedulerStats:
+        pool = self.kv.pool
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_blocks_total=pool.num_blocks,
+            num_blocks_used=pool.num_used_blocks,
+            num_blocks_free=pool.num_free_blocks,
+            num_blocks_cached=pool.num_cached_free_blocks,
+            num_preemptions_total=self.num_preemptions_total,
+            prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits,
+        )
+
+    def check_integrity(self) -> None:
+        """Raise if blocks or queues are inconsistent (tests call this after every step)."""
+        self.kv.check_integrity()
+        if len(self.running) > self.config.max_num_seqs:
+            raise RuntimeError(f"{len(self.running)} running > max_num_seqs")
+        for req in self.running:
+            if req.status is not RequestStatus.RUNNING or not self.kv.holds_blocks(req.req_id):
+                raise RuntimeError(f"running {req} is not RUNNING with blocks")
+        for req in self.waiting:
+            if req.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+                raise RuntimeError(f"waiting {req} has status {req.status}")
+            if self.kv.holds_blocks(req.req_id) or req.num_computed_tokens:
+                raise RuntimeError(f"waiting {req} holds blocks or computed tokens")
+        live = {r.req_id for r in self.running} | {r.req_id for r in self.waiting}
+        unreported = {r.req_id for r in self._finished_unreported}
+        if live | unreported != set(self._requests) or live & unreported:
+            raise RuntimeError("request registry does not match running + waiting + unreported")
+
+    # -- internals --------------------------------------------------------------------------
+    def _rank(self, req: Request) -> RankKey:
+        """Service order; the largest key is the preemption victim (lowest priority, latest
+        arrival). FCFS ignores priority."""
+        order = self._add_order[req.req_id]
+        if self.config.scheduling == "priority":
+            return (req.priority, req.arrival_time, order)
+        return (req.arrival_time, order)
+
+    def _finish(self, req: Request, status: RequestStatus, message: str | None = None) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.set_finished(status, message)
+
+    def _fail_request(self, req: Request, message: str) -> None:
+        self._finish(req, RequestStatus.FINISHED_ERROR, message)
+        self._finished_unreported.append(req)
+
+    def _forget(self, req_id: str) -> None:
+        self._requests.pop(req_id, None)
+        self._add_order.pop(req_id, None)
+
+    @staticmethod
+    def _sampled_token(out: StepOutput, req_id: str) -> int:
+        sampled = out.sampled.get(req_id)
+        if sampled is None:
+            raise ValueError(f"step {out.step_id}: the executor sampled no token for {req_id}")
+        try:
+            # operator.index accepts numpy / torch integer scalars, refuses floats and bools.
+            token_id = operator.index(sampled.token_id)
+        except TypeError:
+            token_id = -1
+        if isinstance(sampled.token_id, bool) or token_id < 0:
+            raise ValueError(f"step {out.step_id}: bad token id {sampled.token_id!r} for {req_id}")
+        return token_id
+
+    @staticmethod
+    def _update_of(req: Request, new_token_ids: tuple[int, ...]) -> RequestUpdate:
+        return RequestUpdate(
+            req_id=req.req_id,
+            new_token_ids=new_token_ids,
+            finished=req.is_finished,
+            finish_reason=req.finish_reason,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_output_tokens=req.num_output_tokens,
+            num_cached_tokens=max(0, req.num_cached_tokens),
+            error_message=req.error_message,
+        )

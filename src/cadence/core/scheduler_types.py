@@ -1,0 +1,45 @@
+"""What the scheduler reports: per-request updates after a step, and its own counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RequestUpdate:
+    """A request's progress in one `Scheduler.update`: new tokens, and whether it finished."""
+
+    req_id: str
+    new_token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    # Why, when finish_reason == "error" (e.g. the request cannot fit the KV cache).
+    error_message: str | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """A snapshot of the scheduler. Blocks: free + used == total; `num_blocks_cached` counts
+    the free blocks that still hold a reusable prefix (a subset of free). Prefix-cache queries
+    and hits are counted in tokens at each admission, as vLLM does."""
+
+    num_running: int
+    num_waiting: int
+    num_blocks_total: int
+    num_blocks_used: int
+    num_blocks_free: int
+    num_blocks_cached: int
+    num_preemptions_total: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.num_blocks_used / self.num_blocks_total

@@ -1,0 +1,162 @@
+"""The stages a policy composes into one step: serve running requests, admit waiting ones.
+
+A StepBuilder lives for one `Scheduler.schedule()` call. It owns the step's token budget and
+sequence cap, takes blocks for every token it schedules, preempts (by recompute) when blocks
+run out, and finally freezes what it scheduled into a StepPlan. Policies decide only the order
+of the stages and how many tokens each request gets (a ChunkRule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from cadence.core.kv_cache_manager import KVCacheManager
+from cadence.core.plan import ScheduledChunk, StepPlan
+from cadence.core.request import Request, RequestStatus
+from cadence.core.request_queue import RankKey, WaitingQueue
+
+# (tokens the request still needs, token budget left, nothing scheduled yet) -> tokens to
+# schedule now; 0 means "not this step".
+ChunkRule = Callable[[int, int, bool], int]
+
+
+class StepBuilder:
+    def __init__(
+        self,
+        *,
+        kv: KVCacheManager,
+        running: list[Request],
+        waiting: WaitingQueue,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        rank: Callable[[Request], RankKey],
+        fail: Callable[[Request, str], None],
+    ) -> None:
+        self._kv = kv
+        self._running = running
+        self._waiting = waiting
+        self._max_num_seqs = max_num_seqs
+        self._rank = rank
+        self._fail = fail
+        self.token_budget = max_num_batched_tokens
+        # req_id -> (request, tokens this step), in batch order.
+        self._scheduled: dict[str, tuple[Request, int]] = {}
+        self.preempted: list[str] = []
+
+    @property
+    def is_empty(self) -> bool:
+        return not self._scheduled
+
+    def running_by_rank(self) -> list[Request]:
+        """Running requests, most important first (the preemption victim is the last)."""
+        return sorted(self._running, key=self._rank)
+
+    # -- stages -----------------------------------------------------------------------------
+    def schedule_running(self, order: Iterable[Request], rule: ChunkRule) -> None:
+        """Give running requests their next tokens in `order`, preempting when blocks run out."""
+        for request in order:
+            if self.token_budget <= 0:
+                return
+            if request.status is not RequestStatus.RUNNING or request.req_id in self._scheduled:
+                continue  # preempted earlier in this step, or already served
+            num_new = rule(request.num_remaining_tokens, self.token_budget, self.is_empty)
+            if num_new <= 0:
+                continue
+            if self._allocate_or_preempt(request, num_new):
+                self._add(request, num_new)
+
+    def admit_waiting(self, rule: ChunkRule) -> None:
+        """Admit waiting requests in queue order until the budget, the sequence cap or the
+        blocks run out. The head of the queue blocks the rest (no overtaking)."""
+        if self.preempted:
+            return  # memory is tight this step; admitting would only preempt again
+        while self._waiting and self.token_budget > 0 and len(self._running) < self._max_num_seqs:
+            request = self._waiting.peek()
+            needed_blocks = self._kv.blocks_for_tokens(request.num_tokens)
+            if needed_blocks > self._kv.num_blocks:
+                self._waiting.pop()
+                self._fail(request, self._too_big_message(request, request.num_tokens))
+                continue
+            computed_blocks = self._kv.get_computed_blocks(request)
+            num_hit_tokens = len(computed_blocks) * self._kv.block_size
+            num_new = rule(request.num_tokens - num_hit_tokens, self.token_budget, self.is_empty)
+            if num_new <= 0 or not self._kv.can_allocate(request, num_new, computed_blocks):
+                return
+            self._waiting.pop()
+            self._kv.allocate(request, num_new, computed_blocks)
+            self._kv.record_prefix_lookup(request.num_tokens, num_hit_tokens)
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            request.status = RequestStatus.RUNNING
+            self._running.append(request)
+            self._add(request, num_new)
+
+    # -- the plan ---------------------------------------------------------------------------
+    def build_plan(self, step_id: int) -> StepPlan:
+        chunks = []
+        for request, num_new in self._scheduled.values():
+            start = request.num_computed_tokens
+            end = start + num_new
+            is_decode = num_new == 1 and request.is_prefill_done and request.num_output_tokens > 0
+            chunks.append(
+                ScheduledChunk(
+                    req_id=request.req_id,
+                    token_ids=tuple(request.all_token_ids[start:end]),
+                    start_pos=start,
+                    block_table=self._kv.get_block_table(request.req_id),
+                    sample=end == request.num_tokens,
+                    sampling=request.sampling,
+                    output_index=request.num_output_tokens,
+                    is_prefill=not is_decode,
+                )
+            )
+        return StepPlan(
+            step_id=step_id,
+            chunks=tuple(chunks),
+            block_size=self._kv.block_size,
+            preempted=tuple(self.preempted),
+        )
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _add(self, request: Request, num_new: int) -> None:
+        self._scheduled[request.req_id] = (request, num_new)
+        self.token_budget -= num_new
+
+    def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
+        """Take blocks for `num_new` more tokens of a running request, preempting the lowest
+        ranked running requests (possibly `request` itself) until they fit."""
+        required = self._kv.num_blocks_required(request, num_new)
+        if required > self._kv.num_blocks:
+            # No amount of preemption helps: finish it now rather than spin.
+            self._fail(request, self._too_big_message(request, request.num_computed_tokens + num_new))
+            return False
+        while not self._kv.can_allocate(request, num_new):
+            victim = max(self._running, key=self._rank)
+            self._preempt(victim)
+            if victim is request:
+                return False
+        self._kv.allocate(request, num_new)
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute preemption: free its blocks, forget its KV, requeue it at the front. Its
+        output tokens stay and are recomputed as part of its sequence later."""
+        scheduled = self._scheduled.pop(request.req_id, None)
+        if scheduled is not None:
+            self.token_budget += scheduled[1]
+        self._kv.free(request)
+        self._running.remove(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self._waiting.add_front(request)
+        self.preempted.append(request.req_id)
+
+    def _too_big_message(self, request: Request, num_tokens: int) -> str:
+        needed = self._kv.blocks_for_tokens(num_tokens)
+        return (
+            f"request {request.req_id} needs {needed} KV cache blocks for {num_tokens} tokens "
+            f"but the cache has only {self._kv.num_blocks} blocks of {self._kv.block_size} "
+            "tokens; raise num_blocks / kv cache memory or shorten the request"
+        )

@@ -1,0 +1,107 @@
+"""A deterministic, torch-free stand-in for the model executor (core and engine tests).
+
+It keeps a fake KV cache: for every physical block, the token id written at each slot. A chunk
+writes its tokens through its block table, then (when `sample` is set) reads the request's whole
+history [0, end_pos) back through the same block table and "samples" a pure function of it.
+So, exactly like a real model, the output depends only on the tokens before it, and any
+scheduling bug that would corrupt a real KV cache (a wrong block table, a cache hit on a block
+whose content differs, a position never computed) changes the output or raises here.
+It also records every (req_id, start_pos, end_pos) it computed, in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+from cadence.core.plan import ScheduledChunk, SampledToken, StepOutput, StepPlan
+
+
+class FakeExecutorError(RuntimeError):
+    """The plan asked for something a real executor could not do (e.g. read unwritten KV)."""
+
+
+class FakeExecutor:
+    """`execute(plan) -> StepOutput` with token = f(request's tokens up to end_pos).
+
+    With `eos_token_id` set, roughly one sampled token in `eos_one_in` is EOS (still a pure
+    function of the history), so requests end early as they would with a real model.
+    """
+
+    def __init__(self, vocab_size: int, eos_token_id: int | None = None, eos_one_in: int = 16):
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        if eos_token_id is not None and not 0 <= eos_token_id < vocab_size:
+            raise ValueError(f"eos_token_id {eos_token_id} outside vocab of {vocab_size}")
+        if eos_one_in < 1:
+            raise ValueError(f"eos_one_in must be >= 1, got {eos_one_in}")
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self.eos_one_in = eos_one_in
+        # block id -> token id per slot (None = never written).
+        self._kv: dict[int, list[int | None]] = {}
+        # Every chunk computed: (req_id, start_pos, end_pos), in execution order.
+        self.computed: list[tuple[str, int, int]] = []
+        self.num_steps = 0
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        sampled: dict[str, SampledToken] = {}
+        for chunk in plan.chunks:
+            self._write(chunk, plan.block_size)
+            self.computed.append((chunk.req_id, chunk.start_pos, chunk.end_pos))
+        # Read after all writes, as a real forward writes a layer's KV before attending.
+        for chunk in plan.chunks:
+            if chunk.sample:
+                history = self._read(chunk, plan.block_size)
+                sampled[chunk.req_id] = SampledToken(self.next_token(history))
+        self.num_steps += 1
+        return StepOutput(step_id=plan.step_id, sampled=sampled)
+
+    def next_token(self, history: list[int]) -> int:
+        """The fake model: a pure function of the whole token history."""
+        digest = hashlib.blake2b(array("q", history).tobytes(), digest_size=8).digest()
+        value = int.from_bytes(digest, "little")
+        if self.eos_token_id is not None and value % self.eos_one_in == 0:
+            return self.eos_token_id
+        return (value // self.eos_one_in) % self.vocab_size
+
+    def reference_generate(self, prompt: list[int], num_tokens: int, stop_ids=()) -> list[int]:
+        """Tokens an unscheduled run would produce (up to num_tokens, stopping after a stop id)."""
+        history, out = list(prompt), []
+        while len(out) < num_tokens:
+            token = self.next_token(history)
+            out.append(token)
+            history.append(token)
+            if token in stop_ids:
+                break
+        return out
+
+    # -- the fake KV cache ------------------------------------------------------------------
+    def _slots(self, chunk: ScheduledChunk, block_size: int, end: int) -> list[tuple[int, int]]:
+        needed = -(-end // block_size)
+        if len(chunk.block_table) < needed:
+            raise FakeExecutorError(
+                f"{chunk.req_id}: block table of {len(chunk.block_table)} blocks cannot hold "
+                f"{end} positions (block_size {block_size})"
+            )
+        if len(set(chunk.block_table)) != len(chunk.block_table):
+            raise FakeExecutorError(f"{chunk.req_id}: block table repeats a block")
+        return [(chunk.block_table[p // block_size], p % block_size) for p in range(end)]
+
+    def _write(self, chunk: ScheduledChunk, block_size: int) -> None:
+        slots = self._slots(chunk, block_size, chunk.end_pos)[chunk.start_pos :]
+        for (block_id, offset), token in zip(slots, chunk.token_ids, strict=True):
+            block = self._kv.setdefault(block_id, [None] * block_size)
+            block[offset] = token
+
+    def _read(self, chunk: ScheduledChunk, block_size: int) -> list[int]:
+        history: list[int] = []
+        for pos, (block_id, offset) in enumerate(self._slots(chunk, block_size, chunk.end_pos)):
+            token = self._kv.get(block_id, [None] * block_size)[offset]
+            if token is None:
+                raise FakeExecutorError(
+                    f"{chunk.req_id}: position {pos} (block {block_id}, slot {offset}) "
+                    "was never computed"
+                )
+            history.append(token)
+        return history
