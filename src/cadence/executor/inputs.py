@@ -1,0 +1,53 @@
+"""ModelInputs: the tensors one StepPlan turns into (flat token ids, attention layout, sample rows)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cadence.core.plan import ScheduledChunk, StepPlan
+from cadence.model.attention_metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """Flattened batch for one forward."""
+
+    input_ids: torch.Tensor  # [T] int64, every chunk's new tokens in batch order
+    meta: AttentionMetadata  # positions, slots, block tables
+    sample_rows: torch.Tensor  # [S_sample] int64, row of the last token of each sampling chunk
+    sample_chunks: tuple[ScheduledChunk, ...]  # the chunks those rows belong to, same order
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.meta.positions
+
+    @classmethod
+    def from_plan(cls, plan: StepPlan, vocab_size: int, num_blocks: int,
+                  device: torch.device) -> "ModelInputs":
+        """Validate the plan against the model and the cache, then build the tensors."""
+        if plan.is_empty:
+            raise ValueError("cannot build model inputs for an empty plan")
+        flat_ids: list[int] = []
+        for chunk in plan.chunks:
+            if not chunk.token_ids:
+                raise ValueError(f"request {chunk.req_id!r}: chunk has no tokens")
+            flat_ids.extend(chunk.token_ids)
+        input_ids = torch.tensor(flat_ids, dtype=torch.int64)
+        if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size:
+            bad = next(t for t in flat_ids if not 0 <= t < vocab_size)
+            raise ValueError(f"token id {bad} outside the model's vocabulary [0, {vocab_size})")
+        try:
+            meta = AttentionMetadata.from_chunks(plan.chunks, plan.block_size, num_blocks, device)
+        except ValueError as exc:
+            raise ValueError(f"invalid step plan {plan.step_id}: {exc}") from exc
+        ends = meta.query_start_loc_host[1:]
+        sample_idx = [i for i, c in enumerate(plan.chunks) if c.sample]
+        sample_rows = torch.tensor([ends[i] - 1 for i in sample_idx], dtype=torch.int64)
+        return cls(
+            input_ids=input_ids.to(device),
+            meta=meta,
+            sample_rows=sample_rows.to(device),
+            sample_chunks=tuple(plan.chunks[i] for i in sample_idx),
+        )

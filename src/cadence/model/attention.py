@@ -1,0 +1,97 @@
+"""Paged attention in plain torch: write new K/V through slot_mapping, read context by block table.
+
+Correct first: prefill chunks run one SDPA call per sequence (an explicit causal-offset mask when
+the chunk starts after position 0); single-token decodes are batched into one padded SDPA call,
+because a decode step of many sequences would otherwise be one tiny call per sequence per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from cadence.model.attention_metadata import AttentionMetadata
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store new keys/values at their slots.
+
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]; k, v: [T, num_kv_heads,
+    head_dim]; slot_mapping: [T] (slot = block * block_size + offset).
+    """
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def _gather_context(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Cache rows of the given blocks, in order: [..., n_blocks * block_size, kv_heads, head_dim]."""
+    # cache[blocks]: [..., n_blocks, block_size, kv_heads, head_dim]
+    gathered = cache[blocks]
+    return gathered.flatten(-4, -3)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its whole cached context.
+
+    q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] (this step's new tokens, written
+    into the cache first); returns [T, num_heads, head_dim].
+    """
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = torch.empty_like(q)
+    qsl = meta.query_start_loc_host
+    decode_seqs = [i for i in range(meta.num_seqs) if qsl[i + 1] - qsl[i] == 1]
+    if len(decode_seqs) > 1:
+        _decode_batch(q, k_cache, v_cache, meta, decode_seqs, scale, out)
+        todo = [i for i in range(meta.num_seqs) if qsl[i + 1] - qsl[i] != 1]
+    else:
+        todo = range(meta.num_seqs)
+    for i in todo:
+        _prefill_one(q, k_cache, v_cache, meta, i, scale, out)
+    return out
+
+
+def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMetadata, i: int, scale: float, out: torch.Tensor) -> None:
+    q_start, q_end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
+    start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
+    blocks = meta.block_tables[i, : meta.num_blocks_host[i]]
+    # keys/values: [seq_len, kv_heads, head_dim] -> [1, kv_heads, seq_len, head_dim]
+    keys = _gather_context(k_cache, blocks)[:seq_len].transpose(0, 1).unsqueeze(0)
+    values = _gather_context(v_cache, blocks)[:seq_len].transpose(0, 1).unsqueeze(0)
+    query = q[q_start:q_end].transpose(0, 1).unsqueeze(0)  # [1, heads, n_new, head_dim]
+    n_new = q_end - q_start
+    if start_pos == 0:
+        # The chunk is the whole context: plain causal (top-left aligned == bottom-right here).
+        attn = F.scaled_dot_product_attention(query, keys, values, is_causal=n_new > 1,
+                                              scale=scale, enable_gqa=True)
+    else:
+        # Query j sits at position start_pos + j and may see cache positions <= its own.
+        q_pos = torch.arange(start_pos, seq_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        mask = k_pos[None, :] <= q_pos[:, None]  # [n_new, seq_len]
+        attn = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale,
+                                              enable_gqa=True)
+    out[q_start:q_end] = attn.squeeze(0).transpose(0, 1)
+
+
+def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  meta: AttentionMetadata, seqs: list[int], scale: float, out: torch.Tensor) -> None:
+    device = q.device
+    rows = torch.tensor([meta.query_start_loc_host[i] for i in seqs], device=device)  # [B]
+    max_blocks = max(meta.num_blocks_host[i] for i in seqs)
+    seq_idx = torch.tensor(seqs, device=device)
+    blocks = meta.block_tables[seq_idx, :max_blocks].to(torch.int64)  # [B, max_blocks]
+    # keys/values: [B, max_blocks * block_size, kv_heads, head_dim] -> [B, kv_heads, L, head_dim]
+    keys = _gather_context(k_cache, blocks).transpose(1, 2)
+    values = _gather_context(v_cache, blocks).transpose(1, 2)
+    context = keys.shape[2]
+    seq_lens = meta.seq_lens[seq_idx]  # [B]
+    # Padding blocks (and the tail of the last block) are masked out: [B, 1, 1, L].
+    mask = (torch.arange(context, device=device)[None, :] < seq_lens[:, None])[:, None, None, :]
+    query = q[rows].unsqueeze(2)  # [B, heads, 1, head_dim]
+    attn = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale,
+                                          enable_gqa=True)
+    out[rows] = attn.squeeze(2)

