@@ -35,8 +35,8 @@ class Scheduler:
     def __init__(self, sched: SchedulerConfig, cache: CacheConfig) -> None:
         if cache.num_blocks is None:
             raise ValueError("CacheConfig.num_blocks must be resolved before building a Scheduler")
-        self.config = sched
-        self.cache_config = cache
+        self.sched = sched
+        self.cache = cache
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.policy = make_policy(sched)
         self.waiting = make_waiting_queue(sched.scheduling, self._rank)
@@ -48,7 +48,7 @@ class Scheduler:
         # Finished outside update(); their final update goes out with the next update().
         self._finished_unreported: list[Request] = []
         self._next_step_id = 0
-        # The last non-empty plan, until update() consumes it.
+        # The latest non-empty plan, until update() consumes it.
         self._outstanding_step_id: int | None = None
         self.num_preemptions_total = 0
 
@@ -61,11 +61,11 @@ class Scheduler:
         if req.status is not RequestStatus.WAITING or req.num_computed_tokens or req.num_output_tokens:
             raise ValueError(f"request {req.req_id}: only fresh requests can be added")
         total = req.num_prompt_tokens + req.sampling.max_tokens
-        if total > self.config.max_model_len:
+        if total > self.sched.max_model_len:
             raise ValueError(
                 f"request {req.req_id}: prompt ({req.num_prompt_tokens} tokens) + max_tokens "
                 f"({req.sampling.max_tokens}) = {total} tokens exceeds max_model_len "
-                f"({self.config.max_model_len})"
+                f"({self.sched.max_model_len})"
             )
         self._requests[req.req_id] = req
         self._add_order[req.req_id] = self._num_added
@@ -96,18 +96,15 @@ class Scheduler:
 
     # -- the step ---------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        """Decide the next step. Each non-empty plan must go through update() before the next
-        schedule() (its tokens are not counted as computed until then)."""
-        if self._outstanding_step_id is not None:
-            raise RuntimeError(
-                f"schedule() called before update() of step {self._outstanding_step_id}"
-            )
+        """Decide the next step. Nothing counts as computed until update(plan, out); a plan
+        that is never updated (its forward failed) is simply dropped, and its tokens are
+        scheduled again. Only the latest plan can be updated."""
         step = StepBuilder(
             kv=self.kv,
             running=self.running,
             waiting=self.waiting,
-            max_num_batched_tokens=self.config.max_num_batched_tokens,
-            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.sched.max_num_batched_tokens,
+            max_num_seqs=self.sched.max_num_seqs,
             rank=self._rank,
             fail=self._fail_request,
         )
@@ -115,8 +112,7 @@ class Scheduler:
         plan = step.build_plan(self._next_step_id)
         self._next_step_id += 1
         self.num_preemptions_total += len(plan.preempted)
-        if not plan.is_empty:
-            self._outstanding_step_id = plan.step_id
+        self._outstanding_step_id = None if plan.is_empty else plan.step_id
         return plan
 
     def update(self, plan: StepPlan, out: StepOutput) -> list[RequestUpdate]:
@@ -125,7 +121,9 @@ class Scheduler:
         if out.step_id != plan.step_id:
             raise ValueError(f"StepOutput of step {out.step_id} given for plan {plan.step_id}")
         if not plan.is_empty and plan.step_id != self._outstanding_step_id:
-            raise ValueError(f"plan {plan.step_id} is not the outstanding step")
+            raise ValueError(
+                f"plan {plan.step_id} is not the latest scheduled step (or was already updated)"
+            )
         self._outstanding_step_id = None
         updates: list[RequestUpdate] = []
         for chunk in plan.chunks:
@@ -144,7 +142,7 @@ class Scheduler:
                 req.append_output_token(token_id)
                 new_token_ids = (token_id,)
             self.kv.cache_computed_blocks(req)
-            status = check_stop(req, self.config.max_model_len) if chunk.sample else None
+            status = check_stop(req, self.sched.max_model_len) if chunk.sample else None
             if status is not None:
                 self._finish(req, status)
             if new_token_ids or req.is_finished:
@@ -175,7 +173,7 @@ class Scheduler:
     def check_integrity(self) -> None:
         """Raise if blocks or queues are inconsistent (tests call this after every step)."""
         self.kv.check_integrity()
-        if len(self.running) > self.config.max_num_seqs:
+        if len(self.running) > self.sched.max_num_seqs:
             raise RuntimeError(f"{len(self.running)} running > max_num_seqs")
         for req in self.running:
             if req.status is not RequestStatus.RUNNING or not self.kv.holds_blocks(req.req_id):
@@ -195,7 +193,7 @@ class Scheduler:
         """Service order; the largest key is the preemption victim (lowest priority, latest
         arrival). FCFS ignores priority."""
         order = self._add_order[req.req_id]
-        if self.config.scheduling == "priority":
+        if self.sched.scheduling == "priority":
             return (req.priority, req.arrival_time, order)
         return (req.arrival_time, order)
 
