@@ -1,0 +1,129 @@
+"""Builders for OpenAI response objects (completions and chat, whole and streamed chunks).
+
+Plain dicts, serialized once by the caller: cheaper than pydantic round trips on the hot
+streaming path, and the shapes below are exactly OpenAI's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cadence.engine.async_client import TokenLogprob
+
+
+def usage_dict(num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens: int = 0) -> dict:
+    usage: dict[str, Any] = {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_output_tokens,
+        "total_tokens": num_prompt_tokens + num_output_tokens,
+    }
+    if num_cached_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": num_cached_tokens}
+    return usage
+
+
+# ---- /v1/completions -------------------------------------------------------------------------
+
+
+def completion_logprobs(entries: list[TokenLogprob], text_offset_start: int) -> dict[str, Any]:
+    """Legacy completions logprobs: parallel lists, top_logprobs as {token: logprob} maps."""
+    offsets = []
+    offset = text_offset_start
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{tok: lp for tok, _, lp in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def completion_chunk(
+    req_id: str, created: int, model: str, text: str, finish_reason: str | None,
+    logprobs: dict | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": req_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        ],
+    }
+
+
+def usage_chunk(req_id: str, created: int, model: str, obj: str, usage: dict) -> dict[str, Any]:
+    """The final chunk of `stream_options.include_usage`: empty choices, the usage."""
+    return {"id": req_id, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": usage}
+
+
+def completion_response(
+    req_id: str, created: int, model: str, text: str, finish_reason: str | None,
+    usage: dict, logprobs: dict | None = None,
+) -> dict[str, Any]:
+    body = completion_chunk(req_id, created, model, text, finish_reason, logprobs)
+    body["usage"] = usage
+    return body
+
+
+# ---- /v1/chat/completions --------------------------------------------------------------------
+
+
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="replace"))
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": e.token,
+                "logprob": e.logprob,
+                "bytes": _token_bytes(e.token),
+                "top_logprobs": [
+                    {"token": tok, "logprob": lp, "bytes": _token_bytes(tok)} for tok, _, lp in e.top
+                ],
+            }
+            for e in entries
+        ]
+    }
+
+
+def chat_chunk(
+    req_id: str, created: int, model: str, delta: dict, finish_reason: str | None,
+    logprobs: dict | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": req_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        ],
+    }
+
+
+def chat_response(
+    req_id: str, created: int, model: str, text: str, finish_reason: str | None,
+    usage: dict, logprobs: dict | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": req_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": usage,
+    }

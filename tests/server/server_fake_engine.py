@@ -1,0 +1,154 @@
+"""A deterministic fake EngineCore for the process/messaging layer tests (no torch, no model).
+
+Byte-level tokenizer (token = byte + 3; 1 = BOS, 2 = EOS). Each step every live request gets one
+token: a lowercase letter derived from its tokens (greedy) or from (seed, output index), and EOS
+after `prompt_len % 13 + 5` tokens unless ignore_eos. KV "blocks" are counted as ceil(tokens / 16)
+per live request out of 1024, so tests can see them freed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cadence.core.sampling_params import SamplingParams
+
+BLOCK_SIZE = 16
+NUM_BLOCKS = 1024
+VOCAB = 259
+EOS = 2
+
+
+@dataclass(frozen=True)
+class FakeOutput:
+    req_id: str
+    new_token_ids: tuple[int, ...]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int = 0
+    logprobs: Any = None
+
+
+@dataclass
+class _Req:
+    req_id: str
+    prompt: list[int]
+    params: SamplingParams
+    output: list[int] = field(default_factory=list)
+    text: str = ""
+    num_computed: int = 0
+
+
+def _letter(tokens: list[int]) -> int:
+    return ord("a") + (sum(tokens[-3:]) * 31 + len(tokens)) % 26 + 3
+
+
+class FakeEngine:
+    model_name = "fake-model"
+    vocab_size = VOCAB
+
+    def __init__(self, max_model_len: int = 256, step_delay_s: float = 0.0) -> None:
+        self.max_model_len = max_model_len
+        self.step_delay_s = step_delay_s
+        self.reqs: dict[str, _Req] = {}
+        self.preemptions = 0
+        self._last_counts: tuple[int, int] | None = None
+
+    # tokenizer side
+    def tokenize(self, text: str) -> list[int]:
+        return [b + 3 for b in text.encode("utf-8")]
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        parts = [f"<{m['role']}>{m['content']}\n" for m in messages]
+        return "".join(parts) + ("<assistant>" if add_generation_prompt else "")
+
+    def token_text(self, token_id: int) -> str:
+        return bytes([token_id - 3]).decode("utf-8", "replace") if token_id >= 3 else ""
+
+    def default_eos_token_ids(self) -> tuple[int, ...]:
+        return (EOS,)
+
+    # engine side
+    def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    priority: int) -> None:
+        self.reqs[req_id] = _Req(req_id, list(prompt_token_ids), params)
+
+    def abort_request(self, req_id: str) -> None:
+        self.reqs.pop(req_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.reqs)
+
+    def num_computed_tokens(self, req_id: str) -> int | None:
+        req = self.reqs.get(req_id)
+        return None if req is None else req.num_computed
+
+    def take_step_token_counts(self) -> tuple[int, int] | None:
+        return self._last_counts
+
+    def _next_token(self, req: _Req) -> int:
+        p = req.params
+        if not p.ignore_eos and len(req.output) >= len(req.prompt) % 13 + 5:
+            return EOS
+        if p.temperature == 0:
+            return _letter(req.prompt + req.output)
+        rng = random.Random(f"{p.seed}-{len(req.output)}") if p.seed is not None else random
+        return ord("a") + rng.randrange(26) + 3
+
+    def step(self) -> list[FakeOutput]:
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        outputs = []
+        prefill = decode = 0
+        for req in list(self.reqs.values()):
+            if req.output:
+                decode += 1
+            else:
+                prefill += len(req.prompt)
+            req.num_computed = len(req.prompt) + len(req.output)
+            tok = self._next_token(req)
+            req.output.append(tok)
+            finish = None
+            new_text = ""
+            if tok in req.params.eos_token_ids and not req.params.ignore_eos:
+                finish = "stop"
+            else:
+                new_text = self.token_text(tok)
+                req.text += new_text
+                for s in req.params.stop:
+                    cut = req.text.find(s)
+                    if cut >= 0:
+                        new_text = new_text[: max(0, len(new_text) - (len(req.text) - cut))]
+                        req.text = req.text[:cut]
+                        finish = "stop"
+                        break
+            if finish is None and len(req.output) >= req.params.max_tokens:
+                finish = "length"
+            if finish is not None:
+                del self.reqs[req.req_id]
+            outputs.append(FakeOutput(req.req_id, (tok,), new_text, finish is not None, finish,
+                                      len(req.prompt), len(req.output)))
+        self._last_counts = (prefill, decode)
+        return outputs
+
+    def stats(self) -> dict[str, Any]:
+        used = sum(-(-(len(r.prompt) + len(r.output)) // BLOCK_SIZE) for r in self.reqs.values())
+        return {
+            "num_running": len(self.reqs), "num_waiting": 0, "num_blocks_total": NUM_BLOCKS,
+            "num_blocks_used": used, "num_blocks_free": NUM_BLOCKS - used,
+            "num_blocks_cached": 0, "num_preemptions_total": self.preemptions,
+            "prefix_cache_queries": 0, "prefix_cache_hits": 0,
+        }
+
+
+def build_fake_engine(engine_config: dict[str, Any], served_model_name: str | None) -> FakeEngine:
+    engine = FakeEngine(max_model_len=int(engine_config.get("max_model_len", 256)),
+                        step_delay_s=float(engine_config.get("step_delay_s", 0.0)))
+    if served_model_name:
+        engine.model_name = served_model_name
+    return engine
