@@ -1,0 +1,126 @@
+"""PNG plots of one run, drawn from the JSON result (matplotlib's object API with the Agg
+canvas: no pyplot global state, no display needed).
+
+- ITL CDF, interfered streams vs the rest.
+- TTFT per prompt-length bucket.
+- Per-stream token timeline with long prefill windows shaded, server /metrics underneath.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from cadence.bench.interference import PrefillWindow, is_interfered
+from cadence.bench.metrics import itl_gaps
+from cadence.bench.records import RequestRecord
+
+
+def _save(fig: Figure, path: str) -> str:
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def _records(run: dict[str, Any]) -> list[RequestRecord]:
+    return [RequestRecord.from_json(r) for r in run["records"]]
+
+
+def _windows(run: dict[str, Any]) -> list[PrefillWindow]:
+    return [PrefillWindow(**w) for w in run["metrics"]["interference"]["windows"]]
+
+
+def plot_itl_cdf(run: dict[str, Any], path: str) -> str:
+    records, windows = _records(run), _windows(run)
+    groups = {"interfered": [], "other": []}
+    for r in records:
+        if r.ok:
+            groups["interfered" if is_interfered(r, windows) else "other"].extend(itl_gaps(r))
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    for name, color in (("interfered", "tab:red"), ("other", "tab:blue")):
+        gaps = np.sort(np.asarray(groups[name])) * 1000
+        if gaps.size:
+            ax.step(gaps, np.arange(1, gaps.size + 1) / gaps.size, where="post", color=color,
+                    label=f"{name} (n={gaps.size}, p99={np.percentile(gaps, 99):.1f} ms)")
+    ax.set_xlabel("inter-token latency (ms)")
+    ax.set_ylabel("fraction of gaps")
+    ax.set_title(f"ITL CDF: streams decoding during a long prefill vs the rest ({run['label']})")
+    if any(groups.values()):
+        ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_ttft_buckets(run: dict[str, Any], path: str) -> str:
+    buckets = [b for b in run["metrics"]["ttft_by_bucket"] if b["ttft"]["count"]]
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    x = np.arange(len(buckets))
+    for offset, key, color in ((-0.25, "p50", "tab:green"), (0.0, "p95", "tab:orange"), (0.25, "p99", "tab:red")):
+        ax.bar(x + offset, [b["ttft"][key] * 1000 for b in buckets], width=0.25, color=color, label=key)
+    ax.set_xticks(x, [f"{b['bucket']}\n(n={b['ttft']['count']})" for b in buckets])
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("TTFT (ms)")
+    ax.set_title(f"TTFT by prompt length ({run['label']})")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_timeline(run: dict[str, Any], path: str) -> str:
+    records, windows = _records(run), _windows(run)
+    samples = run["server_metrics"]["samples"] if run["server_metrics"]["available"] else []
+    fig = Figure(figsize=(9, 6.5 if samples else 4.8))
+    if samples:
+        ax, ax_srv = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    else:
+        ax, ax_srv = fig.add_subplot(), None
+    for w in windows:
+        ax.axvspan(w.start, w.end, color="tab:red", alpha=0.12, lw=0)
+        if ax_srv is not None:
+            ax_srv.axvspan(w.start, w.end, color="tab:red", alpha=0.12, lw=0)
+    order = sorted(records, key=lambda r: r.send_time)
+    for row, r in enumerate(order):
+        end = r.end_time if r.end_time is not None else r.send_time
+        ax.hlines(row, r.send_time, end, color="0.8", lw=1)
+        color = "tab:red" if r.index in {w.index for w in windows} else ("tab:gray" if not r.ok else "tab:blue")
+        if r.chunk_times:
+            ax.plot(r.chunk_times, [row] * len(r.chunk_times), "|", color=color, ms=6)
+        if not r.ok:
+            ax.plot([end], [row], "x", color="black", ms=7)
+    ax.set_yticks(range(len(order)), [f"#{r.index} {r.kind} ({r.prompt_tokens} tok)" for r in order], fontsize=7)
+    ax.set_title(f"token timeline ({run['label']}): ticks = chunks, shaded = long prefill windows, x = failed")
+    ax.invert_yaxis()
+    if ax_srv is not None:
+        t = [s["t"] for s in samples]
+        if any("kv_cache_usage_perc" in s for s in samples):
+            ax_srv.step(t, [s.get("kv_cache_usage_perc", np.nan) * 100 for s in samples], where="post", color="tab:purple", label="KV usage %")
+        for key, color in (("num_requests_running", "tab:blue"), ("num_requests_waiting", "tab:orange")):
+            if any(key in s for s in samples):
+                ax_srv.step(t, [s.get(key, np.nan) for s in samples], where="post", color=color, label=key.replace("num_requests_", ""))
+        pre = [(s["t"], s["num_preemptions_total"]) for s in samples if "num_preemptions_total" in s]
+        for (_, a), (tb, b) in zip(pre, pre[1:]):
+            if b > a:
+                ax_srv.axvline(tb, color="black", ls=":", lw=1)
+        ax_srv.set_ylabel("server")
+        ax_srv.legend(fontsize=7, loc="upper right")
+        ax_srv.grid(alpha=0.3)
+        ax_srv.set_xlabel("seconds since start (dotted: preemptions)")
+    else:
+        ax.set_xlabel("seconds since start")
+    return _save(fig, path)
+
+
+def plot_run(run: dict[str, Any], out_dir: str, prefix: str) -> list[str]:
+    """All plots of one run into out_dir; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    return [
+        plot_itl_cdf(run, os.path.join(out_dir, f"{prefix}itl_cdf.png")),
+        plot_ttft_buckets(run, os.path.join(out_dir, f"{prefix}ttft_by_bucket.png")),
+        plot_timeline(run, os.path.join(out_dir, f"{prefix}timeline.png")),
+    ]
