@@ -1,0 +1,73 @@
+"""EngineConfig: which model, on what device, and the scheduler's and KV cache's slices."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+
+# KV cache memory when neither num_blocks nor kv_cache_memory_bytes is given.
+DEFAULT_KV_CACHE_MEMORY_BYTES = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an LLMEngine is built from. Each component later receives only its slice."""
+
+    model: str | None = field(
+        default=None,
+        metadata={"help": "GGUF file or Hugging Face folder (default: SmolLM2-135M-Instruct)."},
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "Weights and KV cache dtype: auto, float32, bfloat16, float16.",
+            "choices": ("auto", "float32", "bfloat16", "float16"),
+        },
+    )
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto."})
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    trace_path: str | None = field(
+        default=None, metadata={"help": "Write every step and request as JSON lines here."}
+    )
+    seed: int = field(
+        default=0, metadata={"help": "Seed of the engine RNG used by unseeded random sampling."}
+    )
+    telemetry_max_steps: int = field(
+        default=10_000, metadata={"help": "Recent step records kept in memory."}
+    )
+    telemetry_max_finished: int = field(
+        default=10_000, metadata={"help": "Recent finished request timelines kept in memory."}
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise ValueError("scheduler must be a SchedulerConfig")
+        if not isinstance(self.cache, CacheConfig):
+            raise ValueError("cache must be a CacheConfig")
+
+
+def resolve_num_blocks(
+    cache: CacheConfig, bytes_per_block: int, max_num_seqs: int, max_model_len: int
+) -> CacheConfig:
+    """The cache config with num_blocks set.
+
+    An explicit num_blocks wins. Otherwise memory (kv_cache_memory_bytes, default 2 GiB) is
+    divided by the block cost, capped at what max_num_seqs sequences of max_model_len tokens
+    could ever use, so a tiny model does not allocate gigabytes it cannot fill.
+    """
+    if cache.num_blocks is not None:
+        return cache
+    if bytes_per_block <= 0:
+        raise ValueError(f"bytes_per_block must be positive, got {bytes_per_block}")
+    memory = cache.kv_cache_memory_bytes or DEFAULT_KV_CACHE_MEMORY_BYTES
+    from_memory = memory // bytes_per_block
+    if from_memory < 1:
+        raise ValueError(
+            f"kv_cache_memory_bytes={memory} is less than one KV block ({bytes_per_block} bytes)"
+        )
+    ceiling = max_num_seqs * math.ceil(max_model_len / cache.block_size)
+    return dataclasses.replace(cache, num_blocks=int(min(from_memory, ceiling)))

@@ -1,0 +1,278 @@
+"""LLMEngine: the step loop that ties scheduler, executor, detokenizer and telemetry together.
+
+One step:  plan = scheduler.schedule()          # pure decision
+           out = executor.execute(plan)         # tensors live only here
+           updates = scheduler.update(plan, out)
+           text per request (incremental detokenize, stop strings; a stop-string hit finishes
+           the request through scheduler.finish_request)
+           telemetry.record_step(...)
+The engine never sleeps: when nothing can run, step() returns [] at once and the caller
+decides how to wait (the offline LLM loop only steps while work is unfinished; the engine
+process waits on its socket).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cadence.core.plan import StepOutput, StepPlan
+from cadence.core.request import Request
+from cadence.core.sampling_params import SamplingParams
+from cadence.engine.config import EngineConfig, resolve_num_blocks
+from cadence.engine.outputs import RequestOutput
+from cadence.engine.request_text import RequestText
+from cadence.telemetry.recorder import TelemetryRecorder
+from cadence.telemetry.trace_writer import TraceWriter
+
+__all__ = ["LLMEngine", "RequestOutput"]
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    """Continuous-batching engine over one model. Not thread-safe: one caller drives step()."""
+
+    def __init__(self, cfg: EngineConfig | None = None) -> None:
+        """Load the model named by cfg (default model when None) and build everything."""
+        # Imported here so that from_parts (fake executor tests) never needs the model stack.
+        from cadence.core.scheduler import Scheduler
+        from cadence.executor.model_runner import ModelExecutor
+        from cadence.model.kv_cache import kv_bytes_per_block
+        from cadence.model.loader import load_model
+
+        cfg = cfg or EngineConfig()
+        loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+        sched_cfg = cfg.scheduler
+        model_len = loaded.config.max_position_embeddings
+        if sched_cfg.max_model_len > model_len:
+            sched_cfg = dataclasses.replace(sched_cfg, max_model_len=model_len)
+        cache_cfg = resolve_num_blocks(
+            cfg.cache,
+            kv_bytes_per_block(loaded.config, cfg.cache.block_size, loaded.dtype),
+            sched_cfg.max_num_seqs,
+            sched_cfg.max_model_len,
+        )
+        executor = ModelExecutor(loaded, cache_cfg.num_blocks, cache_cfg.block_size, seed=cfg.seed)
+        self._setup(
+            Scheduler(sched_cfg, cache_cfg),
+            executor,
+            loaded.tokenizer,
+            TelemetryRecorder(cfg.telemetry_max_steps, cfg.telemetry_max_finished),
+            time.monotonic,
+        )
+        self.config = dataclasses.replace(cfg, scheduler=sched_cfg, cache=cache_cfg)
+        self.model_name = loaded.name
+        self.model_config = loaded.config
+        if cfg.trace_path:
+            self.telemetry.add_listener(TraceWriter(cfg.trace_path))
+
+    @classmethod
+    def from_parts(
+        cls,
+        scheduler: Any,
+        executor: Any,
+        tokenizer: Any = None,
+        telemetry: TelemetryRecorder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> LLMEngine:
+        """An engine over ready-made parts (tests: a FakeExecutor and a small tokenizer).
+
+        tokenizer may be None for token-ids-only use; then texts are empty, text prompts and
+        stop strings are refused.
+        """
+        engine = cls.__new__(cls)
+        engine._setup(scheduler, executor, tokenizer, telemetry or TelemetryRecorder(), clock)
+        engine.config = None
+        engine.model_name = getattr(tokenizer, "name", None) or "parts"
+        engine.model_config = None
+        return engine
+
+    def _setup(self, scheduler, executor, tokenizer, telemetry, clock) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.telemetry = telemetry
+        self._clock = clock
+        # Text state of every request not yet reported finished, by id.
+        self._texts: dict[str, RequestText] = {}
+        # Final outputs decided outside step() (aborts), handed out by the next step().
+        self._pending: list[RequestOutput] = []
+
+    # ---------------------------------------------------------------------------------------
+    @property
+    def max_model_len(self) -> int:
+        """Longest sequence a request may reach (the scheduler's limit)."""
+        return self.scheduler.sched.max_model_len
+
+    def add_request(
+        self,
+        req_id: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> tuple[int, ...]:
+        """Queue a request; returns its prompt token ids. Raises ValueError on bad input."""
+        if not isinstance(req_id, str) or not req_id:
+            raise ValueError(f"req_id must be a non-empty str, got {req_id!r}")
+        if req_id in self._texts:
+            raise ValueError(f"request {req_id!r} is already running")
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        prompt_ids = self._prompt_ids(req_id, prompt)
+        limit = self.max_model_len
+        if len(prompt_ids) >= limit:
+            raise ValueError(
+                f"request {req_id!r}: prompt has {len(prompt_ids)} tokens, but max_model_len is "
+                f"{limit} (the prompt must leave room for at least one output token)"
+            )
+        if self.tokenizer is not None and not params.eos_token_ids:
+            params = dataclasses.replace(params, eos_token_ids=tuple(self.tokenizer.stop_token_ids))
+        text = RequestText(self.tokenizer, params)
+        arrival = self._clock() if arrival_time is None else float(arrival_time)
+        self.scheduler.add_request(Request(req_id, prompt_ids, params, arrival, priority))
+        self._texts[req_id] = text
+        self.telemetry.request_arrived(req_id, arrival, len(prompt_ids))
+        return prompt_ids
+
+    def abort_request(self, req_id: str) -> bool:
+        """Stop a request at once (its blocks are freed now). The next step() returns its final
+        RequestOutput with finish_reason "abort". False when the id is unknown or finished."""
+        if req_id not in self._texts:
+            return False
+        req = self.scheduler.get_request(req_id)
+        self.scheduler.abort_request(req_id, reason="abort")
+        del self._texts[req_id]
+        self.telemetry.finish_request(req_id, "abort", self._clock())
+        self._pending.append(_final_output(req_id, req, "abort"))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._pending) or bool(self._texts) or self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; returns the outputs of requests that progressed or ended."""
+        outputs, self._pending = self._pending, []
+        t_start = self._clock()
+        plan: StepPlan = self.scheduler.schedule()
+        if plan.is_empty:
+            out = StepOutput(step_id=plan.step_id)
+        else:
+            try:
+                out = self.executor.execute(plan)
+            except Exception as exc:  # one bad batch fails its requests, not the engine
+                logger.exception("executor failed on step %d", plan.step_id)
+                return outputs + self._fail_plan(plan, exc)
+        updates = self.scheduler.update(plan, out)
+        stop_hits: list[str] = []
+        for u in updates:
+            text = self._texts.get(u.req_id)
+            if text is None:
+                continue  # finished earlier (abort) and already reported
+            output = self._output_for(u, text, out)
+            if output.finished:
+                del self._texts[u.req_id]
+                if not u.finished:
+                    stop_hits.append(u.req_id)
+            outputs.append(output)
+        for req_id in stop_hits:
+            self.scheduler.finish_request(req_id, reason="stop")
+        if not plan.is_empty:
+            t_end = self._clock()
+            self.telemetry.record_step(plan, out, updates, t_start, t_end, self.scheduler.stats())
+            for req_id in stop_hits:
+                self.telemetry.finish_request(req_id, "stop", t_end)
+        else:
+            # No step ran, but the scheduler may have ended requests (e.g. rejected as too
+            # large for the KV cache): their timelines end now.
+            t_end = self._clock()
+            for u in updates:
+                if u.finished:
+                    self.telemetry.finish_request(u.req_id, u.finish_reason or "error", t_end)
+        return outputs
+
+    def close(self) -> None:
+        """Flush telemetry listeners (trace files)."""
+        self.telemetry.close()
+
+    # ---------------------------------------------------------------------------------------
+    def _prompt_ids(self, req_id: str, prompt: str | Sequence[int]) -> tuple[int, ...]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer; pass token ids")
+            ids = tuple(self.tokenizer.encode(prompt))
+        else:
+            try:
+                ids = tuple(prompt)
+            except TypeError:
+                raise ValueError(
+                    f"request {req_id!r}: prompt must be str or a sequence of token ids"
+                ) from None
+            vocab = getattr(self.tokenizer, "vocab_size", None)
+            for tok in ids:
+                if not isinstance(tok, int) or isinstance(tok, bool) or tok < 0:
+                    raise ValueError(f"request {req_id!r}: token ids must be ints >= 0, got {tok!r}")
+                if vocab is not None and tok >= vocab:
+                    raise ValueError(
+                        f"request {req_id!r}: token id {tok} outside the vocabulary [0, {vocab})"
+                    )
+        if not ids:
+            raise ValueError(f"request {req_id!r}: the prompt is empty")
+        return ids
+
+    def _output_for(self, u: Any, text: RequestText, out: StepOutput) -> RequestOutput:
+        new_text = text.push(u.new_token_ids, finished=u.finished)
+        finished, reason = u.finished, u.finish_reason
+        if text.stopped:
+            finished, reason = True, "stop"
+        logprobs = None
+        sampled = out.sampled.get(u.req_id)
+        if u.new_token_ids and sampled is not None and sampled.logprob is not None:
+            logprobs = (sampled,)
+        return RequestOutput(
+            req_id=u.req_id,
+            new_token_ids=tuple(u.new_token_ids),
+            new_text=new_text,
+            finished=finished,
+            finish_reason=reason,
+            num_prompt_tokens=u.num_prompt_tokens,
+            num_output_tokens=u.num_output_tokens,
+            num_cached_tokens=max(0, u.num_cached_tokens),
+            logprobs=logprobs,
+            error=getattr(u, "error_message", None),
+        )
+
+    def _fail_plan(self, plan: StepPlan, exc: Exception) -> list[RequestOutput]:
+        outputs = []
+        t = self._clock()
+        for chunk in plan.chunks:
+            if chunk.req_id not in self._texts:
+                continue
+            req = self.scheduler.get_request(chunk.req_id)
+            self.scheduler.abort_request(chunk.req_id, reason="error")
+            del self._texts[chunk.req_id]
+            self.telemetry.finish_request(chunk.req_id, "error", t)
+            message = f"executor failed: {type(exc).__name__}: {exc}"
+            outputs.append(_final_output(chunk.req_id, req, "error", message))
+        return outputs
+
+
+def _final_output(
+    req_id: str, req: Request | None, reason: str, error: str | None = None
+) -> RequestOutput:
+    return RequestOutput(
+        req_id=req_id,
+        new_token_ids=(),
+        new_text="",
+        finished=True,
+        finish_reason=reason,
+        num_prompt_tokens=req.num_prompt_tokens if req is not None else 0,
+        num_output_tokens=req.num_output_tokens if req is not None else 0,
+        num_cached_tokens=max(0, req.num_cached_tokens) if req is not None else 0,
+        error=error,
+    )
