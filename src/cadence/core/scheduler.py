@@ -99,17 +99,26 @@ class Scheduler:
         """Decide the next step. Nothing counts as computed until update(plan, out); a plan
         that is never updated (its forward failed) is simply dropped, and its tokens are
         scheduled again. Only the latest plan can be updated."""
-        step = StepBuilder(
-            kv=self.kv,
-            running=self.running,
-            waiting=self.waiting,
-            max_num_batched_tokens=self.sched.max_num_batched_tokens,
-            max_num_seqs=self.sched.max_num_seqs,
-            rank=self._rank,
-            fail=self._fail_request,
-        )
-        self.policy.build(step)
-        plan = step.build_plan(self._next_step_id)
+        preempted: list[str] = []
+        while True:
+            num_failed = len(self._finished_unreported)
+            step = StepBuilder(
+                kv=self.kv,
+                running=self.running,
+                waiting=self.waiting,
+                max_num_batched_tokens=self.sched.max_num_batched_tokens,
+                max_num_seqs=self.sched.max_num_seqs,
+                rank=self._rank,
+                fail=self._fail_request,
+            )
+            self.policy.build(step)
+            preempted += step.preempted
+            # A request that failed (cannot fit the cache) freed its blocks and its seat after
+            # the policy had passed others over: build again rather than emit an empty step.
+            # Each round fails at least one more request, so this ends.
+            if not step.is_empty or len(self._finished_unreported) == num_failed:
+                break
+        plan = step.build_plan(self._next_step_id, preempted)
         self._next_step_id += 1
         self.num_preemptions_total += len(plan.preempted)
         self._outstanding_step_id = None if plan.is_empty else plan.step_id

@@ -93,7 +93,8 @@ class StepBuilder:
             self._add(request, num_new)
 
     # -- the plan ---------------------------------------------------------------------------
-    def build_plan(self, step_id: int) -> StepPlan:
+    def build_plan(self, step_id: int, preempted: list[str] | None = None) -> StepPlan:
+        """Freeze the scheduled work; `preempted` defaults to this builder's preemptions."""
         chunks = []
         for request, num_new in self._scheduled.values():
             start = request.num_computed_tokens
@@ -115,7 +116,7 @@ class StepBuilder:
             step_id=step_id,
             chunks=tuple(chunks),
             block_size=self._kv.block_size,
-            preempted=tuple(self.preempted),
+            preempted=tuple(self.preempted if preempted is None else preempted),
         )
 
     # -- helpers ----------------------------------------------------------------------------

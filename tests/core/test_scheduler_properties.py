@@ -1,0 +1,134 @@
+"""Property tests: random arrivals, lengths, priorities, aborts and tiny pools under every
+policy; each run is checked step by step (see core_driver.run) and against an unconstrained
+run (huge budget, big pool): scheduling never changes the tokens."""
+
+from __future__ import annotations
+
+from core_driver import EOS, VOCAB, RequestSpec, make_scheduler, reference_outputs, run
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from cadence.executor.fake_executor import FakeExecutor
+
+MAX_MODEL_LEN = 96
+
+
+@st.composite
+def workloads(draw):
+    # A few shared prefixes make prefix-cache hits (and shared blocks under preemption) common.
+    prefixes = draw(
+        st.lists(st.lists(st.integers(3, 9), min_size=1, max_size=24), min_size=1, max_size=3)
+    )
+    specs = []
+    for i in range(draw(st.integers(1, 8))):
+        prefix = draw(st.sampled_from(prefixes)) if draw(st.booleans()) else []
+        tail = draw(st.lists(st.integers(0, VOCAB - 1), min_size=0 if prefix else 1, max_size=30))
+        sampling_kwargs = {}
+        if draw(st.integers(0, 3)) == 0:
+            sampling_kwargs["ignore_eos"] = True
+        if draw(st.integers(0, 3)) == 0:
+            sampling_kwargs["min_tokens"] = draw(st.integers(0, 6))
+        if draw(st.integers(0, 3)) == 0:
+            sampling_kwargs["stop_token_ids"] = (draw(st.integers(0, VOCAB - 1)),)
+        specs.append(
+            RequestSpec(
+                req_id=f"r{i}",
+                prompt=prefix + tail,
+                max_tokens=draw(st.integers(1, 32)),
+                arrival_step=draw(st.integers(0, 6)),
+                priority=draw(st.integers(0, 3)),
+                abort_step=draw(st.one_of(st.none(), st.integers(0, 40))),
+                sampling_kwargs=sampling_kwargs,
+            )
+        )
+    return specs
+
+
+@st.composite
+def scheduler_configs(draw):
+    return dict(
+        policy=draw(st.sampled_from(["eager", "chunked"])),
+        scheduling=draw(st.sampled_from(["fcfs", "priority"])),
+        budget=draw(st.integers(1, 48)),
+        max_seqs=draw(st.integers(1, 8)),
+        block_size=draw(st.sampled_from([1, 2, 4, 8])),
+        threshold=draw(st.sampled_from([0, 0, 1, 3, 8])),
+        prefix_caching=draw(st.booleans()),
+    )
+
+
+def draw_num_blocks(data, specs, block_size: int) -> int:
+    """Mostly a pool that fits any one request but not all of them (preemption territory),
+    sometimes one too small for some requests (they must fail cleanly, not hang)."""
+    largest = max((-(-(len(s.prompt) + s.max_tokens) // block_size) for s in specs), default=1)
+    if data.draw(st.integers(0, 3), label="tiny pool") == 0:
+        return data.draw(st.integers(1, largest), label="num_blocks")
+    return data.draw(st.integers(largest, 2 * largest), label="num_blocks")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=workloads(), cfg=scheduler_configs(), data=st.data())
+def test_scheduling_never_changes_tokens(specs, cfg, data):
+    executor = FakeExecutor(VOCAB, eos_token_id=EOS, eos_one_in=24)
+    specs = [s for s in specs if len(s.prompt) + s.max_tokens <= MAX_MODEL_LEN]
+    num_blocks = draw_num_blocks(data, specs, cfg["block_size"])
+    scheduler = make_scheduler(num_blocks=num_blocks, max_model_len=MAX_MODEL_LEN, **cfg)
+    result = run(scheduler, executor, specs)
+    event(f"preempted: {result.num_preemptions > 0}")
+    event(f"prefix hits: {result.stats.prefix_cache_hits > 0}")
+    for reason in sorted(set(result.finish_reasons.values())):
+        event(f"some finished with {reason}")
+
+    for s in specs:
+        reason = result.finish_reasons[s.req_id]
+        got = result.outputs[s.req_id]
+        want = reference_outputs(executor, s)
+        if reason in ("stop", "length"):
+            assert got == want, f"{s.req_id} ({reason}) differs from the unscheduled run"
+            # The last sampled token is never computed; every other position is.
+            assert result.final_num_tokens[s.req_id] == len(s.prompt) + len(want)
+        elif reason == "abort":
+            assert s.abort_step is not None and got == want[: len(got)]
+        else:
+            assert reason == "error", reason
+            assert got == want[: len(got)]
+            # Only a request that cannot fit the whole pool may fail.
+            needed = -(-result.final_num_tokens[s.req_id] // cfg["block_size"])
+            assert needed > num_blocks, result.error_messages[s.req_id]
+            assert "KV cache blocks" in result.error_messages[s.req_id]
+
+    # Each position is computed once per (re)start: without preemption, exactly once overall.
+    if result.num_preemptions == 0:
+        seen: set[tuple[str, int]] = set()
+        for req_id, start, end in result.computed:
+            for pos in range(start, end):
+                assert (req_id, pos) not in seen, f"{req_id} position {pos} computed twice"
+                seen.add((req_id, pos))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=workloads(), cfg=scheduler_configs(), data=st.data())
+def test_constrained_run_equals_unconstrained_run(specs, cfg, data):
+    """Same requests, no aborts: a tight budget and pool give the tokens a roomy setup gives."""
+    specs = [s for s in specs if len(s.prompt) + s.max_tokens <= MAX_MODEL_LEN]
+    num_blocks = draw_num_blocks(data, specs, cfg["block_size"])
+    for s in specs:
+        s.abort_step = None
+    roomy = run(
+        make_scheduler(budget=4096, max_seqs=64, num_blocks=4096, max_model_len=MAX_MODEL_LEN),
+        FakeExecutor(VOCAB, eos_token_id=EOS, eos_one_in=24),
+        specs,
+    )
+    tight = run(
+        make_scheduler(num_blocks=num_blocks, max_model_len=MAX_MODEL_LEN, **cfg),
+        FakeExecutor(VOCAB, eos_token_id=EOS, eos_one_in=24),
+        specs,
+    )
+    assert set(roomy.finish_reasons.values()) <= {"stop", "length"}
+    event(f"preempted: {tight.num_preemptions > 0}")
+    for s in specs:
+        if tight.finish_reasons[s.req_id] == "error":
+            assert tight.outputs[s.req_id] == roomy.outputs[s.req_id][: len(tight.outputs[s.req_id])]
+        else:
+            assert tight.outputs[s.req_id] == roomy.outputs[s.req_id]
+            assert tight.finish_reasons[s.req_id] == roomy.finish_reasons[s.req_id]
