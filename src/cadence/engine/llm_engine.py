@@ -38,14 +38,25 @@ class LLMEngine:
 
     def __init__(self, cfg: EngineConfig | None = None) -> None:
         """Load the model named by cfg (default model when None) and build everything."""
+        from cadence.model.loader import load_model
+
+        cfg = cfg or EngineConfig()
+        self._build(load_model(cfg.model, dtype=cfg.dtype, device=cfg.device), cfg)
+
+    @classmethod
+    def from_loaded(cls, loaded: Any, cfg: EngineConfig | None = None) -> LLMEngine:
+        """An engine over an already loaded model (cfg.model, dtype and device are then
+        ignored): benchmarks and tests run many configs without reloading the weights."""
+        engine = cls.__new__(cls)
+        engine._build(loaded, cfg or EngineConfig())
+        return engine
+
+    def _build(self, loaded: Any, cfg: EngineConfig) -> None:
         # Imported here so that from_parts (fake executor tests) never needs the model stack.
         from cadence.core.scheduler import Scheduler
         from cadence.executor.model_runner import ModelExecutor
         from cadence.model.kv_cache import kv_bytes_per_block
-        from cadence.model.loader import load_model
 
-        cfg = cfg or EngineConfig()
-        loaded = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
         sched_cfg = cfg.scheduler
         model_len = loaded.config.max_position_embeddings
         if sched_cfg.max_model_len > model_len:

@@ -1,0 +1,140 @@
+"""Invariant 1: scheduling never changes results.
+
+Greedy fp32 outputs are token-for-token identical to one unchunked, unbatched run across policy
+(eager / chunked), token budget {16, 64, 512, 8192}, max_num_seqs {1, 4, 64}, prefix cache on /
+off, and a KV cache so small that requests get preempted and recomputed. On a tiny random model
+(every combination) and on the real default model (@slow, a covering subset).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.sampling_params import SamplingParams
+from cadence.engine.config import EngineConfig
+from cadence.engine.llm import LLM
+from cadence.engine.llm_engine import LLMEngine
+from cadence.model.loader import load_model
+
+POLICIES = ("eager", "chunked")
+BUDGETS = (16, 64, 512, 8192)
+MAX_SEQS = (1, 4, 64)
+PREFIX = (True, False)
+
+# Two prompts share a long prefix (several 16-token blocks) so the prefix cache gets hits.
+SHARED = "Continuous batching mixes prefill chunks with decode steps under a token budget. " * 2
+TINY_PROMPTS = [
+    SHARED + "The quick brown fox",
+    SHARED + "Hello world! How are you",
+    "Paged attention stores keys and values in fixed-size blocks.",
+    "def forward(self, x):",
+    "Les modèles de langue prédisent le prochain jeton.",
+]
+NUM_TOKENS = 16
+
+
+def run(loaded, prompts, *, policy, budget, max_seqs, prefix, num_blocks=None, block_size=16):
+    cfg = EngineConfig(
+        scheduler=SchedulerConfig(
+            policy=policy, max_num_batched_tokens=budget, max_num_seqs=max_seqs
+        ),
+        cache=CacheConfig(
+            block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix
+        ),
+    )
+    engine = LLMEngine.from_loaded(loaded, cfg)
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    results = LLM.from_engine(engine).generate(prompts, params)
+    engine.scheduler.check_integrity()
+    assert engine.scheduler.stats().num_blocks_used == 0
+    return [r.token_ids for r in results], engine.scheduler.stats()
+
+
+def reference(loaded, prompts):
+    """One request at a time, whole prompt in one step, no cache reuse."""
+    tokens, _ = run(loaded, prompts, policy="eager", budget=8192, max_seqs=1, prefix=False)
+    assert all(len(t) == NUM_TOKENS for t in tokens)
+    return tokens
+
+
+def small_cache_blocks(loaded, prompts, block_size=16):
+    """Enough blocks for the longest request alone, far too few for all of them at once."""
+    longest = max(len(loaded.tokenizer.encode(p)) for p in prompts) + NUM_TOKENS
+    return -(-longest // block_size) + 1
+
+
+@pytest.fixture(scope="module")
+def tiny_loaded(tiny_llama_dir):
+    return load_model(tiny_llama_dir, dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_loaded):
+    return reference(tiny_loaded, TINY_PROMPTS)
+
+
+@pytest.mark.parametrize(
+    "policy,budget,max_seqs,prefix", list(itertools.product(POLICIES, BUDGETS, MAX_SEQS, PREFIX))
+)
+def test_tiny_model_outputs_do_not_depend_on_scheduling(
+    tiny_loaded, tiny_reference, policy, budget, max_seqs, prefix
+):
+    tokens, stats = run(
+        tiny_loaded, TINY_PROMPTS, policy=policy, budget=budget, max_seqs=max_seqs, prefix=prefix
+    )
+    assert tokens == tiny_reference
+    if prefix and max_seqs == 1:
+        # The second shared-prefix prompt is admitted after the first computed its blocks.
+        assert stats.prefix_cache_hits > 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("prefix", PREFIX)
+def test_tiny_model_outputs_survive_preemption(tiny_loaded, tiny_reference, policy, prefix):
+    num_blocks = small_cache_blocks(tiny_loaded, TINY_PROMPTS)
+    tokens, stats = run(
+        tiny_loaded, TINY_PROMPTS, policy=policy, budget=64, max_seqs=64, prefix=prefix,
+        num_blocks=num_blocks,
+    )
+    assert stats.num_preemptions_total > 0
+    assert tokens == tiny_reference
+
+
+# -- the real default model ----------------------------------------------------------------
+REAL_PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "In machine learning, a transformer is",
+]
+# Each dimension's values appear at least once; the last entries preempt.
+REAL_CONFIGS = [
+    dict(policy="chunked", budget=16, max_seqs=4, prefix=True),
+    dict(policy="chunked", budget=64, max_seqs=64, prefix=False),
+    dict(policy="eager", budget=512, max_seqs=4, prefix=True),
+    dict(policy="chunked", budget=8192, max_seqs=1, prefix=True),
+    dict(policy="eager", budget=16, max_seqs=64, prefix=False),
+]
+
+
+@pytest.fixture(scope="module")
+def real_loaded(default_model_path):
+    return load_model(default_model_path, dtype="float32", device="cpu")
+
+
+@pytest.mark.slow
+def test_real_model_outputs_do_not_depend_on_scheduling(real_loaded):
+    expected = reference(real_loaded, REAL_PROMPTS)
+    for cfg in REAL_CONFIGS:
+        tokens, _ = run(real_loaded, REAL_PROMPTS, **cfg)
+        assert tokens == expected, cfg
+    num_blocks = small_cache_blocks(real_loaded, REAL_PROMPTS, block_size=4)
+    for policy in POLICIES:
+        tokens, stats = run(
+            real_loaded, REAL_PROMPTS, policy=policy, budget=64, max_seqs=64, prefix=True,
+            num_blocks=num_blocks, block_size=4,
+        )
+        assert stats.num_preemptions_total > 0, policy
+        assert tokens == expected, policy
