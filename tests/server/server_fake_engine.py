@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cadence.core.sampling_params import SamplingParams
+from cadence.engine.engine_process import TelemetryDelta
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 1024
@@ -39,9 +40,10 @@ class _Req:
     req_id: str
     prompt: list[int]
     params: SamplingParams
+    arrival: float = 0.0
     output: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
     text: str = ""
-    num_computed: int = 0
 
 
 def _letter(tokens: list[int]) -> int:
@@ -57,10 +59,10 @@ class FakeEngine:
         self.step_delay_s = step_delay_s
         self.reqs: dict[str, _Req] = {}
         self.preemptions = 0
-        self._last_counts: tuple[int, int] | None = None
+        self._telemetry = TelemetryDelta()
 
     # tokenizer side
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [b + 3 for b in text.encode("utf-8")]
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
@@ -75,21 +77,37 @@ class FakeEngine:
 
     # engine side
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int) -> None:
-        self.reqs[req_id] = _Req(req_id, list(prompt_token_ids), params)
+                    priority: int, arrival_time: float | None) -> None:
+        self.reqs[req_id] = _Req(req_id, list(prompt_token_ids), params,
+                                 arrival=arrival_time or time.monotonic())
 
     def abort_request(self, req_id: str) -> None:
-        self.reqs.pop(req_id, None)
+        req = self.reqs.pop(req_id, None)
+        if req is not None:
+            self._finished_record(req, "abort")
+
+    def _finished_record(self, req: _Req, reason: str) -> None:
+        now = time.monotonic()
+        times = req.token_times
+        ttft = times[0] - req.arrival if times else None
+        e2e = now - req.arrival
+        self._telemetry.finished.append({
+            "req_id": req.req_id, "finish_reason": reason,
+            "num_prompt_tokens": len(req.prompt), "num_output_tokens": len(req.output),
+            "num_cached_tokens": 0, "num_preemptions": 0, "queue_time": 0.0 if times else None,
+            "prefill_time": ttft, "ttft": ttft, "e2e": e2e,
+            "decode_time": now - times[0] if times else None,
+            "tpot": (e2e - ttft) / (len(times) - 1) if len(times) > 1 else None,
+            "itl": [b - a for a, b in zip(times, times[1:])],
+        })
+
+    def take_telemetry(self) -> TelemetryDelta:
+        delta, self._telemetry = self._telemetry, TelemetryDelta()
+        return delta
 
     def has_unfinished(self) -> bool:
         return bool(self.reqs)
 
-    def num_computed_tokens(self, req_id: str) -> int | None:
-        req = self.reqs.get(req_id)
-        return None if req is None else req.num_computed
-
-    def take_step_token_counts(self) -> tuple[int, int] | None:
-        return self._last_counts
 
     def _next_token(self, req: _Req) -> int:
         p = req.params
@@ -110,9 +128,9 @@ class FakeEngine:
                 decode += 1
             else:
                 prefill += len(req.prompt)
-            req.num_computed = len(req.prompt) + len(req.output)
             tok = self._next_token(req)
             req.output.append(tok)
+            req.token_times.append(time.monotonic())
             finish = None
             new_text = ""
             if tok in req.params.eos_token_ids and not req.params.ignore_eos:
@@ -131,9 +149,12 @@ class FakeEngine:
                 finish = "length"
             if finish is not None:
                 del self.reqs[req.req_id]
+                self._finished_record(req, finish)
             outputs.append(FakeOutput(req.req_id, (tok,), new_text, finish is not None, finish,
                                       len(req.prompt), len(req.output)))
-        self._last_counts = (prefill, decode)
+        self._telemetry.num_steps += 1
+        self._telemetry.num_prefill_tokens += prefill
+        self._telemetry.num_decode_tokens += decode
         return outputs
 
     def stats(self) -> dict[str, Any]:

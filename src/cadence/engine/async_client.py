@@ -110,8 +110,8 @@ class EngineMetricsSink(Protocol):
     """Where engine telemetry goes (cadence.telemetry.prometheus.PrometheusMetrics)."""
 
     def record_request(self, record: Mapping[str, Any]) -> None: ...
-    def record_inter_token_latencies(self, gaps: list[float]) -> None: ...
-    def record_iteration(self, num_prefill_tokens: int, num_decode_tokens: int) -> None: ...
+    def record_iteration(self, num_steps: int, num_prefill_tokens: int,
+                         num_decode_tokens: int) -> None: ...
     def record_generated_tokens(self, num_tokens: int) -> None: ...
     def update_engine_stats(self, stats: Mapping[str, Any]) -> None: ...
 
@@ -282,6 +282,12 @@ class AsyncEngineClient:
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
+    def attach_metrics(self, metrics: EngineMetricsSink) -> None:
+        """Send engine telemetry to `metrics` from now on (starting with the latest stats)."""
+        self._metrics = metrics
+        if self.last_stats:
+            metrics.update_engine_stats(self.last_stats)
+
     @property
     def is_healthy(self) -> bool:
         return self.dead_reason is None and not self._closing and self._engine_alive()
@@ -311,7 +317,7 @@ class AsyncEngineClient:
         msg = AddRequest(req_id=req_id, sampling=dict(sampling), prompt_text=prompt_text,
                          prompt_token_ids=prompt_token_ids, chat_messages=chat_messages,
                          add_generation_prompt=add_generation_prompt, priority=priority,
-                         arrival_time=arrival_time or time.time(),
+                         arrival_time=time.monotonic() if arrival_time is None else arrival_time,
                          want_prompt_text=want_prompt_text)
         try:
             await self._in.send(encode_message(msg))
@@ -438,10 +444,8 @@ class AsyncEngineClient:
         if self._metrics is not None:
             for record in batch.finished:
                 self._metrics.record_request(record)
-            if batch.itl:
-                self._metrics.record_inter_token_latencies(batch.itl)
             if batch.iteration is not None:
-                self._metrics.record_iteration(batch.iteration[0], batch.iteration[1])
+                self._metrics.record_iteration(*batch.iteration)
             if generated:
                 self._metrics.record_generated_tokens(generated)
 
@@ -451,8 +455,8 @@ def _spawn_engine_process(cfg: EngineProcessConfig, in_addr: str,
     """A fresh interpreter (no fork of an asyncio process), config as JSON on stdin."""
     env = dict(os.environ)
     env["OMP_WAIT_POLICY"] = "PASSIVE"  # idle OpenMP threads must not spin on shared cores
-    if cfg.torch_threads is not None:
-        env["OMP_NUM_THREADS"] = str(cfg.torch_threads)
+    if cfg.engine_threads is not None:
+        env["OMP_NUM_THREADS"] = str(cfg.engine_threads)
     # The engine process imports what this one can (tests pass a fake engine factory).
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     proc = subprocess.Popen(

@@ -15,10 +15,11 @@ handled in one turn. Tokenization (and the chat template) happen here, on admiss
 the tokenizer, and prompt-length errors come back before the client's stream starts. The engine
 detokenizes incrementally (RequestOutput.new_text), stop strings included.
 
-Telemetry: this process timestamps every request (arrival from the front end's clock, first
-scheduled, first token, each token, finish; `time.time()`, shared by processes on one host) and
-ships the derived observations (finished-request latencies, inter-token gaps, step token counts,
-scheduler stats) inside each batch; the front end feeds them into its Prometheus registry.
+Telemetry: the engine's own recorder (cadence.telemetry) times every request on the monotonic
+clock, arrival stamped by the front end when the HTTP request came in (CLOCK_MONOTONIC is
+system-wide on one host). A listener here buffers finished timelines and step token counts and
+ships them inside each batch with the scheduler stats; the front end feeds them into its
+Prometheus registry. The front end never computes engine metrics itself.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import importlib
 import json
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,7 +54,9 @@ class AddRequest:
     chat_messages: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     priority: int = 0
-    arrival_time: float = 0.0
+    # time.monotonic() of the front end when the HTTP request arrived: CLOCK_MONOTONIC is
+    # system-wide, so the engine's timelines (same clock) include the front end's share.
+    arrival_time: float | None = None
     want_prompt_text: bool = False
 
 
@@ -95,23 +97,22 @@ class EngineBatch:
     """Everything one loop turn produced (filled in during the turn, hence not frozen).
 
     accepted: [{req_id, num_prompt_tokens, prompt_text}]; rejected: [{req_id, status, message,
-    param, code}]; outputs: wire outputs (see `output_to_wire`); finished: per-request latency
-    records; itl: inter-token gaps (seconds); iteration: [num_prefill_tokens, num_decode_tokens]
-    of the step, or None; stats: scheduler stats after this turn.
+    param, code}]; outputs: wire outputs (see `output_to_wire`); finished: finished-request
+    telemetry records (see `timeline_record`); iteration: [num_steps, num_prefill_tokens,
+    num_decode_tokens] of the steps run; stats: scheduler stats after this turn.
     """
 
     accepted: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     outputs: list[dict[str, Any]] = field(default_factory=list)
     finished: list[dict[str, Any]] = field(default_factory=list)
-    itl: list[float] = field(default_factory=list)
     iteration: list[int] | None = None
     stats: dict[str, Any] | None = None
     stats_replies: list[int] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (self.accepted or self.rejected or self.outputs or self.finished
-                    or self.stats_replies)
+                    or self.stats_replies or self.iteration)
 
 
 @dataclass(frozen=True)
@@ -178,17 +179,16 @@ class EngineCore(Protocol):
     max_model_len: int
     vocab_size: int
 
-    def tokenize(self, text: str) -> list[int]: ...
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str: ...
     def token_text(self, token_id: int) -> str: ...
     def default_eos_token_ids(self) -> tuple[int, ...]: ...
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int) -> None: ...
+                    priority: int, arrival_time: float | None) -> None: ...
     def abort_request(self, req_id: str) -> None: ...
     def step(self) -> Sequence[Any]: ...  # RequestOutput-like objects
     def has_unfinished(self) -> bool: ...
-    def num_computed_tokens(self, req_id: str) -> int | None: ...
-    def take_step_token_counts(self) -> tuple[int, int] | None: ...
+    def take_telemetry(self) -> TelemetryDelta: ...
     def stats(self) -> dict[str, Any]: ...
 
 
@@ -228,48 +228,50 @@ def output_to_wire(out: Any, token_text: Callable[[int], str]) -> dict[str, Any]
     }
 
 
-# ---- per-request timing ----------------------------------------------------------------------
+# ---- per-request bookkeeping -----------------------------------------------------------------
 
 
 @dataclass
 class _LiveRequest:
-    """Engine-side bookkeeping for one admitted request (times from time.time())."""
+    """What the loop itself tracks per admitted request (timing lives in engine telemetry)."""
 
     req_id: str
     num_prompt_tokens: int
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    last_token_time: float | None = None
     num_output_tokens: int = 0
 
     @property
     def queued(self) -> bool:
         # "Queued" for admission limits = admitted, first token not yet produced.
-        return self.first_token_time is None
+        return self.num_output_tokens == 0
 
-    def latency_record(self, now: float, finish_reason: str | None) -> dict[str, Any]:
-        def span(a: float | None, b: float | None) -> float | None:
-            return None if a is None or b is None else max(0.0, b - a)
 
-        ttft = span(self.arrival_time, self.first_token_time)
-        e2e = span(self.arrival_time, now)
-        tpot = None
-        if ttft is not None and e2e is not None and self.num_output_tokens > 1:
-            tpot = (e2e - ttft) / (self.num_output_tokens - 1)
-        return {
-            "req_id": self.req_id,
-            "finish_reason": finish_reason or "abort",
-            "num_prompt_tokens": self.num_prompt_tokens,
-            "num_output_tokens": self.num_output_tokens,
-            "prefilled": self.first_token_time is not None,
-            "ttft": ttft,
-            "e2e": e2e,
-            "tpot": tpot,
-            "queue_time": span(self.arrival_time, self.first_scheduled_time),
-            "prefill_time": span(self.first_scheduled_time, self.first_token_time),
-            "decode_time": span(self.first_token_time, now),
-        }
+def timeline_record(timeline: Any) -> dict[str, Any]:
+    """A finished cadence.telemetry RequestTimeline as a plain dict (engine-clock seconds)."""
+    return {
+        "req_id": timeline.req_id,
+        "finish_reason": timeline.finish_reason or "abort",
+        "num_prompt_tokens": int(timeline.num_prompt_tokens),
+        "num_output_tokens": int(timeline.num_output_tokens),
+        "num_cached_tokens": int(max(0, timeline.num_cached_tokens)),
+        "num_preemptions": int(timeline.num_preemptions),
+        "queue_time": timeline.queue_time,
+        "prefill_time": timeline.prefill_time,
+        "ttft": timeline.ttft,
+        "e2e": timeline.e2e,
+        "decode_time": timeline.decode_time,
+        "tpot": timeline.tpot,
+        "itl": list(timeline.itl),
+    }
+
+
+@dataclass
+class TelemetryDelta:
+    """Telemetry gathered since the last drain: finished-request records, step token counts."""
+
+    finished: list[dict[str, Any]] = field(default_factory=list)
+    num_steps: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -333,7 +335,8 @@ class EngineCoreLoop:
             except Exception as exc:  # jinja errors, bad roles: the client's fault
                 raise AdmissionError(400, f"chat template failed: {exc}", param="messages",
                                      code="invalid_messages") from exc
-            return self.engine.tokenize(text)
+            # The template already wrote the special tokens.
+            return self.engine.tokenize(text, add_special_tokens=False)
         return self.engine.tokenize(msg.prompt_text or "")
 
     def _admit(self, msg: AddRequest, batch: EngineBatch) -> None:
@@ -375,8 +378,11 @@ class EngineCoreLoop:
             raise AdmissionError(429, f"server busy: {queued_tokens} prompt tokens already "
                                  f"queued, this request adds {n} (limit {max_tok}); retry later",
                                  code="queue_full")
-        self.engine.add_request(msg.req_id, ids, params, msg.priority)
-        self._live[msg.req_id] = _LiveRequest(msg.req_id, n, msg.arrival_time or time.time())
+        try:
+            self.engine.add_request(msg.req_id, ids, params, msg.priority, msg.arrival_time)
+        except ValueError as exc:  # the engine's own input checks
+            raise AdmissionError(400, str(exc), param=param) from exc
+        self._live[msg.req_id] = _LiveRequest(msg.req_id, n)
         prompt_text = msg.prompt_text
         if msg.want_prompt_text and prompt_text is None:
             prompt_text = "".join(self.engine.token_text(t) for t in ids)
@@ -390,8 +396,6 @@ class EngineCoreLoop:
         live = self._live.pop(req_id, None)
         if live is None:
             return
-        now = time.time()
-        batch.finished.append(live.latency_record(now, reason))
         if notify:
             batch.outputs.append({
                 "req_id": req_id, "token_ids": [], "text": "", "finished": True,
@@ -448,36 +452,16 @@ class EngineCoreLoop:
             self._abort(AbortRequests(all_requests=True), batch)
             self._running = False
 
-    def _record_step(self, outputs: Sequence[Any], step_start: float, now: float,
-                     batch: EngineBatch) -> None:
-        for live in self._live.values():
-            if live.first_scheduled_time is None:
-                computed = self.engine.num_computed_tokens(live.req_id)
-                if computed:
-                    live.first_scheduled_time = step_start
+    def _record_step(self, outputs: Sequence[Any], batch: EngineBatch) -> None:
         for out in outputs:
             live = self._live.get(out.req_id)
             if live is None:
-                continue  # aborted between the step and now: its client was already told
+                continue  # aborted meanwhile: its client was already told (or is gone)
             wire = output_to_wire(out, self.engine.token_text)
-            k = len(wire["token_ids"])
-            if k:
-                if live.first_scheduled_time is None:
-                    live.first_scheduled_time = step_start
-                if live.first_token_time is None:
-                    live.first_token_time = now
-                else:
-                    # One gap per delivery, k - 1 zeros for tokens that really came together.
-                    batch.itl.append(now - (live.last_token_time or now))
-                    batch.itl.extend([0.0] * (k - 1))
-                live.last_token_time = now
-                live.num_output_tokens += k
+            live.num_output_tokens = wire["num_output_tokens"]
             batch.outputs.append(wire)
             if wire["finished"]:
-                self._live.pop(out.req_id, None)
-                batch.finished.append(live.latency_record(now, wire["finish_reason"]))
-        counts = self.engine.take_step_token_counts()
-        batch.iteration = list(counts) if counts is not None else None
+                del self._live[out.req_id]
 
     def _fail_all(self, exc: BaseException, batch: EngineBatch) -> None:
         """The step raised: end every live request with finish_reason "error", keep serving."""
@@ -497,14 +481,18 @@ class EngineCoreLoop:
         for msg in self._receive(block=not busy):
             self._handle(msg, batch)
         if self._running and self.engine.has_unfinished():
-            step_start = time.time()
             try:
                 outputs = self.engine.step()
             except Exception as exc:
                 self._fail_all(exc, batch)
             else:
-                self._record_step(outputs, step_start, time.time(), batch)
-        if not batch.is_empty() or batch.iteration is not None:
+                self._record_step(outputs, batch)
+        telemetry = self.engine.take_telemetry()
+        batch.finished.extend(telemetry.finished)
+        if telemetry.num_steps:
+            batch.iteration = [telemetry.num_steps, telemetry.num_prefill_tokens,
+                               telemetry.num_decode_tokens]
+        if not batch.is_empty():
             batch.stats = self.engine.stats()
             self.out_socket.send(encode_message(batch))
         return self._running
@@ -517,77 +505,75 @@ class EngineCoreLoop:
 # ---- building the engine ----------------------------------------------------------------------
 
 
+class _TelemetryCollector:
+    """A cadence.telemetry listener that buffers what the front end's metrics need."""
+
+    def __init__(self) -> None:
+        self.delta = TelemetryDelta()
+
+    def on_step(self, record: Any) -> None:
+        self.delta.num_steps += 1
+        self.delta.num_prefill_tokens += int(record.num_prefill_tokens)
+        self.delta.num_decode_tokens += int(record.num_decode_tokens)
+
+    def on_request_finished(self, timeline: Any) -> None:
+        self.delta.finished.append(timeline_record(timeline))
+
+    def close(self) -> None:
+        pass
+
+    def take(self) -> TelemetryDelta:
+        delta, self.delta = self.delta, TelemetryDelta()
+        return delta
+
+
 class LLMEngineAdapter:
     """cadence.engine.llm_engine.LLMEngine seen through the EngineCore protocol."""
 
-    def __init__(self, engine: Any, model_name: str, max_model_len: int) -> None:
+    def __init__(self, engine: Any, model_name: str) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
-        self.max_model_len = max_model_len
+        self.max_model_len = int(engine.max_model_len)
         self.vocab_size = int(self.tokenizer.vocab_size)
-        self._step_counts: tuple[int, int] | None = None
-        telemetry = getattr(engine, "telemetry", None)
-        add_listener = getattr(telemetry, "add_listener", None)
-        if callable(add_listener):
-            add_listener(self._on_telemetry)
+        self._telemetry = _TelemetryCollector()
+        engine.telemetry.add_listener(self._telemetry)
 
-    def _on_telemetry(self, event: Any, *args: Any) -> None:
-        # Step events carry the plan; request events are ignored (this process times requests).
-        plan = getattr(event, "plan", None)
-        if plan is None and args:
-            plan = getattr(args[0], "plan", args[0])
-        prefill = getattr(event, "num_prefill_tokens", getattr(plan, "num_prefill_tokens", None))
-        decode = getattr(event, "num_decode_tokens", getattr(plan, "num_decode_tokens", None))
-        if isinstance(prefill, int) and isinstance(decode, int):
-            self._step_counts = (prefill, decode)
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text))
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages,
                                                   add_generation_prompt=add_generation_prompt)
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def default_eos_token_ids(self) -> tuple[int, ...]:
-        ids = getattr(self.tokenizer, "stop_token_ids", None) or (self.tokenizer.eos_token_id,)
-        return tuple(int(t) for t in ids if t is not None)
+        return tuple(int(t) for t in self.tokenizer.stop_token_ids)
 
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int) -> None:
-        self.engine.add_request(req_id, prompt_token_ids, params, priority=priority)
+                    priority: int, arrival_time: float | None) -> None:
+        self.engine.add_request(req_id, prompt_token_ids, params, priority=priority,
+                                arrival_time=arrival_time)
 
     def abort_request(self, req_id: str) -> None:
         self.engine.abort_request(req_id)
 
     def step(self) -> Sequence[Any]:
-        self._step_counts = None
         return self.engine.step()
 
     def has_unfinished(self) -> bool:
         return bool(self.engine.has_unfinished())
 
-    def _scheduler(self) -> Any:
-        return getattr(self.engine, "scheduler", None)
-
-    def num_computed_tokens(self, req_id: str) -> int | None:
-        scheduler = self._scheduler()
-        req = scheduler.get_request(req_id) if scheduler is not None else None
-        return None if req is None else int(req.num_computed_tokens)
-
-    def take_step_token_counts(self) -> tuple[int, int] | None:
-        counts, self._step_counts = self._step_counts, None
-        return counts
+    def take_telemetry(self) -> TelemetryDelta:
+        return self._telemetry.take()
 
     def stats(self) -> dict[str, Any]:
-        scheduler = self._scheduler()
-        if scheduler is None:
-            return {}
-        stats = scheduler.stats()
-        return dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
+        return dataclasses.asdict(self.engine.scheduler.stats())
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 def _rebuild_dataclass(cls: type, data: Mapping[str, Any]) -> Any:
@@ -614,9 +600,7 @@ def build_llm_engine(engine_config: Mapping[str, Any], served_model_name: str | 
 
     cfg = _rebuild_dataclass(EngineConfig, engine_config)
     engine = LLMEngine(cfg)
-    name = served_model_name or getattr(engine, "model_name", None) or os.path.basename(
-        (cfg.model or "default").rstrip("/"))
-    return LLMEngineAdapter(engine, name, int(cfg.scheduler.max_model_len))
+    return LLMEngineAdapter(engine, served_model_name or engine.model_name)
 
 
 @dataclass(frozen=True)
@@ -631,7 +615,7 @@ class EngineProcessConfig:
     served_model_name: str | None = None
     limits: AdmissionLimits = AdmissionLimits()
     engine_factory: str = "cadence.engine.engine_process:build_llm_engine"
-    torch_threads: int | None = None
+    engine_threads: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -672,7 +656,7 @@ def serve_engine(cfg: EngineProcessConfig, context: Any, input_addr: str, output
     try:
         try:
             engine = build_engine(cfg)
-            set_torch_threads(cfg.torch_threads)
+            set_torch_threads(cfg.engine_threads)
         except Exception as exc:
             traceback.print_exc()
             out_socket.send(encode_message(EngineFatal(f"{type(exc).__name__}: {exc}")))
@@ -680,7 +664,12 @@ def serve_engine(cfg: EngineProcessConfig, context: Any, input_addr: str, output
         out_socket.send(encode_message(EngineReady(
             model_name=engine.model_name, max_model_len=engine.max_model_len,
             vocab_size=engine.vocab_size, pid=os.getpid(), stats=engine.stats())))
-        EngineCoreLoop(engine, in_socket, out_socket, cfg.limits, parent_pid).run()
+        try:
+            EngineCoreLoop(engine, in_socket, out_socket, cfg.limits, parent_pid).run()
+        finally:
+            close = getattr(engine, "close", None)
+            if callable(close):
+                close()  # flush trace files
     finally:
         in_socket.close()
         out_socket.close()

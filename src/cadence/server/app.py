@@ -1,0 +1,109 @@
+"""The FastAPI app: OpenAI routes, /health, /metrics; the engine client's lifetime.
+
+The engine client is started by the app's lifespan, inside the server's event loop (its ZeroMQ
+sockets belong to that loop), and stopped on shutdown: live requests are aborted with a reason
+and the engine process exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from cadence.engine.async_client import AsyncEngineClient
+from cadence.engine.engine_process import EngineProcessConfig
+from cadence.server.auth import check_api_key
+from cadence.server.config import ServerConfig
+from cadence.server.errors import APIError, install_error_handlers
+from cadence.server.serving_chat import create_chat_completion
+from cadence.server.serving_completions import create_completion
+from cadence.telemetry.prometheus import CONTENT_TYPE, PrometheusMetrics
+
+
+@dataclass
+class ServerState:
+    """What the route handlers share (on app.state.server); filled in at startup."""
+
+    config: ServerConfig
+    engine_config: EngineProcessConfig
+    client: AsyncEngineClient | None = None
+    metrics: PrometheusMetrics | None = None
+    model_name: str = ""
+    max_model_len: int = 0
+    started_at: int = 0
+
+
+def _require_engine(request: Request) -> None:
+    client = request.app.state.server.client
+    if client is None or not client.is_healthy:
+        reason = client.dead_reason if client is not None else None
+        raise APIError(503, f"The engine is not available{': ' + reason if reason else ''}.",
+                       code="engine_unavailable")
+
+
+api = APIRouter(dependencies=[Depends(check_api_key)])
+
+
+@api.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    server: ServerState = request.app.state.server
+    return JSONResponse({
+        "object": "list",
+        "data": [{
+            "id": server.model_name, "object": "model", "created": server.started_at,
+            "owned_by": "cadence", "max_model_len": server.max_model_len,
+        }],
+    })
+
+
+@api.get("/metrics")
+async def metrics(request: Request) -> Response:
+    server: ServerState = request.app.state.server
+    if server.client is not None and server.client.is_healthy:
+        # A fresh snapshot, so gauges (KV blocks) reflect aborts that just happened.
+        await server.client.stats(timeout_s=2.0)
+    return Response(server.metrics.render(), media_type=CONTENT_TYPE)
+
+
+api.add_api_route("/v1/completions", create_completion, methods=["POST"],
+                  dependencies=[Depends(_require_engine)])
+api.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"],
+                  dependencies=[Depends(_require_engine)])
+
+
+async def health(request: Request) -> JSONResponse:
+    client = request.app.state.server.client
+    if client is None or not client.is_healthy:
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> FastAPI:
+    """The app; the engine starts when the server runs the lifespan."""
+    state = ServerState(config=config, engine_config=engine_config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.client = await AsyncEngineClient.start(
+            engine_config, in_process=config.in_process_engine)
+        state.model_name = config.served_model_name or state.client.info.model_name
+        state.metrics = PrometheusMetrics(state.model_name)
+        state.client.attach_metrics(state.metrics)
+        state.max_model_len = state.client.info.max_model_len
+        state.started_at = int(time.time())
+        try:
+            yield
+        finally:
+            await state.client.shutdown()
+
+    app = FastAPI(title="cadence", lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+    app.include_router(api)
+    app.add_api_route("/health", health, methods=["GET"])
+    return app

@@ -1,0 +1,150 @@
+"""`cadence serve`: the OpenAI-compatible server. Flags come from the config dataclasses' help.
+
+Scheduler, KV cache and engine flags are generated from the frozen configs' field metadata
+(help, choices), so `--help` says what the code means; the names follow vLLM's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from typing import Any
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.engine.config import EngineConfig
+from cadence.engine.engine_process import AdmissionLimits, EngineProcessConfig
+from cadence.server.config import ServerConfig
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+               "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+               "gib": 2**30, "tib": 2**40, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'2GiB', '512MiB', '1.5GB', '1000000' -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: use bytes or a number with KiB/MiB/GiB (or KB/MB/GB)")
+    value = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size must be at least 1 byte, got {text!r}")
+    return value
+
+
+def _field(cls: type, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+# (flag, config class, field name, argparse type or None for the field's own type)
+_FLAGS: tuple[tuple[str, type, str, Any], ...] = (
+    ("--model", EngineConfig, "model", str),
+    ("--dtype", EngineConfig, "dtype", str),
+    ("--device", EngineConfig, "device", str),
+    ("--trace", EngineConfig, "trace_path", str),
+    ("--seed", EngineConfig, "seed", int),
+    ("--policy", SchedulerConfig, "policy", str),
+    ("--max-num-batched-tokens", SchedulerConfig, "max_num_batched_tokens", int),
+    ("--max-num-seqs", SchedulerConfig, "max_num_seqs", int),
+    ("--long-prefill-token-threshold", SchedulerConfig, "long_prefill_token_threshold", int),
+    ("--max-model-len", SchedulerConfig, "max_model_len", int),
+    ("--scheduling-policy", SchedulerConfig, "scheduling", str),
+    ("--block-size", CacheConfig, "block_size", int),
+    ("--num-kv-blocks", CacheConfig, "num_blocks", int),
+    ("--kv-cache-memory", CacheConfig, "kv_cache_memory_bytes", parse_size),
+    ("--enable-prefix-caching", CacheConfig, "enable_prefix_caching", bool),
+    ("--host", ServerConfig, "host", str),
+    ("--port", ServerConfig, "port", int),
+    ("--served-model-name", ServerConfig, "served_model_name", str),
+    ("--api-key", ServerConfig, "api_key", str),
+    ("--max-num-queued-requests", ServerConfig, "max_num_queued_requests", int),
+    ("--max-num-queued-tokens", ServerConfig, "max_num_queued_tokens", int),
+    ("--shutdown-grace-seconds", ServerConfig, "shutdown_grace_s", float),
+    ("--in-process-engine", ServerConfig, "in_process_engine", bool),
+    ("--engine-threads", ServerConfig, "engine_threads", int),
+)
+
+
+def _dest(cls: type, name: str) -> str:
+    return f"{cls.__name__}.{name}"
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    groups = {
+        EngineConfig: parser.add_argument_group("engine"),
+        SchedulerConfig: parser.add_argument_group("scheduler"),
+        CacheConfig: parser.add_argument_group("KV cache"),
+        ServerConfig: parser.add_argument_group("server"),
+    }
+    for flag, cls, name, arg_type in _FLAGS:
+        f = _field(cls, name)
+        meta = f.metadata
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = meta.get("help", "")
+        if default is not None:
+            help_text += f" (default: {default})"
+        # default=None everywhere: only flags actually given override the dataclass defaults.
+        kwargs: dict[str, Any] = {"dest": _dest(cls, name), "default": None, "help": help_text}
+        if arg_type is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = arg_type
+            if "choices" in meta:
+                kwargs["choices"] = meta["choices"]
+        groups[cls].add_argument(flag, **kwargs)
+    # Tests swap in a fake engine ("module:function"); not part of the user-facing CLI.
+    parser.add_argument("--engine-factory", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--engine-config-json", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--log-level", default="info",
+                        choices=("critical", "error", "warning", "info", "debug"),
+                        help="uvicorn log level (default: info).")
+
+
+def _values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    prefix = cls.__name__ + "."
+    return {k[len(prefix):]: v for k, v in vars(args).items()
+            if k.startswith(prefix) and v is not None}
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineProcessConfig]:
+    """Raises ValueError (a config's own check) with a message naming the bad value."""
+    import json
+
+    scheduler = SchedulerConfig(**_values(args, SchedulerConfig))
+    cache = CacheConfig(**_values(args, CacheConfig))
+    engine = EngineConfig(scheduler=scheduler, cache=cache, **_values(args, EngineConfig))
+    server = ServerConfig(**_values(args, ServerConfig))
+    engine_dict = dataclasses.asdict(engine)
+    if args.engine_config_json:
+        engine_dict.update(json.loads(args.engine_config_json))
+    process = EngineProcessConfig(
+        engine_config=engine_dict,
+        served_model_name=server.served_model_name,
+        limits=AdmissionLimits(server.max_num_queued_requests, server.max_num_queued_tokens),
+        engine_threads=server.engine_threads or os.cpu_count(),
+        **({"engine_factory": args.engine_factory} if args.engine_factory else {}),
+    )
+    return server, process
+
+
+def run(args: argparse.Namespace) -> int:
+    from cadence.server.launcher import run_server
+
+    try:
+        server, process = configs_from_args(args)
+    except (ValueError, TypeError) as exc:
+        args.parser.error(str(exc))
+    run_server(server, process, log_level=args.log_level)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="Serve a model over an OpenAI-compatible HTTP API.",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
+        "/v1/chat/completions, /v1/models, /health, /metrics).")
+    add_serve_arguments(parser)
+    parser.set_defaults(func=run, parser=parser)

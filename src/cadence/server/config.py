@@ -1,0 +1,54 @@
+"""ServerConfig: the HTTP front end's own knobs (the engine's live in EngineConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the OpenAI-compatible front end listens and guards itself."""
+
+    host: str = field(default="127.0.0.1", metadata={"help": "Interface to listen on."})
+    port: int = field(default=8000, metadata={"help": "TCP port to listen on."})
+    served_model_name: str | None = field(
+        default=None,
+        metadata={"help": "Model name clients must send and /v1/models lists "
+                          "(default: the model file or folder name)."},
+    )
+    api_key: str | None = field(
+        default=None,
+        metadata={"help": "Require 'Authorization: Bearer KEY' on every route but /health."},
+    )
+    max_num_queued_requests: int | None = field(
+        default=None,
+        metadata={"help": "Answer 429 once this many requests wait for their first token."},
+    )
+    max_num_queued_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Answer 429 once the waiting requests' prompts exceed this many tokens."},
+    )
+    shutdown_grace_s: float = field(
+        default=5.0,
+        metadata={"help": "On SIGINT/SIGTERM, let in-flight requests run this long, then abort "
+                          "them (their streams end with finish_reason 'abort')."},
+    )
+    in_process_engine: bool = field(
+        default=False,
+        metadata={"help": "Run the engine loop in a thread of the server process instead of its "
+                          "own process (for measuring what the split buys)."},
+    )
+    engine_threads: int | None = field(
+        default=None,
+        metadata={"help": "torch threads of the engine (default: all cores)."},
+    )
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("max_num_queued_requests", "max_num_queued_tokens", "engine_threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.shutdown_grace_s < 0:
+            raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")

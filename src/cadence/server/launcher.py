@@ -1,0 +1,56 @@
+"""Run the app under uvicorn with a graceful shutdown that never drops a stream silently.
+
+On SIGINT/SIGTERM uvicorn stops accepting connections and waits for open ones to finish. The
+in-flight requests get `shutdown_grace_s` to complete; what is still running then is aborted in
+the engine, so each open stream ends with finish_reason "abort" (and [DONE]) instead of a cut
+connection. Then the lifespan stops the engine process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import uvicorn
+
+from cadence.engine.engine_process import EngineProcessConfig
+from cadence.server.app import ServerState, create_app
+from cadence.server.config import ServerConfig
+
+logger = logging.getLogger("cadence.server")
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn.Server whose shutdown aborts the engine's live requests after a grace period."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, grace_s: float) -> None:
+        super().__init__(config)
+        self._state = state
+        self._grace_s = grace_s
+
+    async def _abort_after_grace(self) -> None:
+        await asyncio.sleep(self._grace_s)
+        client = self._state.client
+        if client is not None and client.num_live_requests:
+            logger.warning("shutdown: aborting %d in-flight requests", client.num_live_requests)
+            await client.abort_all(reason="shutdown")
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        aborter = asyncio.create_task(self._abort_after_grace())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            aborter.cancel()
+
+
+def run_server(config: ServerConfig, engine_config: EngineProcessConfig,
+               log_level: str = "info") -> None:
+    """Serve until SIGINT/SIGTERM (blocking)."""
+    # The front end is asyncio + JSON: one thread; the cores belong to the engine process.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    app = create_app(config, engine_config)
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                               access_log=False, lifespan="on")
+    GracefulServer(uv_config, app.state.server, config.shutdown_grace_s).run()

@@ -1,0 +1,114 @@
+"""OpenAI request bodies -> what the engine takes: sampling fields and the prompt.
+
+Checks that need no tokenizer happen here (unsupported features, SamplingParams' own ranges,
+max_tokens against the context); prompt-length checks happen in the engine process, which
+owns the tokenizer, and come back as EngineRejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cadence.core.sampling_params import SamplingParams
+from cadence.engine.engine_process import sampling_to_wire
+from cadence.server.errors import APIError
+from cadence.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+
+
+@dataclass(frozen=True)
+class EnginePrompt:
+    """Exactly one of the three is set."""
+
+    text: str | None = None
+    token_ids: list[int] | None = None
+    chat_messages: list[dict[str, Any]] | None = None
+
+
+def check_model(requested: str | None, served_name: str) -> None:
+    if requested is not None and requested != served_name:
+        raise APIError(404, f"The model '{requested}' does not exist; this server serves "
+                       f"'{served_name}'.", param="model", code="model_not_found")
+
+
+def reject_unsupported(problems: list[tuple[str, str]]) -> None:
+    if problems:
+        param, message = problems[0]
+        raise APIError(400, message + ".", param=param, code="unsupported_parameter")
+
+
+def sampling_fields(body: _SamplingFields, max_tokens: int | None, logprobs: int | None,
+                    max_model_len: int) -> dict[str, Any]:
+    """SamplingParams fields as a wire dict; max_tokens None means "the rest of the context"."""
+    if max_tokens is not None and max_tokens >= max_model_len:
+        raise APIError(400, f"max_tokens={max_tokens} is too large: this model's maximum "
+                       f"context length is {max_model_len} tokens (prompt included).",
+                       param="max_tokens", code="context_length_exceeded")
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens if max_tokens is not None else 1,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=max(0, body.top_k),  # OpenAI-style -1 and 0 both disable top-k
+            min_p=body.min_p,
+            seed=body.seed,
+            stop=body.stop_strings(),
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=body.ignore_eos,
+            logprobs=logprobs,
+            min_tokens=body.min_tokens,
+        )
+    except ValueError as exc:
+        raise APIError(400, str(exc) + ".", code="invalid_value") from exc
+    if max_tokens is not None and body.min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens ({body.min_tokens}) must not exceed max_tokens "
+                       f"({max_tokens}).", param="min_tokens", code="invalid_value")
+    wire = sampling_to_wire(params)
+    wire["max_tokens"] = max_tokens
+    return wire
+
+
+def completion_prompt(body: CompletionRequest) -> EnginePrompt:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        # A batch: OpenAI allows several prompts; cadence serves one per request.
+        if len(prompt) != 1:
+            raise APIError(400, f"a batch of {len(prompt)} prompts is not supported: send one "
+                           "prompt per request.", param="prompt", code="unsupported_parameter")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if prompt == "":
+            raise APIError(400, "the prompt is empty.", param="prompt", code="empty_prompt")
+        return EnginePrompt(text=prompt)
+    if not prompt:
+        raise APIError(400, "the prompt is empty (no token ids).", param="prompt",
+                       code="empty_prompt")
+    if any(t < 0 for t in prompt):
+        raise APIError(400, "prompt token ids must be >= 0.", param="prompt",
+                       code="invalid_token_id")
+    return EnginePrompt(token_ids=list(prompt))
+
+
+def chat_prompt(body: ChatCompletionRequest) -> EnginePrompt:
+    messages = []
+    for i, m in enumerate(body.messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise APIError(400, "only text content parts are supported.",
+                                   param=f"messages.{i}.content", code="unsupported_parameter")
+                texts.append(part["text"])
+            content = "".join(texts)
+        message: dict[str, Any] = {"role": m.role, "content": content or ""}
+        if m.name is not None:
+            message["name"] = m.name
+        messages.append(message)
+    return EnginePrompt(chat_messages=messages)
+
+
+def chat_logprobs_count(body: ChatCompletionRequest) -> int | None:
+    if not body.logprobs:
+        return None
+    return body.top_logprobs or 0

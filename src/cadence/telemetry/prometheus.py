@@ -1,0 +1,165 @@
+"""Prometheus collectors with vLLM-like names under the `cadence:` prefix.
+
+One `PrometheusMetrics` per app, on its own CollectorRegistry (no global state), fed with plain
+records that the engine process ships (see cadence.engine.engine_process: finished-request
+records from the telemetry recorder, step token counts, scheduler stats):
+
+- histograms (seconds): time_to_first_token, inter_token_latency, time_per_output_token,
+  e2e_request_latency, request_queue_time, request_prefill_time, request_decode_time;
+  iteration_tokens (tokens per step); request_prompt_tokens / request_generation_tokens.
+- counters: request_success_total{finished_reason}, prompt_tokens_total (prompts whose prefill
+  completed), generation_tokens_total, iteration_prefill_tokens_total,
+  iteration_decode_tokens_total, num_preemptions_total, prefix_cache_queries_total,
+  prefix_cache_hits_total (the last three are the scheduler's cumulative totals).
+- gauges: num_requests_running, num_requests_waiting, kv_cache_usage_perc (0..1, as vLLM),
+  kv_cache_blocks_used / _free / _total / _cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "cadence:"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Bucket edges (seconds), close to vLLM's.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+               0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                   30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+# record key -> (metric suffix, help, buckets)
+_REQUEST_HISTOGRAMS = (
+    ("ttft", "time_to_first_token_seconds", "Arrival to first output token.", TTFT_BUCKETS),
+    ("tpot", "time_per_output_token_seconds", "(E2E - TTFT) / (output tokens - 1) per request.",
+     ITL_BUCKETS),
+    ("e2e", "e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS),
+    ("queue_time", "request_queue_time_seconds", "Arrival to first scheduled.", REQUEST_BUCKETS),
+    ("prefill_time", "request_prefill_time_seconds", "First scheduled to first token.",
+     REQUEST_BUCKETS),
+    ("decode_time", "request_decode_time_seconds", "First token to finish.", REQUEST_BUCKETS),
+)
+
+
+class _EngineStatsCollector(Collector):
+    """Gauges and cumulative counters read from the latest scheduler stats snapshot."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(PREFIX + name, doc, value=value)
+
+        def counter(name: str, doc: str, key: str) -> CounterMetricFamily:
+            return CounterMetricFamily(PREFIX + name, doc, value=float(s.get(key, 0)))
+
+        total = s.get("num_blocks_total", 0)
+        used = s.get("num_blocks_used", 0)
+        yield gauge("num_requests_running", "Requests in the running batch.",
+                    s.get("num_running", 0))
+        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.",
+                    s.get("num_waiting", 0))
+        yield gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).",
+                    used / total if total else 0.0)
+        yield gauge("kv_cache_blocks_used", "KV cache blocks held by requests.", used)
+        yield gauge("kv_cache_blocks_free", "KV cache blocks free (cached ones included).",
+                    s.get("num_blocks_free", 0))
+        yield gauge("kv_cache_blocks_total", "KV cache blocks in the pool.", total)
+        yield gauge("kv_cache_blocks_cached", "Free blocks still holding a reusable prefix.",
+                    s.get("num_blocks_cached", 0))
+        yield counter("num_preemptions", "Preemptions since start.", "num_preemptions_total")
+        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      "prefix_cache_queries")
+        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                      "prefix_cache_hits")
+
+
+class PrometheusMetrics:
+    """The server's metrics; `render()` gives the exposition text for /metrics."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+        self._request_histograms = {
+            key: Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=self.registry)
+            .labels(model_name)
+            for key, name, doc, buckets in _REQUEST_HISTOGRAMS
+        }
+        self._itl = Histogram(PREFIX + "inter_token_latency_seconds",
+                              "Gaps between consecutive output tokens of a request.", labels,
+                              buckets=ITL_BUCKETS, registry=self.registry).labels(model_name)
+        self._iteration_tokens = Histogram(
+            PREFIX + "iteration_tokens_total", "Tokens computed per engine step.", labels,
+            buckets=TOKEN_BUCKETS, registry=self.registry).labels(model_name)
+        self._request_prompt_tokens = Histogram(
+            PREFIX + "request_prompt_tokens", "Prompt tokens per finished request.", labels,
+            buckets=TOKEN_BUCKETS, registry=self.registry).labels(model_name)
+        self._request_generation_tokens = Histogram(
+            PREFIX + "request_generation_tokens", "Output tokens per finished request.", labels,
+            buckets=TOKEN_BUCKETS, registry=self.registry).labels(model_name)
+        self._success = Counter(PREFIX + "request_success", "Finished requests by reason.",
+                                labels + ["finished_reason"], registry=self.registry)
+        self._prompt_tokens = Counter(PREFIX + "prompt_tokens",
+                                      "Prompt tokens of requests whose prefill completed.", labels,
+                                      registry=self.registry).labels(model_name)
+        self._generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.",
+                                          labels, registry=self.registry).labels(model_name)
+        self._prefill_tokens = Counter(PREFIX + "iteration_prefill_tokens",
+                                       "Prompt tokens computed by engine steps (recompute after "
+                                       "preemption included).", labels,
+                                       registry=self.registry).labels(model_name)
+        self._decode_tokens = Counter(PREFIX + "iteration_decode_tokens",
+                                      "Decode tokens computed by engine steps.", labels,
+                                      registry=self.registry).labels(model_name)
+        self._engine_stats = _EngineStatsCollector()
+        self.registry.register(self._engine_stats)
+
+    # ---- inputs (EngineMetricsSink)
+
+    def record_request(self, record: Mapping[str, Any]) -> None:
+        """A finished request's telemetry record (keys as engine_process.timeline_record)."""
+        for key, hist in self._request_histograms.items():
+            value = record.get(key)
+            if value is not None:
+                hist.observe(max(0.0, value))
+        for gap in record.get("itl") or ():
+            self._itl.observe(max(0.0, gap))
+        self._success.labels(self.model_name, record.get("finish_reason") or "abort").inc()
+        if record.get("ttft") is not None:
+            self._prompt_tokens.inc(record.get("num_prompt_tokens", 0))
+            self._request_prompt_tokens.observe(record.get("num_prompt_tokens", 0))
+        self._request_generation_tokens.observe(record.get("num_output_tokens", 0))
+
+    def record_iteration(self, num_steps: int, num_prefill_tokens: int,
+                         num_decode_tokens: int) -> None:
+        """Token counts of `num_steps` steps (one histogram sample per step when num_steps=1)."""
+        if num_steps <= 0:
+            return
+        per_step = (num_prefill_tokens + num_decode_tokens) / num_steps
+        for _ in range(num_steps):
+            self._iteration_tokens.observe(per_step)
+        self._prefill_tokens.inc(num_prefill_tokens)
+        self._decode_tokens.inc(num_decode_tokens)
+
+    def record_generated_tokens(self, num_tokens: int) -> None:
+        self._generation_tokens.inc(num_tokens)
+
+    def update_engine_stats(self, stats: Mapping[str, Any]) -> None:
+        self._engine_stats.stats = dict(stats)
+
+    # ---- output
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
