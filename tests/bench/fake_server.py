@@ -1,9 +1,10 @@
 """A tiny OpenAI-compatible streaming server for the bench tests.
 
-It simulates one device running an eager scheduler: each step admits every waiting prompt whole,
-costs `decode_step_s + prefill_s_per_token * admitted prompt tokens`, and gives every running
-request one token. So a long prompt visibly stalls the streams already decoding, which is what
-the interference analysis must detect. Prompt tokens are whitespace-separated words.
+It simulates one device: a step costs `decode_step_s + prefill_s_per_token * prefill tokens in
+the step` and gives every decoding request one token (and a request whose prefill completes its
+first token). `eager` prefills every waiting prompt whole in one step, so a long prompt visibly
+stalls the streams already decoding (what the interference analysis must detect); `chunked`
+serves decodes first and fills the rest of `budget` tokens with prompt chunks. Prompt tokens are whitespace-separated words.
 Knobs: several tokens per SSE chunk (listed in logprobs.tokens), requests rejected with HTTP 400,
 streams cut midway, and a /metrics endpoint with cadence: gauges.
 """
@@ -28,6 +29,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 @dataclass(frozen=True)
 class FakeServerConfig:
     decode_step_s: float = 0.004
+    policy: str = "eager"
+    budget: int = 512
     prefill_s_per_token: float = 0.0
     tokens_per_chunk: int = 1
     # By order of arrival (0 = first request received).
@@ -45,6 +48,7 @@ class _Stream:
     max_tokens: int
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     emitted: int = 0
+    prefilled: int = 0
 
 
 class _Engine:
@@ -77,15 +81,24 @@ class _Engine:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            admitted = list(self.waiting)
+            self.running.extend(self.waiting)
             self.waiting.clear()
-            self.running.extend(admitted)
             self._publish()
-            prefill = sum(s.prompt_tokens for s in admitted)
-            await asyncio.sleep(self.cfg.decode_step_s + self.cfg.prefill_s_per_token * prefill)
+            decoding = [s for s in self.running if s.prefilled == s.prompt_tokens]
+            prefilling = [s for s in self.running if s.prefilled < s.prompt_tokens]
+            left = self.cfg.budget - len(decoding) if self.cfg.policy == "chunked" else None
+            step_prefill = 0
+            for s in prefilling:
+                n = s.prompt_tokens - s.prefilled if left is None else min(s.prompt_tokens - s.prefilled, max(left, 0))
+                s.prefilled += n
+                step_prefill += n
+                if left is not None:
+                    left -= n
+            await asyncio.sleep(self.cfg.decode_step_s + self.cfg.prefill_s_per_token * step_prefill)
             for s in self.running:
-                s.emitted += 1
-                s.queue.put_nowait(s.emitted)
+                if s.prefilled == s.prompt_tokens:
+                    s.emitted += 1
+                    s.queue.put_nowait(s.emitted)
             self.running = [s for s in self.running if s.emitted < s.max_tokens]
             self._publish()
 

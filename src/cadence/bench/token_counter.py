@@ -94,9 +94,15 @@ def _load_tokenizer(path: str) -> Any:
         from tokenizers import Tokenizer as HFTokenizer
 
         return _HFTokenizerAdapter(HFTokenizer.from_file(path))
-    from cadence.model import tokenizer as cadence_tokenizer
+    if os.path.isdir(path):
+        from cadence.model.tokenizer import Tokenizer
 
-    return cadence_tokenizer.load_tokenizer(path)
+        return Tokenizer.from_hf_dir(path)
+    import gguf
+
+    from cadence.model.gguf_tokenizer import tokenizer_from_gguf
+
+    return tokenizer_from_gguf(gguf.GGUFReader(path))
 
 
 @dataclass(frozen=True)
