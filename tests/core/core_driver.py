@@ -221,3 +221,33 @@ def reference_outputs(executor: FakeExecutor, spec: RequestSpec) -> list[int]:
         if token in stop_ids and len(out) >= min_tokens:
             break
     return out
+
+
+class ScriptedExecutor:
+    """Samples token `script[req_id][output_index]` (for tests of stop conditions)."""
+
+    def __init__(self, script: dict[str, list[int]]) -> None:
+        self.script = script
+
+    def execute(self, plan: StepPlan):
+        from cadence.core.plan import SampledToken, StepOutput
+
+        sampled = {
+            c.req_id: SampledToken(self.script[c.req_id][c.output_index])
+            for c in plan.chunks
+            if c.sample
+        }
+        return StepOutput(plan.step_id, sampled)
+
+
+def step(scheduler: Scheduler, executor) -> tuple[StepPlan, list]:
+    """One schedule -> execute -> update round, with integrity checked."""
+    plan = scheduler.schedule()
+    check_plan(scheduler, plan)
+    updates = scheduler.update(plan, executor.execute(plan))
+    scheduler.check_integrity()
+    return plan, updates
+
+
+def chunk_sizes(plan: StepPlan) -> dict[str, int]:
+    return {c.req_id: c.num_new_tokens for c in plan.chunks}

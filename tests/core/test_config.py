@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+
+
+@pytest.mark.parametrize("cls", [SchedulerConfig, CacheConfig])
+def test_every_field_has_help_text(cls):
+    for f in dataclasses.fields(cls):
+        assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+
+
+def test_defaults_match_the_interface_map():
+    s = SchedulerConfig()
+    assert (s.policy, s.max_num_batched_tokens, s.max_num_seqs) == ("chunked", 512, 64)
+    assert (s.long_prefill_token_threshold, s.max_model_len, s.scheduling) == (0, 8192, "fcfs")
+    c = CacheConfig()
+    assert (c.block_size, c.num_blocks, c.kv_cache_memory_bytes, c.enable_prefix_caching) == (
+        16,
+        None,
+        None,
+        True,
+    )
+
+
+def test_configs_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SchedulerConfig().max_num_seqs = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"policy": "greedy"}, "policy"),
+        ({"scheduling": "lifo"}, "scheduling"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
+        ({"max_model_len": 0}, "max_model_len"),
+        ({"max_num_seqs": 2.5}, "must be an int"),
+        ({"max_num_seqs": True}, "must be an int"),
+    ],
+)
+def test_scheduler_config_rejects_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SchedulerConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"block_size": 0}, "block_size"),
+        ({"num_blocks": 0}, "num_blocks"),
+        ({"kv_cache_memory_bytes": -5}, "kv_cache_memory_bytes"),
+        ({"enable_prefix_caching": "yes"}, "enable_prefix_caching"),
+    ],
+)
+def test_cache_config_rejects_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CacheConfig(**kwargs)
+
+
+def test_choices_are_listed_for_named_options():
+    fields = {f.name: f for f in dataclasses.fields(SchedulerConfig)}
+    assert fields["policy"].metadata["choices"] == ("eager", "chunked")
+    assert fields["scheduling"].metadata["choices"] == ("fcfs", "priority")
