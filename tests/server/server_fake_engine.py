@@ -54,9 +54,12 @@ class FakeEngine:
     model_name = "fake-model"
     vocab_size = VOCAB
 
-    def __init__(self, max_model_len: int = 256, step_delay_s: float = 0.0) -> None:
+    def __init__(self, max_model_len: int = 256, step_delay_s: float = 0.0,
+                 max_running: int = 1_000_000) -> None:
         self.max_model_len = max_model_len
         self.step_delay_s = step_delay_s
+        # Requests past the first max_running (in arrival order) wait without tokens.
+        self.max_running = max_running
         self.reqs: dict[str, _Req] = {}
         self.preemptions = 0
         self._telemetry = TelemetryDelta()
@@ -123,7 +126,7 @@ class FakeEngine:
             time.sleep(self.step_delay_s)
         outputs = []
         prefill = decode = 0
-        for req in list(self.reqs.values()):
+        for req in list(self.reqs.values())[: self.max_running]:
             if req.output:
                 decode += 1
             else:
@@ -159,8 +162,10 @@ class FakeEngine:
 
     def stats(self) -> dict[str, Any]:
         used = sum(-(-(len(r.prompt) + len(r.output)) // BLOCK_SIZE) for r in self.reqs.values())
+        running = min(len(self.reqs), self.max_running)
         return {
-            "num_running": len(self.reqs), "num_waiting": 0, "num_blocks_total": NUM_BLOCKS,
+            "num_running": running, "num_waiting": len(self.reqs) - running,
+            "num_blocks_total": NUM_BLOCKS,
             "num_blocks_used": used, "num_blocks_free": NUM_BLOCKS - used,
             "num_blocks_cached": 0, "num_preemptions_total": self.preemptions,
             "prefix_cache_queries": 0, "prefix_cache_hits": 0,
@@ -169,7 +174,8 @@ class FakeEngine:
 
 def build_fake_engine(engine_config: dict[str, Any], served_model_name: str | None) -> FakeEngine:
     engine = FakeEngine(max_model_len=int(engine_config.get("max_model_len", 256)),
-                        step_delay_s=float(engine_config.get("step_delay_s", 0.0)))
+                        step_delay_s=float(engine_config.get("step_delay_s", 0.0)),
+                        max_running=int(engine_config.get("max_running", 1_000_000)))
     if served_model_name:
         engine.model_name = served_model_name
     return engine

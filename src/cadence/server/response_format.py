@@ -32,10 +32,18 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset_start: int) -> 
     for e in entries:
         offsets.append(offset)
         offset += len(e.token)
+    tops = []
+    for e in entries:
+        # Distinct tokens can share a text (e.g. partial UTF-8 bytes, shown as U+FFFD); the
+        # legacy format is a {text: logprob} map, so the likeliest one keeps the key.
+        top: dict[str, float] = {}
+        for tok, _, lp in e.top:
+            top.setdefault(tok, lp)
+        tops.append(top)
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{tok: lp for tok, _, lp in e.top} for e in entries],
+        "top_logprobs": tops,
         "text_offset": offsets,
     }
 
