@@ -36,15 +36,27 @@ def plot_sweep_map(sweep: dict[str, Any], path: str) -> str:
             ax.scatter([cx], [cy], s=600, facecolors="none", edgecolors="tab:red", linewidths=2, zorder=4,
                        label=f"chosen: {choice['name']}")
     slo = sweep["config"]["slo"]
+    # SLO guide lines only where they do not squash the points (within 2x of the data); an
+    # off-chart limit is named in the legend instead.
+    xmax = max((r["x_ttft_long_p50"] for r in rows), default=0.0) * 1000
+    ymax = max((r["y_itl_interfered_p99"] for r in rows), default=0.0) * 1000
     if "itl" in slo:
-        ax.axhline(slo["itl"] * 1000, color="0.4", ls=":", lw=1, label=f"ITL SLO {slo['itl'] * 1000:.0f} ms")
+        limit = slo["itl"] * 1000
+        if not rows or limit <= 2 * ymax:
+            ax.axhline(limit, color="0.4", ls=":", lw=1, label=f"ITL SLO {limit:.0f} ms")
+        else:
+            ax.plot([], [], " ", label=f"ITL SLO {limit:.0f} ms (above the chart)")
     if "ttft" in slo:
-        ax.axvline(slo["ttft"] * 1000, color="0.4", ls="-.", lw=1, label=f"TTFT SLO {slo['ttft'] * 1000:.0f} ms")
+        limit = slo["ttft"] * 1000
+        if not rows or limit <= 2 * xmax:
+            ax.axvline(limit, color="0.4", ls="-.", lw=1, label=f"TTFT SLO {limit:.0f} ms")
+        else:
+            ax.plot([], [], " ", label=f"TTFT SLO {limit:.0f} ms (right of the chart)")
     ax.set_xlabel("TTFT of long prompts, p50 (ms)")
     ax.set_ylabel("ITL of interfered streams, p99 (ms)")
     ax.set_title(f"scheduler settings: new request's wait vs running streams' stall ({sweep['config']['workload']})")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="upper right")
+        ax.legend(fontsize=8, loc="best")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
