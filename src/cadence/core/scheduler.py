@@ -56,6 +56,8 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         """Queue a new request. Raises ValueError if its id is in use or prompt + max_tokens
         exceeds max_model_len (the server turns that into a 400)."""
+        if not isinstance(req, Request):
+            raise ValueError(f"add_request takes a Request, got {type(req).__name__}")
         if req.req_id in self._requests:
             raise ValueError(f"request id {req.req_id!r} is already in use")
         if req.status is not RequestStatus.WAITING or req.num_computed_tokens or req.num_output_tokens:

@@ -65,11 +65,18 @@ class StepBuilder:
             if self._allocate_or_preempt(request, num_new):
                 self._add(request, num_new)
 
-    def admit_waiting(self, rule: ChunkRule) -> None:
+    def admit_waiting(self, rule: ChunkRule, reserve_for_running: bool = False) -> None:
         """Admit waiting requests in queue order until the budget, the sequence cap or the
-        blocks run out. The head of the queue blocks the rest (no overtaking)."""
+        blocks run out. The head of the queue blocks the rest (no overtaking).
+
+        `reserve_for_running`: leave the blocks that running requests' next token needs (for a
+        policy that admits before it serves running requests, so an admission is not undone
+        by a preemption in the same step)."""
         if self.preempted:
             return  # memory is tight this step; admitting would only preempt again
+        reserved = 0
+        if reserve_for_running:
+            reserved = sum(self._kv.num_free_blocks_needed(r, 1) for r in self._running)
         while self._waiting and self.token_budget > 0 and len(self._running) < self._max_num_seqs:
             request = self._waiting.peek()
             needed_blocks = self._kv.blocks_for_tokens(request.num_tokens)
@@ -80,7 +87,10 @@ class StepBuilder:
             computed_blocks = self._kv.get_computed_blocks(request)
             num_hit_tokens = len(computed_blocks) * self._kv.block_size
             num_new = rule(request.num_tokens - num_hit_tokens, self.token_budget, self.is_empty)
-            if num_new <= 0 or not self._kv.can_allocate(request, num_new, computed_blocks):
+            if num_new <= 0:
+                return
+            need = self._kv.num_free_blocks_needed(request, num_new, computed_blocks)
+            if need + reserved > self._kv.pool.num_free_blocks:
                 return
             self._waiting.pop()
             self._kv.allocate(request, num_new, computed_blocks)

@@ -77,31 +77,35 @@ class FakeExecutor:
         return out
 
     # -- the fake KV cache ------------------------------------------------------------------
-    def _slots(self, chunk: ScheduledChunk, block_size: int, end: int) -> list[tuple[int, int]]:
-        needed = -(-end // block_size)
+    def _check_table(self, chunk: ScheduledChunk, block_size: int) -> None:
+        needed = -(-chunk.end_pos // block_size)
         if len(chunk.block_table) < needed:
             raise FakeExecutorError(
                 f"{chunk.req_id}: block table of {len(chunk.block_table)} blocks cannot hold "
-                f"{end} positions (block_size {block_size})"
+                f"{chunk.end_pos} positions (block_size {block_size})"
             )
         if len(set(chunk.block_table)) != len(chunk.block_table):
             raise FakeExecutorError(f"{chunk.req_id}: block table repeats a block")
-        return [(chunk.block_table[p // block_size], p % block_size) for p in range(end)]
 
     def _write(self, chunk: ScheduledChunk, block_size: int) -> None:
-        slots = self._slots(chunk, block_size, chunk.end_pos)[chunk.start_pos :]
-        for (block_id, offset), token in zip(slots, chunk.token_ids, strict=True):
+        self._check_table(chunk, block_size)
+        for pos, token in enumerate(chunk.token_ids, start=chunk.start_pos):
+            block_id = chunk.block_table[pos // block_size]
             block = self._kv.setdefault(block_id, [None] * block_size)
-            block[offset] = token
+            block[pos % block_size] = token
 
     def _read(self, chunk: ScheduledChunk, block_size: int) -> list[int]:
-        history: list[int] = []
-        for pos, (block_id, offset) in enumerate(self._slots(chunk, block_size, chunk.end_pos)):
-            token = self._kv.get(block_id, [None] * block_size)[offset]
-            if token is None:
-                raise FakeExecutorError(
-                    f"{chunk.req_id}: position {pos} (block {block_id}, slot {offset}) "
-                    "was never computed"
-                )
-            history.append(token)
-        return history
+        """Tokens at positions [0, end_pos), gathered block by block through the table."""
+        history: list[int | None] = []
+        for i in range(-(-chunk.end_pos // block_size)):
+            block_id = chunk.block_table[i]
+            block = self._kv.get(block_id)
+            history.extend(block if block is not None else [None] * block_size)
+        del history[chunk.end_pos :]
+        if None in history:
+            pos = history.index(None)
+            raise FakeExecutorError(
+                f"{chunk.req_id}: position {pos} (block {chunk.block_table[pos // block_size]}, "
+                f"slot {pos % block_size}) was never computed"
+            )
+        return history  # type: ignore[return-value]

@@ -23,5 +23,7 @@ class EagerPolicy(Policy):
     name = "eager"
 
     def build(self, step: StepBuilder) -> None:
-        step.admit_waiting(whole_chunk)
+        # Keep the blocks the running decodes need: admitting a prompt only to preempt it
+        # again in the same step would be churn.
+        step.admit_waiting(whole_chunk, reserve_for_running=True)
         step.schedule_running(step.running_by_rank(), whole_chunk)
