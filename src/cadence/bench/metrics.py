@@ -175,6 +175,9 @@ def token_counting(records: Sequence[RequestRecord]) -> dict[str, Any]:
         for r in records
         if r.ok and r.usage_completion_tokens is not None and r.usage_completion_tokens != r.observed_tokens
     ]
+    prompt_mismatch = [
+        r.index for r in records if r.usage_prompt_tokens is not None and r.usage_prompt_tokens != r.prompt_tokens
+    ]
     return {
         "rule": ITL_COUNTING,
         "chunks": chunks,
@@ -182,6 +185,9 @@ def token_counting(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "by_logprobs": sum(1 for r in records if r.counted_by_logprobs),
         "usage_reported": sum(1 for r in records if r.usage_completion_tokens is not None),
         "usage_mismatch_requests": mismatched,
+        # Requests whose server-counted prompt length differs from the client's count (a
+        # different tokenizer, or a BOS the server adds).
+        "prompt_tokens_mismatch_requests": prompt_mismatch,
     }
 
 

@@ -123,7 +123,8 @@ def run_markdown(run: dict[str, Any]) -> list[str]:
         lines += ["", f"Server /metrics: not available ({sm.get('note', '')})."]
     tc = m["token_counting"]
     lines += ["", f"Token counting: {tc['rule']} Chunks: {tc['chunks']}, multi-token chunks: "
-              f"{tc['multi_token_chunks']}, requests where usage != tokens seen: {len(tc['usage_mismatch_requests'])}."]
+              f"{tc['multi_token_chunks']}, requests where usage != tokens seen: {len(tc['usage_mismatch_requests'])}, "
+              f"where the server's prompt length != ours: {len(tc['prompt_tokens_mismatch_requests'])}."]
     return lines
 
 
