@@ -65,6 +65,10 @@ class RequestSpec:
     arrival_step: int = 0
     priority: int = 0
     abort_step: int | None = None
+    # Abort between schedule() and update() of that step (its chunk is then computed for nothing).
+    abort_mid_step: bool = False
+    # "abort" (client went away) or "stop" (the engine found a stop string).
+    abort_reason: str = "abort"
     sampling_kwargs: dict = field(default_factory=dict)
 
     def build(self) -> Request:
@@ -162,10 +166,8 @@ def run(
         for s in specs:
             if s.arrival_step == step:
                 scheduler.add_request(s.build())
-            if s.abort_step == step and s.req_id not in finish_reasons:
-                req = scheduler.get_request(s.req_id)
-                abortable = req is not None and not req.is_finished
-                assert scheduler.abort_request(s.req_id) == abortable
+            if s.abort_step == step and not s.abort_mid_step:
+                abort(scheduler, s)
         live = scheduler.stats()
         plan = scheduler.schedule()
         check_plan(scheduler, plan)
@@ -181,6 +183,9 @@ def run(
         for c in plan.chunks:
             tracker.chunk(c.req_id, c.start_pos, c.end_pos)
         out = executor.execute(plan)
+        for s in specs:
+            if s.abort_step == step and s.abort_mid_step:
+                abort(scheduler, s)
         for u in scheduler.update(plan, out):
             assert u.req_id not in finish_reasons, f"{u.req_id} reported after finishing"
             outputs[u.req_id].extend(u.new_token_ids)
@@ -204,6 +209,12 @@ def run(
         final_num_tokens=final_num_tokens,
         stats=scheduler.stats(),
     )
+
+
+def abort(scheduler: Scheduler, spec: RequestSpec) -> None:
+    req = scheduler.get_request(spec.req_id)
+    abortable = req is not None and not req.is_finished
+    assert scheduler.abort_request(spec.req_id, reason=spec.abort_reason) == abortable
 
 
 def reference_outputs(executor: FakeExecutor, spec: RequestSpec) -> list[int]:

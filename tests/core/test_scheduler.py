@@ -199,12 +199,19 @@ def test_request_outgrowing_the_pool_fails_instead_of_spinning():
 
 
 # -- update() misuse ------------------------------------------------------------------------
-def test_missing_sampled_token_is_a_clear_error():
+def test_missing_sampled_token_is_a_clear_error_and_changes_nothing():
     scheduler = make_scheduler()
+    executor = FakeExecutor(VOCAB)
     scheduler.add_request(make_request("a", [1, 2]))
+    scheduler.add_request(make_request("b", [3, 4]))
     plan = scheduler.schedule()
-    with pytest.raises(ValueError, match="sampled no token for a"):
-        scheduler.update(plan, StepOutput(plan.step_id))
+    out = executor.execute(plan)
+    partial = StepOutput(plan.step_id, {"a": out.sampled["a"]})
+    with pytest.raises(ValueError, match="sampled no token for b"):
+        scheduler.update(plan, partial)
+    assert scheduler.get_request("a").num_computed_tokens == 0
+    assert scheduler.get_request("a").num_output_tokens == 0
+    assert len(scheduler.update(plan, out)) == 2  # the plan is still the one to update
 
 
 def test_mismatched_or_stale_plans_are_refused():

@@ -135,8 +135,9 @@ class Scheduler:
             raise ValueError(
                 f"plan {plan.step_id} is not the latest scheduled step (or was already updated)"
             )
-        self._outstanding_step_id = None
-        updates: list[RequestUpdate] = []
+        # Validate everything before changing anything: a bad output leaves the state as it
+        # was (the plan stays outstanding and can be retried or dropped).
+        live = []
         for chunk in plan.chunks:
             req = self._requests.get(chunk.req_id)
             if req is None or req.is_finished:
@@ -146,10 +147,15 @@ class Scheduler:
                     f"request {req.req_id}: chunk starts at {chunk.start_pos} but "
                     f"{req.num_computed_tokens} tokens are computed"
                 )
+            token_id = self._sampled_token(out, req.req_id) if chunk.sample else None
+            live.append((chunk, req, token_id))
+        if not plan.is_empty:
+            self._outstanding_step_id = None
+        updates: list[RequestUpdate] = []
+        for chunk, req, token_id in live:
             req.num_computed_tokens = chunk.end_pos
             new_token_ids: tuple[int, ...] = ()
-            if chunk.sample:
-                token_id = self._sampled_token(out, req.req_id)
+            if token_id is not None:
                 req.append_output_token(token_id)
                 new_token_ids = (token_id,)
             self.kv.cache_computed_blocks(req)
