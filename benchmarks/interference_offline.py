@@ -1,0 +1,164 @@
+"""Prefill/decode interference, offline through the engine: eager vs chunked prefill.
+
+Workload: `--streams` requests with short prompts are already decoding (each has produced
+`--warm-tokens` tokens, ignore_eos, `--stream-tokens` in all) when a document of exactly
+`--doc-tokens` prompt tokens arrives. For each policy/budget the table shows, for the decode
+streams, the largest gap between two of their consecutive tokens that overlaps the document's
+prefill window [document arrival, document first token], their p50 and p95 ITL over the whole
+run, and the document's TTFT (arrival to first token) with the number of steps its prefill took.
+
+Times are the engine's (token time = end of the step that produced it; no network). Run:
+    .venv/bin/python benchmarks/interference_offline.py [--dtype bfloat16] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from cadence.bench.text_source import english_pieces, seeded_rng
+from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.sampling_params import SamplingParams
+from cadence.engine.config import EngineConfig
+from cadence.engine.llm_engine import LLMEngine
+from cadence.model.loader import load_model
+
+STREAM_PROMPTS = (
+    "Tell me a long story about a lighthouse keeper.",
+    "Explain how a bicycle works, step by step.",
+    "Write a letter to a friend about your garden.",
+    "Describe a walk through a busy market in the morning.",
+)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    policy: str
+    budget: int
+    max_gap_in_prefill_ms: float
+    p50_itl_ms: float
+    p95_itl_ms: float
+    doc_ttft_ms: float
+    doc_prefill_steps: int
+    wall_s: float
+
+
+def document_ids(tokenizer, num_tokens: int) -> list[int]:
+    """Exactly num_tokens ids of English-like text (encoded, then cut at the token level)."""
+    pieces = english_pieces(seeded_rng(0, "interference-doc"))
+    text = "Summarize the following document.\n"
+    ids = tokenizer.encode(text)
+    while len(ids) < num_tokens:
+        text += "".join(next(pieces) for _ in range(200))
+        ids = tokenizer.encode(text)
+    return ids[:num_tokens]
+
+
+def run_one(loaded, policy: str, budget: int, args) -> RunResult:
+    cfg = EngineConfig(
+        scheduler=SchedulerConfig(
+            policy=policy, max_num_batched_tokens=budget, max_num_seqs=16,
+            max_model_len=args.doc_tokens + 64,
+        ),
+        cache=CacheConfig(kv_cache_memory_bytes=int(args.kv_gib * 1024**3)),
+    )
+    engine = LLMEngine.from_loaded(loaded, cfg)
+    tok = loaded.tokenizer
+    stream_params = SamplingParams(temperature=0.0, max_tokens=args.stream_tokens, ignore_eos=True)
+    streams = [f"stream-{i}" for i in range(args.streams)]
+    for i, rid in enumerate(streams):
+        engine.add_request(rid, STREAM_PROMPTS[i % len(STREAM_PROMPTS)], stream_params)
+
+    produced = dict.fromkeys(streams, 0)
+    t0 = time.perf_counter()
+    # Let every stream reach steady decoding before the document arrives.
+    while min(produced.values()) < args.warm_tokens:
+        for out in engine.step():
+            produced[out.req_id] = produced.get(out.req_id, 0) + len(out.new_token_ids)
+
+    doc = document_ids(tok, args.doc_tokens)
+    assert len(doc) == args.doc_tokens
+    engine.add_request("doc", doc, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    wall = time.perf_counter() - t0
+
+    rec = engine.telemetry
+    doc_t = rec.timeline("doc")
+    w_start, w_end = doc_t.arrival_time, doc_t.first_token_time
+    gaps_in_window, all_itl = [], []
+    for rid in streams:
+        times = rec.timeline(rid).token_times
+        all_itl.extend(b - a for a, b in zip(times, times[1:]))
+        gaps_in_window.extend(
+            b - a for a, b in zip(times, times[1:]) if a < w_end and b > w_start
+        )
+    doc_steps = sum(1 for s in rec.steps if "doc" in s.req_ids and s.t_start < w_end)
+    return RunResult(
+        policy=policy,
+        budget=budget,
+        max_gap_in_prefill_ms=1e3 * max(gaps_in_window, default=float("nan")),
+        p50_itl_ms=1e3 * statistics.median(all_itl),
+        p95_itl_ms=1e3 * statistics.quantiles(all_itl, n=20)[-1],
+        doc_ttft_ms=1e3 * doc_t.ttft,
+        doc_prefill_steps=doc_steps,
+        wall_s=wall,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct GGUF")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--streams", type=int, default=3)
+    p.add_argument("--stream-tokens", type=int, default=200)
+    p.add_argument("--warm-tokens", type=int, default=20)
+    p.add_argument("--doc-tokens", type=int, default=2000)
+    p.add_argument("--budgets", type=int, nargs="+", default=[64, 128, 256, 512])
+    p.add_argument("--eager-budget", type=int, default=2048,
+                   help="token budget of the eager run (the document runs whole anyway)")
+    p.add_argument("--kv-gib", type=float, default=1.0)
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args(argv)
+
+    # Wide enough that the table's headers are not cut when piped to a file.
+    console = Console(width=130)
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    console.print(f"model {loaded.name}, {loaded.dtype}, {loaded.device}; warming up ...")
+    run_one(loaded, "chunked", 512, argparse.Namespace(**{**vars(args), "stream_tokens": 8,
+                                                          "warm_tokens": 2, "doc_tokens": 256}))
+    runs = [("eager", args.eager_budget)] + [("chunked", b) for b in args.budgets]
+    results = []
+    for policy, budget in runs:
+        console.print(f"running {policy}/{budget} ...")
+        results.append(run_one(loaded, policy, budget, args))
+
+    table = Table(title=(
+        f"{args.streams} decode streams + one {args.doc_tokens}-token document "
+        f"({loaded.name}, {loaded.dtype}, {loaded.device})"
+    ))
+    for col in ("policy/budget", "max gap during doc prefill (ms)", "stream p50 ITL (ms)",
+                "stream p95 ITL (ms)", "doc TTFT (ms)", "doc prefill steps"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(
+            f"{r.policy}/{r.budget}", f"{r.max_gap_in_prefill_ms:.1f}", f"{r.p50_itl_ms:.1f}",
+            f"{r.p95_itl_ms:.1f}", f"{r.doc_ttft_ms:.1f}", str(r.doc_prefill_steps),
+        )
+    console.print(table)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump([asdict(r) for r in results], f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
