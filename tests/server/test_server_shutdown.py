@@ -1,0 +1,78 @@
+"""SIGTERM/SIGINT: in-flight streams end with an explicit finish_reason, the engine process exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from server_harness import fake_engine_args, start_server
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_aborts_in_flight_streams_with_reason(tmp_path, sig):
+    server = start_server(str(tmp_path), *fake_engine_args(max_model_len=4096, step_delay_s=0.02),
+                          "--shutdown-grace-seconds", "0.5")
+    engine_pids = _children(server.proc.pid)
+    assert engine_pids, "the engine runs in its own process"
+    events: dict[int, list[str]] = {}
+    first_chunk = threading.Barrier(4, timeout=30)
+
+    def stream(i: int) -> None:
+        body = {"prompt": f"stream {i}", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+        lines = events.setdefault(i, [])
+        with httpx.stream("POST", server.base_url + "/v1/completions", json=body,
+                          timeout=60) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line[6:])
+                    if len(lines) == 1:
+                        first_chunk.wait()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    first_chunk.wait()
+    t0 = time.monotonic()
+    server.proc.send_signal(sig)
+    for t in threads:
+        t.join(30)
+    # uvicorn re-raises the signal once shut down: death by that signal is a clean exit.
+    assert server.proc.wait(30) in (0, -sig)
+    assert time.monotonic() - t0 < 20
+    for i in range(3):
+        lines = events[i]
+        assert lines[-1] == "[DONE]"
+        last = json.loads(lines[-2])
+        assert last["choices"][0]["finish_reason"] == "abort"
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in engine_pids):
+        assert time.monotonic() < deadline, "engine process outlived the server"
+        time.sleep(0.1)
