@@ -196,6 +196,10 @@ def run(
                 if u.error_message:
                     error_messages[u.req_id] = u.error_message
         scheduler.check_integrity()
+        st = scheduler.stats()
+        assert st.num_blocks_free + st.num_blocks_used == st.num_blocks_total
+        assert 0 <= st.num_blocks_cached <= st.num_blocks_free
+        assert 0 <= st.prefix_cache_hits <= st.prefix_cache_queries
         plans.append(plan)
         step += 1
     assert set(finish_reasons) == {s.req_id for s in specs}, "a request was lost"
