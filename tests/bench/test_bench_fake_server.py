@@ -54,6 +54,9 @@ def test_doc_burst_detects_interference_and_failures(tmp_path):
     assert m["goodput"]["good_requests"] < 4  # the stall breaks the 100 ms ITL SLO
     assert run["server_metrics"]["available"] and len(run["server_metrics"]["samples"]) >= 2
     assert any("num_requests_running" in s for s in run["server_metrics"]["samples"])
+    (window,) = run["timeline"]["windows"]
+    assert window["max_num_requests_running"] >= 3  # the surviving streams plus the document
+    assert window["preemptions"] == 0
     assert not result["workload"]["tokens_exact"]
     assert "APPROXIMATE" in (tmp_path / "summary.md").read_text()
 

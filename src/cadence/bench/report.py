@@ -14,9 +14,11 @@ from typing import Any
 
 from cadence.bench.config import BenchConfig
 from cadence.bench.environment import describe_environment
+from cadence.bench.interference import prefill_windows
 from cadence.bench.metrics import compute_run_metrics
 from cadence.bench.runner import RunOutcome
 from cadence.bench.schema import SCHEMA_VERSION
+from cadence.bench.timeline import join_timeline
 from cadence.bench.workloads import Workload
 
 
@@ -54,6 +56,8 @@ def build_result(
                 "metrics": compute_run_metrics(run.records, run.duration_s, cfg.analysis, long_prompt_tokens),
                 "records": [r.to_json() for r in run.records],
                 "server_metrics": run.server_metrics,
+                "timeline": join_timeline(run.records, prefill_windows(run.records, long_prompt_tokens),
+                                          run.server_metrics.get("samples", [])),
             }
             for run in runs
         ],
@@ -69,6 +73,10 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 
 def ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _stats_row(name: str, s: dict[str, Any]) -> str:
@@ -119,6 +127,10 @@ def run_markdown(run: dict[str, Any]) -> list[str]:
         lines += ["", f"Server /metrics: {len(sm['samples'])} scrapes"
                   + (f", peak KV usage {max(kv):.1%}" if kv else "")
                   + (f", preemptions during run {pre[-1] - pre[0]:.0f}" if pre else "") + "."]
+        for w in run.get("timeline", {}).get("windows", []):
+            lines.append(f"- prefill window of #{w['index']} ({w['end'] - w['start']:.2f} s): peak running "
+                         f"{w['max_num_requests_running']}, waiting {w['max_num_requests_waiting']}, "
+                         f"KV {_pct(w['max_kv_cache_usage_perc'])}, preemptions {w['preemptions']}")
     else:
         lines += ["", f"Server /metrics: not available ({sm.get('note', '')})."]
     tc = m["token_counting"]

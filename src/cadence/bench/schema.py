@@ -97,7 +97,7 @@ METRICS = {
 
 RUN = {
     "type": "object",
-    "required": ["label", "arrival", "duration_s", "metrics", "records", "server_metrics"],
+    "required": ["label", "arrival", "duration_s", "metrics", "records", "server_metrics", "timeline"],
     "properties": {
         "label": {"type": "string"},
         "arrival": {"type": "object", "required": ["kind"]},
@@ -110,6 +110,14 @@ RUN = {
             "properties": {
                 "available": {"type": "boolean"},
                 "samples": {"type": "array", "items": {"type": "object", "required": ["t"]}},
+            },
+        },
+        "timeline": {
+            "type": "object",
+            "required": ["windows", "requests"],
+            "properties": {
+                "windows": {"type": "array", "items": {"type": "object", "required": ["index", "start", "end", "preemptions"]}},
+                "requests": {"type": "array", "items": {"type": "object", "required": ["index", "at_send", "at_first_token"]}},
             },
         },
     },
