@@ -38,7 +38,9 @@ def make_scheduler(
             max_model_len=max_model_len,
             scheduling=scheduling,
         ),
-        CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix_caching),
+        CacheConfig(
+            block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix_caching
+        ),
     )
 
 
@@ -138,7 +140,8 @@ def check_plan(scheduler: Scheduler, plan: StepPlan) -> None:
         assert c.end_pos <= req.num_tokens
         assert c.sample == (c.end_pos == req.num_tokens)
         assert c.output_index == req.num_output_tokens
-        is_decode = c.num_new_tokens == 1 and c.start_pos >= req.num_prompt_tokens and req.num_output_tokens > 0
+        prompt_done = c.start_pos >= req.num_prompt_tokens
+        is_decode = c.num_new_tokens == 1 and prompt_done and req.num_output_tokens > 0
         assert c.is_prefill == (not is_decode)
         assert len(c.block_table) == -(-c.end_pos // plan.block_size)
     for req_id in plan.preempted:

@@ -19,7 +19,9 @@ assert not heavy, heavy
 
 
 def test_core_and_fake_executor_import_without_torch():
-    proc = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     num_modules = int(proc.stdout.split()[0])
     assert num_modules >= 10  # every core module was really imported

@@ -113,7 +113,9 @@ def test_priority_serves_lower_values_first_then_arrival():
 def test_priority_preempts_the_lowest_priority_request():
     # 6 blocks of 2 tokens: three 3-token prompts take 2 blocks each; the first decode that
     # needs a new block must preempt someone: the lowest priority (highest value) one.
-    scheduler = make_scheduler("chunked", budget=64, block_size=2, num_blocks=6, scheduling="priority")
+    scheduler = make_scheduler(
+        "chunked", budget=64, block_size=2, num_blocks=6, scheduling="priority"
+    )
     executor = FakeExecutor(VOCAB)
     for i, (name, priority) in enumerate([("low", 5), ("high", 0), ("mid", 1)]):
         scheduler.add_request(

@@ -45,7 +45,8 @@ def test_scheduler_needs_resolved_num_blocks():
 
 def test_too_long_request_is_rejected_with_both_lengths():
     scheduler = make_scheduler(max_model_len=100)
-    with pytest.raises(ValueError, match=r"prompt \(90 tokens\) \+ max_tokens \(20\).*max_model_len \(100\)"):
+    both_lengths = r"prompt \(90 tokens\) \+ max_tokens \(20\).*max_model_len \(100\)"
+    with pytest.raises(ValueError, match=both_lengths):
         scheduler.add_request(make_request("a", range(90), max_tokens=20))
     assert not scheduler.has_unfinished()
     scheduler.add_request(make_request("b", range(80), max_tokens=20))  # exactly fits
@@ -246,7 +247,9 @@ def test_a_plan_never_updated_is_dropped_and_rescheduled():
 @pytest.mark.parametrize("policy", ["eager", "chunked"])
 def test_small_pool_preempts_and_outputs_are_unchanged(policy):
     specs = [
-        RequestSpec(f"r{i}", list(range(i, i + 7)), max_tokens=20, sampling_kwargs={"ignore_eos": True})
+        RequestSpec(
+            f"r{i}", list(range(i, i + 7)), max_tokens=20, sampling_kwargs={"ignore_eos": True}
+        )
         for i in range(4)
     ]
     executor = FakeExecutor(VOCAB)
@@ -263,7 +266,9 @@ def test_small_pool_preempts_and_outputs_are_unchanged(policy):
 def shared_prefix_specs(second_arrival: int):
     shared = [(7 * i) % VOCAB for i in range(1000)]
     return shared, [
-        RequestSpec("first", shared + [1, 2, 3], max_tokens=5, sampling_kwargs={"ignore_eos": True}),
+        RequestSpec(
+            "first", shared + [1, 2, 3], max_tokens=5, sampling_kwargs={"ignore_eos": True}
+        ),
         RequestSpec("second", shared + [4, 5, 6, 7], max_tokens=5, arrival_step=second_arrival,
                     sampling_kwargs={"ignore_eos": True}),
     ]
@@ -293,7 +298,8 @@ def test_prefix_hit_while_the_first_request_is_still_decoding():
     _, specs = shared_prefix_specs(second_arrival=5)
     specs[0].max_tokens = 30
     executor = FakeExecutor(VOCAB)
-    result = run(make_scheduler("chunked", budget=256, block_size=16, num_blocks=200), executor, specs)
+    scheduler = make_scheduler("chunked", budget=256, block_size=16, num_blocks=200)
+    result = run(scheduler, executor, specs)
     second_chunks = [c for p in result.plans for c in p.chunks if c.req_id == "second"]
     assert second_chunks[0].start_pos == 992
     assert result.finish_reasons["first"] == "length"

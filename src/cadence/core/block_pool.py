@@ -154,7 +154,7 @@ class BlockPool:
                 if in_plain or in_cached:
                     raise BlockPoolError(f"used block {bid} is in a free queue")
             elif in_plain == in_cached:
-                raise BlockPoolError(f"free block {bid} is in {int(in_plain) + int(in_cached)} queues")
+                raise BlockPoolError(f"free block {bid} is in both or neither free queue")
             elif in_cached != (block.block_hash is not None):
                 raise BlockPoolError(f"free block {bid}: queue does not match its cached hash")
             if block.block_hash is not None and self._cached.get(block.block_hash) != bid:

@@ -140,7 +140,8 @@ class Request:
 
     def __repr__(self) -> str:
         return (
-            f"Request({self.req_id!r}, status={self.status.value}, prompt={self.num_prompt_tokens}, "
+            f"Request({self.req_id!r}, status={self.status.value}, "
+            f"prompt={self.num_prompt_tokens}, "
             f"output={self.num_output_tokens}, computed={self.num_computed_tokens}, "
             f"priority={self.priority})"
         )

@@ -60,7 +60,8 @@ class Scheduler:
             raise ValueError(f"add_request takes a Request, got {type(req).__name__}")
         if req.req_id in self._requests:
             raise ValueError(f"request id {req.req_id!r} is already in use")
-        if req.status is not RequestStatus.WAITING or req.num_computed_tokens or req.num_output_tokens:
+        fresh = req.status is RequestStatus.WAITING and not req.num_computed_tokens
+        if not fresh or req.num_output_tokens:
             raise ValueError(f"request {req.req_id}: only fresh requests can be added")
         total = req.num_prompt_tokens + req.sampling.max_tokens
         if total > self.sched.max_model_len:

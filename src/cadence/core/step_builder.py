@@ -140,7 +140,8 @@ class StepBuilder:
         required = self._kv.num_blocks_required(request, num_new)
         if required > self._kv.num_blocks:
             # No amount of preemption helps: finish it now rather than spin.
-            self._fail(request, self._too_big_message(request, request.num_computed_tokens + num_new))
+            num_tokens = request.num_computed_tokens + num_new
+            self._fail(request, self._too_big_message(request, num_tokens))
             return False
         while not self._kv.can_allocate(request, num_new):
             victim = max(self._running, key=self._rank)
