@@ -89,6 +89,11 @@ def test_sweep_on_fake_servers_maps_the_trade_off(tmp_path):
         assert os.path.getsize(tmp_path / name) > 0, name
     with open(tmp_path / "sweep.json") as f:
         validate_sweep(json.load(f))
+    shas = []
+    for name in rows:
+        with open(tmp_path / name / "result.json") as f:
+            shas.append([r["prompt_sha1"] for r in json.load(f)["runs"][0]["records"]])
+    assert all(s == shas[0] for s in shas)  # the same requests under every setting
     assert "Chosen: **chunked-b64**" in (tmp_path / "sweep.md").read_text()
 
 

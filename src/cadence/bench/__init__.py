@@ -1,1 +1,1 @@
-"""cadence.bench"""
+"""cadence.bench: load generator, streaming client, latency metrics, interference report, sweeps (see README.md)."""

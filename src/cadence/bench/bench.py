@@ -68,10 +68,15 @@ async def run_all(cfg: BenchConfig, workload: Workload) -> tuple[list[RunOutcome
     return runs, server
 
 
-def run_bench(cfg: BenchConfig, out_dir: str | None) -> dict[str, Any]:
-    """Run the benchmark; write result.json, summary.md and plots to out_dir (when given)."""
-    counter = load_token_counter(cfg.tokenizer, cfg.use_tokenizer)
-    workload = build_workload(cfg.workload, counter)
+def prepare_workload(cfg: BenchConfig) -> Workload:
+    """The requests `cfg` describes, counted with the configured tokenizer."""
+    return build_workload(cfg.workload, load_token_counter(cfg.tokenizer, cfg.use_tokenizer))
+
+
+def run_bench(cfg: BenchConfig, out_dir: str | None, workload: Workload | None = None) -> dict[str, Any]:
+    """Run the benchmark; write result.json, summary.md and plots to out_dir (when given).
+    `workload` may be passed pre-built (a sweep reuses one); it must come from `cfg.workload`."""
+    workload = workload or prepare_workload(cfg)
     long_tokens = cfg.analysis.long_prompt_tokens or workload.long_prompt_tokens
     runs, server = asyncio.run(run_all(cfg, workload))
     result = build_result(cfg, workload, runs, long_tokens, server)

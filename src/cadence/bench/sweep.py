@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cadence.bench.bench import BenchError, run_bench
+from cadence.bench.bench import BenchError, prepare_workload, run_bench
 from cadence.bench.config import BenchConfig
 from cadence.bench.environment import describe_environment
 from cadence.bench.report import config_json, ms, write_json
@@ -57,8 +57,8 @@ class SweepConfig:
         return grid
 
 
-# (config, out_dir) -> bench result; replaced in tests.
-BenchRunner = Callable[[BenchConfig, str | None], dict[str, Any]]
+# (config, out_dir, workload) -> bench result.
+BenchRunner = Callable[..., dict[str, Any]]
 
 
 def run_sweep(base: BenchConfig, sweep: SweepConfig, out_dir: str | None,
@@ -69,6 +69,7 @@ def run_sweep(base: BenchConfig, sweep: SweepConfig, out_dir: str | None,
     `cadence serve` subprocess); tests pass a fake.
     """
     launch = launch or _launch_cadence(sweep)
+    workload = prepare_workload(base)  # once: the same requests for every setting
     rows = []
     for setting in sweep.settings():
         port = sweep.port or free_port()
@@ -79,7 +80,7 @@ def run_sweep(base: BenchConfig, sweep: SweepConfig, out_dir: str | None,
             with launch(setting, port, log_path) as server:
                 cfg = dataclasses.replace(base, client=dataclasses.replace(base.client, url=server.url),
                                           label=setting.name)
-                result = bench(cfg, sub_dir)
+                result = bench(cfg, sub_dir, workload)
             rows.append(summarize_setting(setting.name, fields, result))
         except (ServerStartError, BenchError, OSError) as exc:
             rows.append({"name": setting.name, **fields, "status": "failed", "error": str(exc)[-2000:]})
