@@ -68,7 +68,7 @@ def draw_num_blocks(data, specs, block_size: int) -> int:
     return data.draw(st.integers(largest, 2 * largest), label="num_blocks")
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs=workloads(), cfg=scheduler_configs(), data=st.data())
 def test_scheduling_never_changes_tokens(specs, cfg, data):
     executor = FakeExecutor(VOCAB, eos_token_id=EOS, eos_one_in=24)
@@ -110,7 +110,7 @@ def test_scheduling_never_changes_tokens(specs, cfg, data):
                 seen.add((req_id, pos))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs=workloads(), cfg=scheduler_configs(), data=st.data())
 def test_constrained_run_equals_unconstrained_run(specs, cfg, data):
     """Same requests, no aborts: a tight budget and pool give the tokens a roomy setup gives."""
