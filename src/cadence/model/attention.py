@@ -1,8 +1,10 @@
 """Paged attention in plain torch: write new K/V through slot_mapping, read context by block table.
 
 Correct first: prefill chunks run one SDPA call per sequence (an explicit causal-offset mask when
-the chunk starts after position 0); single-token decodes are batched into one padded SDPA call,
-because a decode step of many sequences would otherwise be one tiny call per sequence per layer.
+the chunk starts after position 0). Single-token decodes are batched into one padded, masked
+attention over all of them, written as two batched matmuls: a decode step of many sequences would
+otherwise be one tiny call per sequence per layer, and torch's CPU SDPA kernel is many times
+slower than plain matmuls for one query row with a mask.
 """
 
 from __future__ import annotations
@@ -43,13 +45,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     out = torch.empty_like(q)
     qsl = meta.query_start_loc_host
     decode_seqs = [i for i in range(meta.num_seqs) if qsl[i + 1] - qsl[i] == 1]
-    if len(decode_seqs) > 1:
+    if decode_seqs:
         _decode_batch(q, k_cache, v_cache, meta, decode_seqs, scale, out)
-        todo = [i for i in range(meta.num_seqs) if qsl[i + 1] - qsl[i] != 1]
-    else:
-        todo = range(meta.num_seqs)
-    for i in todo:
-        _prefill_one(q, k_cache, v_cache, meta, i, scale, out)
+    for i in range(meta.num_seqs):
+        if qsl[i + 1] - qsl[i] > 1:
+            _prefill_one(q, k_cache, v_cache, meta, i, scale, out)
     return out
 
 
@@ -80,18 +80,23 @@ def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, seqs: list[int], scale: float, out: torch.Tensor) -> None:
     device = q.device
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads  # query heads per KV head: head h reads KV head h // group
     rows = torch.tensor([meta.query_start_loc_host[i] for i in seqs], device=device)  # [B]
     max_blocks = max(meta.num_blocks_host[i] for i in seqs)
     seq_idx = torch.tensor(seqs, device=device)
     blocks = meta.block_tables[seq_idx, :max_blocks].to(torch.int64)  # [B, max_blocks]
-    # keys/values: [B, max_blocks * block_size, kv_heads, head_dim] -> [B, kv_heads, L, head_dim]
-    keys = _gather_context(k_cache, blocks).transpose(1, 2)
+    # keys: [B, L, kv_heads, D] -> [B, kv_heads, D, L]; values -> [B, kv_heads, L, D]
+    keys = _gather_context(k_cache, blocks).permute(0, 2, 3, 1)
     values = _gather_context(v_cache, blocks).transpose(1, 2)
-    context = keys.shape[2]
+    context = values.shape[2]
+    query = q[rows].view(len(seqs), num_kv_heads, group, head_dim)  # [B, kv_heads, G, D]
+    scores = torch.matmul(query, keys).float() * scale  # [B, kv_heads, G, L]
+    # Padding blocks (and the tail of the last block) are masked out.
     seq_lens = meta.seq_lens[seq_idx]  # [B]
-    # Padding blocks (and the tail of the last block) are masked out: [B, 1, 1, L].
-    mask = (torch.arange(context, device=device)[None, :] < seq_lens[:, None])[:, None, None, :]
-    query = q[rows].unsqueeze(2)  # [B, heads, 1, head_dim]
-    attn = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale,
-                                          enable_gqa=True)
-    out[rows] = attn.squeeze(2)
+    valid = torch.arange(context, device=device)[None, :] < seq_lens[:, None]  # [B, L]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    attn = torch.matmul(probs, values)  # [B, kv_heads, G, D]
+    out[rows] = attn.reshape(len(seqs), num_heads, head_dim)
