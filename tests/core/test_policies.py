@@ -144,3 +144,19 @@ def test_fcfs_preempts_the_latest_arrival():
         plan, _ = step(scheduler, executor)
         preempted = list(plan.preempted)
     assert preempted == ["third"]  # FCFS ignores priority
+
+
+def test_eager_does_not_admit_a_prompt_into_blocks_a_decode_needs():
+    # 4 blocks of 2. "a" has computed 4 positions (2 blocks) and its next decode needs a third;
+    # "x" needs 2 blocks. Admitting x would force preempting it again in the same step.
+    scheduler = make_scheduler("eager", budget=16, block_size=2, num_blocks=4)
+    executor = FakeExecutor(VOCAB)
+    scheduler.add_request(make_request("a", [1, 2, 3], max_tokens=3, ignore_eos=True))
+    step(scheduler, executor)
+    step(scheduler, executor)
+    scheduler.add_request(make_request("x", [7, 8, 9, 10], max_tokens=1))
+    plan, _ = step(scheduler, executor)
+    assert chunk_sizes(plan) == {"a": 1} and not plan.preempted
+    plan, _ = step(scheduler, executor)
+    assert chunk_sizes(plan) == {"x": 4}
+    assert scheduler.stats().num_preemptions_total == 0
