@@ -34,6 +34,13 @@ TINY_PROMPTS = [
     "Les modèles de langue prédisent le prochain jeton.",
 ]
 NUM_TOKENS = 16
+# Distinct prompts of similar length (~40 tokens) for the preemption runs.
+PREEMPT_PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. " * 4,
+    "Hello world! How are you today? I am fine, thank you. " * 3,
+    "Paged attention stores keys and values in fixed-size blocks. " * 3,
+    "def forward(self, x): return self.norm(x + self.attn(x)) " * 3,
+]
 
 
 def run(loaded, prompts, *, policy, budget, max_seqs, prefix, num_blocks=None, block_size=16):
@@ -60,10 +67,16 @@ def reference(loaded, prompts):
     return tokens
 
 
-def small_cache_blocks(loaded, prompts, block_size=16):
-    """Enough blocks for the longest request alone, far too few for all of them at once."""
-    longest = max(len(loaded.tokenizer.encode(p)) for p in prompts) + NUM_TOKENS
-    return -(-longest // block_size) + 1
+def tight_cache_blocks(loaded, prompts, block_size):
+    """A pool where each request fits alone but two admitted prompts leave no room to decode.
+
+    Two prompts fit at once (so two run together), then their decodes need new blocks that
+    are not there: preemption cannot be avoided, whatever the policy.
+    """
+    lengths = [len(loaded.tokenizer.encode(p)) for p in prompts]
+    prompt_blocks = sorted(-(-n // block_size) for n in lengths)
+    alone = max(-(-(n + NUM_TOKENS) // block_size) for n in lengths)
+    return max(alone + 1, prompt_blocks[0] + prompt_blocks[1] + 1)
 
 
 @pytest.fixture(scope="module")
@@ -91,16 +104,24 @@ def test_tiny_model_outputs_do_not_depend_on_scheduling(
         assert stats.prefix_cache_hits > 0
 
 
+@pytest.fixture(scope="module")
+def tiny_preempt_reference(tiny_loaded):
+    return reference(tiny_loaded, PREEMPT_PROMPTS)
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("prefix", PREFIX)
-def test_tiny_model_outputs_survive_preemption(tiny_loaded, tiny_reference, policy, prefix):
-    num_blocks = small_cache_blocks(tiny_loaded, TINY_PROMPTS)
+@pytest.mark.parametrize("budget", (16, 512))
+def test_tiny_model_outputs_survive_preemption(
+    tiny_loaded, tiny_preempt_reference, policy, prefix, budget
+):
+    num_blocks = tight_cache_blocks(tiny_loaded, PREEMPT_PROMPTS, block_size=4)
     tokens, stats = run(
-        tiny_loaded, TINY_PROMPTS, policy=policy, budget=64, max_seqs=64, prefix=prefix,
-        num_blocks=num_blocks,
+        tiny_loaded, PREEMPT_PROMPTS, policy=policy, budget=budget, max_seqs=64, prefix=prefix,
+        num_blocks=num_blocks, block_size=4,
     )
     assert stats.num_preemptions_total > 0
-    assert tokens == tiny_reference
+    assert tokens == tiny_preempt_reference
 
 
 # -- the real default model ----------------------------------------------------------------
@@ -130,7 +151,7 @@ def test_real_model_outputs_do_not_depend_on_scheduling(real_loaded):
     for cfg in REAL_CONFIGS:
         tokens, _ = run(real_loaded, REAL_PROMPTS, **cfg)
         assert tokens == expected, cfg
-    num_blocks = small_cache_blocks(real_loaded, REAL_PROMPTS, block_size=4)
+    num_blocks = tight_cache_blocks(real_loaded, REAL_PROMPTS, block_size=4)
     for policy in POLICIES:
         tokens, stats = run(
             real_loaded, REAL_PROMPTS, policy=policy, budget=64, max_seqs=64, prefix=True,

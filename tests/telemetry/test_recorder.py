@@ -8,22 +8,14 @@ import pytest
 
 from cadence.core.plan import ScheduledChunk, StepOutput, StepPlan
 from cadence.core.sampling_params import SamplingParams
+from cadence.core.scheduler_types import RequestUpdate
 from cadence.telemetry.recorder import TelemetryListener, TelemetryRecorder
 from cadence.telemetry.request_timeline import RequestTimeline
 from cadence.telemetry.trace_writer import TraceWriter, read_trace
 
 
-@dataclass(frozen=True)
-class Update:
-    """The fields of cadence.core's RequestUpdate that the recorder reads."""
-
-    req_id: str
-    new_token_ids: tuple[int, ...]
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_cached_tokens: int
+def Update(req_id, new_token_ids, finished, finish_reason, prompt, output, cached):
+    return RequestUpdate(req_id, new_token_ids, finished, finish_reason, prompt, output, cached)
 
 
 @dataclass(frozen=True)

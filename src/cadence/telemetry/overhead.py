@@ -11,23 +11,12 @@ import argparse
 import os
 import tempfile
 import time
-from dataclasses import dataclass
 
 from cadence.core.plan import ScheduledChunk, StepOutput, StepPlan
 from cadence.core.sampling_params import SamplingParams
+from cadence.core.scheduler_types import RequestUpdate
 from cadence.telemetry.recorder import TelemetryRecorder
 from cadence.telemetry.trace_writer import TraceWriter
-
-
-@dataclass(frozen=True)
-class _Update:
-    req_id: str
-    new_token_ids: tuple[int, ...]
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_cached_tokens: int
 
 
 def _decode_plan(step_id: int, req_ids: list[str], params: SamplingParams) -> StepPlan:
@@ -50,7 +39,7 @@ def measure(num_seqs: int, num_steps: int, trace_path: str | None) -> float:
     params = SamplingParams()
     plans = [_decode_plan(s, req_ids, params) for s in range(num_steps)]
     updates = [
-        [_Update(r, (5,), False, None, 100, s + 1, 0) for r in req_ids] for s in range(num_steps)
+        [RequestUpdate(r, (5,), False, None, 100, s + 1, 0) for r in req_ids] for s in range(num_steps)
     ]
     t0 = time.perf_counter()
     for s in range(num_steps):
