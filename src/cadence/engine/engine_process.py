@@ -157,7 +157,9 @@ _TUPLE_FIELDS = tuple(
 
 
 def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:
-    return {f.name: getattr(params, f.name) for f in dataclasses.fields(SamplingParams)}
+    """SamplingParams as JSON-native data (tuples become lists)."""
+    wire = {f.name: getattr(params, f.name) for f in dataclasses.fields(SamplingParams)}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in wire.items()}
 
 
 def sampling_from_wire(data: Mapping[str, Any]) -> SamplingParams:
