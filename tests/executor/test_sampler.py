@@ -182,3 +182,35 @@ def test_bad_shapes_raise_clear_errors():
     with pytest.raises(ValueError, match="shape"):
         sample(torch.zeros(5), [chunk(SamplingParams())])
     assert sample(torch.zeros(0, 5), []) == []
+
+
+def test_top_k_then_top_p_on_the_renormalized_rest():
+    # top_k 3 leaves [0.5, 0.3, 0.1] / 0.9; mass before the third is 0.89 >= 0.7: {0, 1} stay.
+    probs = torch.tensor([0.5, 0.3, 0.1, 0.05, 0.05])
+    counts = draw_many(probs.log(), SamplingParams(temperature=1.0, top_k=3, top_p=0.7), 3000)
+    assert set(torch.nonzero(counts).flatten().tolist()) == {0, 1}
+
+
+def test_mixed_filters_in_one_batch_on_a_large_vocab():
+    """Rows with min_p, top_k, top_p, top_k+top_p and none share a batch of a 5000-word vocab."""
+    vocab = 5000
+    base = torch.full((vocab,), -20.0)
+    base[:4] = torch.tensor([3.0, 2.5, 2.0, 1.0])  # four plausible tokens, the rest negligible
+    params = [
+        SamplingParams(temperature=1.0, min_p=0.5),  # keeps p >= 0.5 * p(0): ids 0, 1
+        SamplingParams(temperature=1.0, top_k=2),  # ids 0, 1
+        SamplingParams(temperature=1.0, top_p=0.5),  # p(0) ~ 0.5 -> ids 0 (and maybe 1)
+        SamplingParams(temperature=1.0, top_k=3, top_p=0.99),  # ids 0, 1, 2
+        SamplingParams(temperature=1.0),  # any of the four (others ~e-23)
+    ]
+    logits = base.unsqueeze(0).expand(len(params), -1).contiguous()
+    gen = torch.Generator().manual_seed(0)
+    seen: list[set[int]] = [set() for _ in params]
+    for _ in range(300):
+        for row, tok in enumerate(sample(logits, [chunk(p) for p in params], generator=gen)):
+            seen[row].add(tok.token_id)
+    assert seen[0] == {0, 1}
+    assert seen[1] == {0, 1}
+    assert seen[2] <= {0, 1} and 0 in seen[2]
+    assert seen[3] == {0, 1, 2}
+    assert seen[4] <= {0, 1, 2, 3} and len(seen[4]) >= 3
