@@ -8,6 +8,7 @@ per live request out of 1024, so tests can see them freed.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -127,6 +128,8 @@ class FakeEngine:
         outputs = []
         prefill = decode = 0
         for req in list(self.reqs.values())[: self.max_running]:
+            if bytes(t - 3 for t in req.prompt) == b"CRASH":
+                os._exit(3)  # simulate the engine process dying mid-step
             if req.output:
                 decode += 1
             else:

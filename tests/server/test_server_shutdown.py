@@ -76,3 +76,26 @@ def test_signal_aborts_in_flight_streams_with_reason(tmp_path, sig):
     while any(_alive(p) for p in engine_pids):
         assert time.monotonic() < deadline, "engine process outlived the server"
         time.sleep(0.1)
+
+
+def test_engine_crash_ends_streams_with_error(tmp_path):
+    server = start_server(str(tmp_path), *fake_engine_args(max_model_len=4096, step_delay_s=0.02))
+    try:
+        body = {"prompt": "survivor", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", server.base_url + "/v1/completions", json=body,
+                          timeout=60) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data: ")
+            crash = httpx.post(server.base_url + "/v1/completions",
+                               json={"prompt": "CRASH", "max_tokens": 5}, timeout=30)
+            assert crash.status_code == 503
+            assert crash.json()["error"]["code"] == "engine_unavailable"
+            rest = [line[6:] for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "[DONE]"
+        assert json.loads(rest[-2])["error"]["code"] == "engine_unavailable"
+        assert httpx.get(server.base_url + "/health").status_code == 503
+        after = httpx.post(server.base_url + "/v1/completions",
+                           json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+        assert after.status_code == 503 and after.json()["error"]["message"]
+    finally:
+        server.stop()

@@ -52,6 +52,10 @@ async def submit(client: AsyncEngineClient, req_id: str, prompt: EnginePrompt,
         raise APIError(503, f"The engine is unavailable: {exc}", code="engine_unavailable") from exc
 
 
+def engine_dead_body(exc: EngineDeadError) -> dict[str, Any]:
+    return error_body(503, f"the engine stopped: {exc}", code="engine_unavailable")
+
+
 def stream_error_body(out: StreamedOutput) -> dict[str, Any]:
     return error_body(500, f"generation failed: {out.error or 'engine error'}",
                       code="engine_error")

@@ -9,13 +9,14 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from cadence.engine.async_client import RequestStream
+from cadence.engine.async_client import EngineDeadError, RequestStream
 from cadence.server import response_format as fmt
 from cadence.server.generation import (
     AbortOnCloseStreamingResponse,
     collect,
     created_timestamp,
     new_request_id,
+    engine_dead_body,
     stream_error_body,
     submit,
 )
@@ -81,6 +82,10 @@ async def _stream_chunks(stream: RequestStream, req_id: str, created: int, model
         if include_usage:
             yield sse_event(fmt.usage_chunk(req_id, created, model, "chat.completion.chunk",
                                             fmt.usage_dict(num_prompt, num_output, num_cached)))
+        yield DONE_EVENT
+    except EngineDeadError as exc:
+        # The engine died mid-stream: say so in the stream instead of cutting it.
+        yield sse_event(engine_dead_body(exc))
         yield DONE_EVENT
     finally:
         stream.close()

@@ -1,0 +1,84 @@
+"""End to end on the real default model (SmolLM2-135M-Instruct GGUF): chat, usage, stop, seed."""
+
+from __future__ import annotations
+
+import gguf
+import openai
+import pytest
+
+from server_harness import start_server
+
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "List three colors of the rainbow."}]
+
+
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory, default_model_path):
+    server = start_server(str(tmp_path_factory.mktemp("real")), "--model", default_model_path,
+                          "--max-model-len", "2048", "--engine-threads", "2")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(real_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=real_server.v1, api_key="x", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path):
+    from cadence.model.gguf_tokenizer import tokenizer_from_gguf
+
+    return tokenizer_from_gguf(gguf.GGUFReader(default_model_path))
+
+
+def test_chat_real_text_and_usage(client, tokenizer):
+    model = client.models.list().data[0].id
+    assert model == "SmolLM2-135M-Instruct.Q4_1"
+    whole = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=24,
+                                           temperature=0)
+    text = whole.choices[0].message.content
+    assert any(c in text.lower() for c in ("red", "blue", "green", "yellow", "orange", "violet"))
+    prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True)
+    assert whole.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
+    assert whole.usage.completion_tokens <= 24
+    stream = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=24,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_stop_word_cuts_real_text(client):
+    model = client.models.list().data[0].id
+    full = client.completions.create(model=model, prompt="The capital of France is",
+                                     max_tokens=24, temperature=0).choices[0].text
+    words = full.split()
+    assert len(words) >= 4, full
+    stop = " " + words[2]
+    expected = full[: full.find(stop)]
+    for stream in (False, True):
+        kwargs = dict(model=model, prompt="The capital of France is", max_tokens=24,
+                      temperature=0, stop=stop)
+        if stream:
+            chunks = list(client.completions.create(stream=True, **kwargs))
+            text = "".join(c.choices[0].text for c in chunks)
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            choice = client.completions.create(**kwargs).choices[0]
+            text, finish = choice.text, choice.finish_reason
+        assert (text, finish) == (expected, "stop")
+
+
+def test_seeded_sampling_reproducible(client):
+    model = client.models.list().data[0].id
+
+    def sample(seed):
+        return client.chat.completions.create(model=model, messages=QUESTION, max_tokens=16,
+                                              temperature=0.9, seed=seed
+                                              ).choices[0].message.content
+
+    assert sample(7) == sample(7)
