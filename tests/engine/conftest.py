@@ -77,7 +77,7 @@ def make_engine(
         fake = FakeExecutor(vocab_size=vocab_size or 500)
     elif eos_one_in is None:
         # Only the 96 characters: EOS never comes, max_tokens decides the length.
-        fake = FakeExecutor(vocab_size=tokenizer.eos_token_id)
+        fake = FakeExecutor(vocab_size=vocab_size or tokenizer.eos_token_id)
     else:
         # The characters and EOS, which comes about once in eos_one_in tokens.
         fake = FakeExecutor(tokenizer.eos_token_id + 1, tokenizer.eos_token_id, eos_one_in)

@@ -258,3 +258,17 @@ def test_trace_file_has_steps_and_requests(tokenizer, tmp_path):
     reqs = [r for r in records if r["type"] == "request"]
     assert len(steps) == engine.telemetry.num_steps_total and len(reqs) == 1
     assert reqs[0]["num_output_tokens"] == 3 and reqs[0]["ttft"] > 0
+
+
+def test_undecodable_token_fails_only_that_request(tokenizer):
+    """A model vocabulary larger than the tokenizer's: the request errors, the engine goes on."""
+    engine, fake = make_engine(tokenizer, vocab_size=tokenizer.vocab_size + 50)
+    prompt = tokenizer.encode("abc")
+    ref = fake.reference_generate(prompt, 60, stop_ids=tokenizer.stop_token_ids)
+    bad = next(i for i, t in enumerate(ref) if t >= tokenizer.vocab_size)  # before any EOS
+    engine.add_request("a", prompt, SamplingParams(max_tokens=60))
+    outs = run_to_completion(engine)["a"]
+    assert outs[-1].finish_reason == "error" and "detokenizing" in outs[-1].error
+    assert sum(len(o.new_token_ids) for o in outs) == bad
+    assert engine.scheduler.stats().num_blocks_used == 0
+    assert engine.telemetry.timeline("a").finish_reason == "error"

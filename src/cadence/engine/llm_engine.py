@@ -185,7 +185,13 @@ class LLMEngine:
             text = self._texts.get(u.req_id)
             if text is None:
                 continue  # finished earlier (abort) and already reported
-            output = self._output_for(u, text, out)
+            try:
+                output = self._output_for(u, text, out)
+            except ValueError as exc:  # e.g. a sampled id the tokenizer cannot decode
+                logger.exception("detokenizing request %s failed", u.req_id)
+                output = self._fail_request(u.req_id, f"detokenizing failed: {exc}")
+                outputs.append(output)
+                continue
             if output.finished:
                 del self._texts[u.req_id]
                 if not u.finished:
@@ -259,18 +265,18 @@ class LLMEngine:
         )
 
     def _fail_plan(self, plan: StepPlan, exc: Exception) -> list[RequestOutput]:
-        outputs = []
-        t = self._clock()
-        for chunk in plan.chunks:
-            if chunk.req_id not in self._texts:
-                continue
-            req = self.scheduler.get_request(chunk.req_id)
-            self.scheduler.abort_request(chunk.req_id, reason="error")
-            del self._texts[chunk.req_id]
-            self.telemetry.finish_request(chunk.req_id, "error", t)
-            message = f"executor failed: {type(exc).__name__}: {exc}"
-            outputs.append(_final_output(chunk.req_id, req, "error", message))
-        return outputs
+        message = f"executor failed: {type(exc).__name__}: {exc}"
+        return [
+            self._fail_request(c.req_id, message) for c in plan.chunks if c.req_id in self._texts
+        ]
+
+    def _fail_request(self, req_id: str, message: str) -> RequestOutput:
+        """End a request with finish_reason "error" now (blocks freed); its final output."""
+        req = self.scheduler.get_request(req_id)
+        self.scheduler.abort_request(req_id, reason="error")
+        self._texts.pop(req_id, None)
+        self.telemetry.finish_request(req_id, "error", self._clock())
+        return _final_output(req_id, req, "error", message)
 
 
 def _final_output(
