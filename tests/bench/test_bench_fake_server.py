@@ -113,3 +113,46 @@ def test_bad_cli_values_are_clear_errors(capsys):
     assert rc == 2 and "bad SLO" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cadence_main(["bench", "--url", "http://x", "--short-tokens", "9:3"])
+
+
+def test_every_request_failing_still_gives_a_valid_report(tmp_path):
+    with FakeServer(FakeServerConfig(reject_arrivals=tuple(range(10)))) as srv:
+        wl = WorkloadConfig(name="doc-burst", num_streams=2, num_docs=1, long_tokens=50, short_tokens=(4, 8))
+        result = run_bench(_cfg(srv.url, wl), str(tmp_path))
+    m = result["runs"][0]["metrics"]
+    assert m["requests"]["ok"] == 0 and m["failures"]["by_kind"] == {"http": 3}
+    assert m["ttft"]["count"] == 0 and m["throughput"]["output_tps"] == 0.0
+    for name in ("result.json", "summary.md", "itl_cdf.png", "ttft_by_bucket.png", "timeline.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_non_prometheus_metrics_page_is_noted_not_fatal():
+    import asyncio
+    import time
+
+    import httpx
+
+    from cadence.bench.metrics_scraper import MetricsScraper
+
+    def handler(request):
+        return httpx.Response(200, text="<html>{not prometheus}</html>")
+
+    async def scrape():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            s = MetricsScraper(http, "http://x", 0.01, time.perf_counter())
+            await s.run()
+            return s
+
+    s = asyncio.run(scrape())
+    assert not s.available and "not Prometheus" in s.note
+
+
+def test_cli_rejects_bad_urls_and_unwritable_out(tmp_path, capsys):
+    assert cadence_main(["bench", "--url", "ftp://host", "--no-tokenizer"]) == 2
+    assert "url must start with http" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with FakeServer() as srv:
+        rc = cadence_main(["bench", "--url", srv.url, "--num-requests", "1", "--output-tokens", "2", "--no-tokenizer",
+                           "--no-progress", "--out", str(blocker / "sub")])
+    assert rc == 2 and "error" in capsys.readouterr().err

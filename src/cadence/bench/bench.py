@@ -76,6 +76,8 @@ def prepare_workload(cfg: BenchConfig) -> Workload:
 def run_bench(cfg: BenchConfig, out_dir: str | None, workload: Workload | None = None) -> dict[str, Any]:
     """Run the benchmark; write result.json, summary.md and plots to out_dir (when given).
     `workload` may be passed pre-built (a sweep reuses one); it must come from `cfg.workload`."""
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)  # fail before the run, not after it
     workload = workload or prepare_workload(cfg)
     long_tokens = cfg.analysis.long_prompt_tokens or workload.long_prompt_tokens
     runs, server = asyncio.run(run_all(cfg, workload))

@@ -84,7 +84,7 @@ def _run_bench(a: argparse.Namespace) -> int:
     try:
         cfg = _bench_config(a, a.url)
         result = run_bench(cfg, a.out)
-    except (ValueError, BenchError, TokenizerLoadError, PromptLengthError) as exc:
+    except (ValueError, BenchError, TokenizerLoadError, PromptLengthError, OSError) as exc:
         print(f"cadence bench: error: {exc}", file=sys.stderr)
         return 2
     for run in result["runs"]:
@@ -97,6 +97,7 @@ def _run_bench(a: argparse.Namespace) -> int:
 def _run_sweep(a: argparse.Namespace) -> int:
     from cadence.bench.bench import BenchError
     from cadence.bench.sweep import SweepConfig, run_sweep
+    from cadence.bench.token_counter import TokenizerLoadError
 
     try:
         policies = tuple(p.strip() for p in a.policies.split(",") if p.strip())
@@ -104,7 +105,7 @@ def _run_sweep(a: argparse.Namespace) -> int:
         scfg = SweepConfig(policies=policies, budgets=a.budgets, chunk_caps=a.chunk_caps,
                            serve_args=tuple(a.serve_arg), port=a.port, startup_timeout_s=a.startup_timeout)
         result = run_sweep(base, scfg, a.out)
-    except (ValueError, BenchError) as exc:
+    except (ValueError, BenchError, TokenizerLoadError, OSError) as exc:
         print(f"cadence sweep: error: {exc}", file=sys.stderr)
         return 2
     choice = result["choice"]

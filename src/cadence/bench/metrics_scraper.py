@@ -61,7 +61,8 @@ class MetricsScraper:
             return False
         try:
             values = parse_metrics(resp.text)
-        except ValueError as exc:
+        except Exception as exc:  # the parser raises assorted errors on non-Prometheus bodies
+
             self.available = False
             self.note = f"/metrics is not Prometheus text: {exc}"
             return False

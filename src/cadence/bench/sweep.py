@@ -69,6 +69,8 @@ def run_sweep(base: BenchConfig, sweep: SweepConfig, out_dir: str | None,
     `cadence serve` subprocess); tests pass a fake.
     """
     launch = launch or _launch_cadence(sweep)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)  # fail before starting servers, not after
     workload = prepare_workload(base)  # once: the same requests for every setting
     rows = []
     for setting in sweep.settings():
