@@ -113,3 +113,18 @@ def test_disconnect_aborts_and_frees_blocks(server):
     key = "cadence:request_success_total{finished_reason=abort}"
     assert m[key] == before.get(key, 0) + 1
     assert m["cadence:kv_cache_usage_perc"] == 0.0
+
+
+def test_non_streaming_client_that_gives_up_is_aborted(server):
+    before = server.metrics()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base_url + "/v1/completions", headers=server.headers(), timeout=0.5,
+                   json={"prompt": "patience", "max_tokens": 450, "ignore_eos": True})
+    key = "cadence:request_success_total{finished_reason=abort}"
+    deadline = time.monotonic() + 10
+    while True:
+        m = server.metrics()
+        if m.get(key, 0) == before.get(key, 0) + 1 and m["cadence:kv_cache_blocks_used"] == 0:
+            break
+        assert time.monotonic() < deadline, "the abandoned request kept running"
+        time.sleep(0.05)
