@@ -75,6 +75,9 @@ def test_metadata_positions_and_slots():
     assert meta.seq_lens.tolist() == [3, 7]
     assert meta.query_start_loc.tolist() == [0, 3, 4]
     assert meta.block_tables.tolist() == [[5, 0], [2, 9]]  # first table trimmed to 1 block, padded
+    assert meta.prefill_seqs == (0,) and meta.decode_seqs == (1,)
+    assert meta.decode_rows.tolist() == [3] and meta.decode_blocks.tolist() == [[2, 9]]
+    assert meta.decode_valid.tolist() == [[True] * 7 + [False]]
 
 
 @pytest.mark.parametrize("chunk, message", [

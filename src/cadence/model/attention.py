@@ -43,13 +43,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     out = torch.empty_like(q)
-    qsl = meta.query_start_loc_host
-    decode_seqs = [i for i in range(meta.num_seqs) if qsl[i + 1] - qsl[i] == 1]
-    if decode_seqs:
-        _decode_batch(q, k_cache, v_cache, meta, decode_seqs, scale, out)
-    for i in range(meta.num_seqs):
-        if qsl[i + 1] - qsl[i] > 1:
-            _prefill_one(q, k_cache, v_cache, meta, i, scale, out)
+    if meta.decode_seqs:
+        _decode_batch(q, k_cache, v_cache, meta, scale, out)
+    for i in meta.prefill_seqs:
+        _prefill_one(q, k_cache, v_cache, meta, i, scale, out)
     return out
 
 
@@ -78,25 +75,18 @@ def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  meta: AttentionMetadata, seqs: list[int], scale: float, out: torch.Tensor) -> None:
-    device = q.device
+                  meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads  # query heads per KV head: head h reads KV head h // group
-    rows = torch.tensor([meta.query_start_loc_host[i] for i in seqs], device=device)  # [B]
-    max_blocks = max(meta.num_blocks_host[i] for i in seqs)
-    seq_idx = torch.tensor(seqs, device=device)
-    blocks = meta.block_tables[seq_idx, :max_blocks].to(torch.int64)  # [B, max_blocks]
+    batch = len(meta.decode_seqs)
     # keys: [B, L, kv_heads, D] -> [B, kv_heads, D, L]; values -> [B, kv_heads, L, D]
-    keys = _gather_context(k_cache, blocks).permute(0, 2, 3, 1)
-    values = _gather_context(v_cache, blocks).transpose(1, 2)
-    context = values.shape[2]
-    query = q[rows].view(len(seqs), num_kv_heads, group, head_dim)  # [B, kv_heads, G, D]
+    keys = _gather_context(k_cache, meta.decode_blocks).permute(0, 2, 3, 1)
+    values = _gather_context(v_cache, meta.decode_blocks).transpose(1, 2)
+    query = q[meta.decode_rows].view(batch, num_kv_heads, group, head_dim)  # [B, kv_heads, G, D]
     scores = torch.matmul(query, keys).float() * scale  # [B, kv_heads, G, L]
     # Padding blocks (and the tail of the last block) are masked out.
-    seq_lens = meta.seq_lens[seq_idx]  # [B]
-    valid = torch.arange(context, device=device)[None, :] < seq_lens[:, None]  # [B, L]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    scores = scores.masked_fill(~meta.decode_valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     attn = torch.matmul(probs, values)  # [B, kv_heads, G, D]
-    out[rows] = attn.reshape(len(seqs), num_heads, head_dim)
+    out[meta.decode_rows] = attn.reshape(batch, num_heads, head_dim)

@@ -31,6 +31,13 @@ class AttentionMetadata:
     start_pos_host: tuple[int, ...]
     seq_lens_host: tuple[int, ...]
     num_blocks_host: tuple[int, ...]  # blocks each sequence actually uses
+    # Single-token sequences (decodes), attended to together; built once per forward, not per
+    # layer. decode_blocks is padded to the longest of them, decode_valid masks the padding.
+    decode_seqs: tuple[int, ...]
+    decode_rows: torch.Tensor  # [B] int64, batch row of each decode's token
+    decode_blocks: torch.Tensor  # [B, max_decode_blocks] int64
+    decode_valid: torch.Tensor  # [B, max_decode_blocks * block_size] bool, position < seq_len
+    prefill_seqs: tuple[int, ...]  # sequences with more than one new token
 
     @property
     def num_seqs(self) -> int:
@@ -79,6 +86,14 @@ class AttentionMetadata:
         block_of_token = block_tables[seq_of_token, positions // block_size].to(torch.int64)
         slot_mapping = block_of_token * block_size + positions % block_size
 
+        decode_seqs = tuple(i for i, n in enumerate(lens) if n == 1)
+        max_decode_blocks = max((len(tables[i]) for i in decode_seqs), default=0)
+        decode_blocks = torch.tensor(
+            [padded[i][:max_decode_blocks] for i in decode_seqs], dtype=torch.int64
+        ).reshape(len(decode_seqs), max_decode_blocks)
+        decode_lens = torch.tensor([seq_lens[i] for i in decode_seqs], dtype=torch.int64)
+        decode_valid = torch.arange(max_decode_blocks * block_size)[None, :] < decode_lens[:, None]
+
         return cls(
             query_start_loc=qsl.to(device),
             start_pos=start_t.to(device),
@@ -91,6 +106,12 @@ class AttentionMetadata:
             start_pos_host=tuple(starts),
             seq_lens_host=tuple(seq_lens),
             num_blocks_host=tuple(len(t) for t in tables),
+            decode_seqs=decode_seqs,
+            decode_rows=torch.tensor([query_start_loc[i] for i in decode_seqs], dtype=torch.int64,
+                                     device=device),
+            decode_blocks=decode_blocks.to(device),
+            decode_valid=decode_valid.to(device),
+            prefill_seqs=tuple(i for i, n in enumerate(lens) if n > 1),
         )
 
     @classmethod
