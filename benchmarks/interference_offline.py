@@ -113,6 +113,16 @@ def run_one(loaded, policy: str, budget: int, args) -> RunResult:
     )
 
 
+def _median_result(results: list[RunResult]) -> RunResult:
+    first = results[0]
+    med = {
+        f: statistics.median(getattr(r, f) for r in results)
+        for f in ("max_gap_in_prefill_ms", "p50_itl_ms", "p95_itl_ms", "doc_ttft_ms", "wall_s")
+    }
+    return RunResult(policy=first.policy, budget=first.budget,
+                     doc_prefill_steps=first.doc_prefill_steps, **med)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct GGUF")
@@ -126,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eager-budget", type=int, default=2048,
                    help="token budget of the eager run (the document runs whole anyway)")
     p.add_argument("--kv-gib", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=1, help="runs per config (medians shown)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
 
@@ -136,14 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     run_one(loaded, "chunked", 512, argparse.Namespace(**{**vars(args), "stream_tokens": 8,
                                                           "warm_tokens": 2, "doc_tokens": 256}))
     runs = [("eager", args.eager_budget)] + [("chunked", b) for b in args.budgets]
-    results = []
-    for policy, budget in runs:
-        console.print(f"running {policy}/{budget} ...")
-        results.append(run_one(loaded, policy, budget, args))
+    # Repeats go round-robin over the configs, so a burst of load on a shared machine hits
+    # them alike; the table shows each metric's median over the repeats.
+    per_config: dict[tuple[str, int], list[RunResult]] = {r: [] for r in runs}
+    for rep in range(args.repeats):
+        for policy, budget in runs:
+            console.print(f"run {rep + 1}/{args.repeats}: {policy}/{budget} ...")
+            per_config[(policy, budget)].append(run_one(loaded, policy, budget, args))
+    results = [_median_result(rs) for rs in per_config.values()]
 
     table = Table(title=(
         f"{args.streams} decode streams + one {args.doc_tokens}-token document "
-        f"({loaded.name}, {loaded.dtype}, {loaded.device})"
+        f"({loaded.name}, {loaded.dtype}, {loaded.device}; median of {args.repeats})"
     ))
     for col in ("policy/budget", "max gap during doc prefill (ms)", "stream p50 ITL (ms)",
                 "stream p95 ITL (ms)", "doc TTFT (ms)", "doc prefill steps"):
