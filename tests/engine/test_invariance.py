@@ -43,7 +43,11 @@ PREEMPT_PROMPTS = [
 ]
 
 
-def run(loaded, prompts, *, policy, budget, max_seqs, prefix, num_blocks=None, block_size=16):
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+
+
+def run(loaded, prompts, *, policy, budget, max_seqs, prefix, num_blocks=None, block_size=16,
+        params=GREEDY):
     cfg = EngineConfig(
         scheduler=SchedulerConfig(
             policy=policy, max_num_batched_tokens=budget, max_num_seqs=max_seqs
@@ -53,7 +57,6 @@ def run(loaded, prompts, *, policy, budget, max_seqs, prefix, num_blocks=None, b
         ),
     )
     engine = LLMEngine.from_loaded(loaded, cfg)
-    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
     results = LLM.from_engine(engine).generate(prompts, params)
     engine.scheduler.check_integrity()
     assert engine.scheduler.stats().num_blocks_used == 0
@@ -122,6 +125,33 @@ def test_tiny_model_outputs_survive_preemption(
     )
     assert stats.num_preemptions_total > 0
     assert tokens == tiny_preempt_reference
+
+
+def test_tiny_model_seeded_sampling_does_not_depend_on_scheduling(tiny_loaded):
+    """Invariant 1 for random sampling: each request's seed fixes its tokens."""
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=NUM_TOKENS,
+                       ignore_eos=True)
+        for i in range(len(PREEMPT_PROMPTS))
+    ]
+    expected, _ = run(tiny_loaded, PREEMPT_PROMPTS, policy="eager", budget=8192, max_seqs=1,
+                      prefix=False, params=params)
+    greedy, _ = run(tiny_loaded, PREEMPT_PROMPTS, policy="eager", budget=8192, max_seqs=1,
+                    prefix=False)
+    assert expected != greedy  # the seeds really sample
+    num_blocks = tight_cache_blocks(tiny_loaded, PREEMPT_PROMPTS, block_size=4)
+    for policy, budget, max_seqs, prefix, blocks, bs in [
+        ("chunked", 16, 64, True, None, 16),
+        ("eager", 512, 4, False, None, 16),
+        ("chunked", 64, 64, True, num_blocks, 4),
+        ("eager", 64, 64, False, num_blocks, 4),
+    ]:
+        tokens, stats = run(tiny_loaded, PREEMPT_PROMPTS, policy=policy, budget=budget,
+                            max_seqs=max_seqs, prefix=prefix, num_blocks=blocks, block_size=bs,
+                            params=params)
+        assert tokens == expected, (policy, budget, max_seqs, prefix, blocks)
+        if blocks is not None:
+            assert stats.num_preemptions_total > 0
 
 
 # -- the real default model ----------------------------------------------------------------
