@@ -98,3 +98,18 @@ def test_gguf_ids_match_transformers(default_model_path, default_tokenizer):
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     assert default_tokenizer.apply_chat_template(messages) == theirs.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_numpy_ids_accepted_floats_rejected(tiny_tokenizer):
+    import numpy as np
+
+    ids = tiny_tokenizer.encode("Hello world")
+    assert tiny_tokenizer.decode(np.array(ids)) == "Hello world"
+    with pytest.raises(TokenizerError, match="outside"):
+        tiny_tokenizer.decode([1.5])
+
+
+def test_padded_model_vocab_ids_decode_to_nothing(tiny_llama_dir):
+    tok = Tokenizer.from_hf_dir(tiny_llama_dir, vocab_size=512)
+    assert tok.vocab_size == 512
+    assert tok.decode([tok.encode("Hi")[0], 450]) == tok.decode(tok.encode("Hi")[:1])

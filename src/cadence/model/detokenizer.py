@@ -30,8 +30,7 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Add one token; return the newly completed text (possibly empty)."""
-        self._tokenizer.decode([token_id])  # validates the id before it enters the state
-        self.token_ids.append(token_id)
+        self.token_ids.append(self._tokenizer.check_id(token_id))
         prefix_text = self._decode(self._prefix_offset, self._read_offset)
         full_text = self._decode(self._prefix_offset)
         if full_text.endswith(_REPLACEMENT) or len(full_text) <= len(prefix_text):

@@ -97,7 +97,7 @@ def load_hf_dir(path: str, dtype: torch.dtype,
         raise ModelLoadError(f"{path}: no *.safetensors weights (other formats are not supported)")
     model = build_model(config, _tensors(files), dtype, device, path)
     try:
-        tokenizer = Tokenizer.from_hf_dir(path)
+        tokenizer = Tokenizer.from_hf_dir(path, vocab_size=config.vocab_size)
     except TokenizerError as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
     return model, config, tokenizer

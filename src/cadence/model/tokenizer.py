@@ -7,6 +7,7 @@ metadata in `gguf_tokenizer.py`. Both end in the same class so the server never 
 from __future__ import annotations
 
 import json
+import operator
 import os
 from typing import Any, Sequence
 
@@ -63,11 +64,18 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; invalid UTF-8 byte sequences become U+FFFD (as HF decodes them)."""
-        ids = list(ids)
-        for token_id in ids:
-            if not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size:
-                raise TokenizerError(f"token id {token_id!r} outside [0, {self.vocab_size})")
+        ids = [self.check_id(token_id) for token_id in ids]
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def check_id(self, token_id: Any) -> int:
+        """token_id as a plain int; TokenizerError unless it is an integer in [0, vocab_size)."""
+        try:
+            value = operator.index(token_id)  # ints and numpy ints; not floats or strings
+        except TypeError:
+            value = None
+        if value is None or not 0 <= value < self.vocab_size:
+            raise TokenizerError(f"token id {token_id!r} outside [0, {self.vocab_size})")
+        return value
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             **kwargs: Any) -> str:
@@ -77,8 +85,12 @@ class Tokenizer:
         return self._chat_template.render(messages, add_generation_prompt, **kwargs)
 
     @classmethod
-    def from_hf_dir(cls, path: str) -> "Tokenizer":
-        """Load tokenizer.json, tokenizer_config.json (and chat_template.jinja) from an HF folder."""
+    def from_hf_dir(cls, path: str, vocab_size: int | None = None) -> "Tokenizer":
+        """Load tokenizer.json, tokenizer_config.json (and chat_template.jinja) from an HF folder.
+
+        `vocab_size` is the model's, when its embedding is padded past the tokenizer's ids: those
+        ids are then valid and decode to nothing (as in transformers).
+        """
         tok_file = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tok_file):
             raise TokenizerError(f"no tokenizer.json in {path}")
@@ -100,7 +112,9 @@ class Tokenizer:
             model_cfg = _read_json(os.path.join(path, "config.json"))
             eos = model_cfg.get("eos_token_id")
             eos_id = eos[0] if isinstance(eos, list) and eos else eos
-        return cls(backend, eos_token_id=eos_id, bos_token_id=bos_id, chat_template=template)
+        size = max(vocab_size or 0, backend.get_vocab_size(with_added_tokens=True))
+        return cls(backend, eos_token_id=eos_id, bos_token_id=bos_id, chat_template=template,
+                   vocab_size=size)
 
 
 def _read_json(path: str) -> dict:
