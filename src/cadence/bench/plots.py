@@ -75,9 +75,10 @@ def plot_ttft_buckets(run: dict[str, Any], path: str) -> str:
 def plot_timeline(run: dict[str, Any], path: str) -> str:
     records, windows = _records(run), _windows(run)
     samples = run["server_metrics"]["samples"] if run["server_metrics"]["available"] else []
-    fig = Figure(figsize=(9, 6.5 if samples else 4.8))
+    rows_height = min(max(3.0, 0.22 * len(records)), 18.0)  # grows with the streams, capped
+    fig = Figure(figsize=(9, rows_height + (2.5 if samples else 1.2)))
     if samples:
-        ax, ax_srv = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+        ax, ax_srv = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [rows_height, 2.0]})
     else:
         ax, ax_srv = fig.add_subplot(), None
     for w in windows:
@@ -93,27 +94,37 @@ def plot_timeline(run: dict[str, Any], path: str) -> str:
             ax.plot(r.chunk_times, [row] * len(r.chunk_times), "|", color=color, ms=6)
         if not r.ok:
             ax.plot([end], [row], "x", color="black", ms=7)
-    ax.set_yticks(range(len(order)), [f"#{r.index} {r.kind} ({r.prompt_tokens} tok)" for r in order], fontsize=7)
+    if len(order) <= 80:
+        ax.set_yticks(range(len(order)), [f"#{r.index} {r.kind} ({r.prompt_tokens} tok)" for r in order], fontsize=7)
+    else:
+        ax.set_ylabel("requests by send time")
     ax.set_title(f"token timeline ({run['label']}): ticks = chunks, shaded = long prefill windows, x = failed")
     ax.invert_yaxis()
     if ax_srv is not None:
-        t = [s["t"] for s in samples]
-        if any("kv_cache_usage_perc" in s for s in samples):
-            ax_srv.step(t, [s.get("kv_cache_usage_perc", np.nan) * 100 for s in samples], where="post", color="tab:purple", label="KV usage %")
-        for key, color in (("num_requests_running", "tab:blue"), ("num_requests_waiting", "tab:orange")):
-            if any(key in s for s in samples):
-                ax_srv.step(t, [s.get(key, np.nan) for s in samples], where="post", color=color, label=key.replace("num_requests_", ""))
-        pre = [(s["t"], s["num_preemptions_total"]) for s in samples if "num_preemptions_total" in s]
-        for (_, a), (tb, b) in zip(pre, pre[1:]):
-            if b > a:
-                ax_srv.axvline(tb, color="black", ls=":", lw=1)
-        ax_srv.set_ylabel("server")
-        ax_srv.legend(fontsize=7, loc="upper right")
-        ax_srv.grid(alpha=0.3)
-        ax_srv.set_xlabel("seconds since start (dotted: preemptions)")
+        _server_panel(ax_srv, samples)
     else:
         ax.set_xlabel("seconds since start")
     return _save(fig, path)
+
+
+def _server_panel(ax, samples: list[dict[str, Any]]) -> None:
+    """KV usage (%), running and waiting requests as steps; preemptions as dotted lines."""
+    t = [s["t"] for s in samples]
+    if any("kv_cache_usage_perc" in s for s in samples):
+        ax.step(t, [s.get("kv_cache_usage_perc", np.nan) * 100 for s in samples], where="post",
+                color="tab:purple", label="KV usage %")
+    for key, color in (("num_requests_running", "tab:blue"), ("num_requests_waiting", "tab:orange")):
+        if any(key in s for s in samples):
+            ax.step(t, [s.get(key, np.nan) for s in samples], where="post", color=color,
+                    label=key.replace("num_requests_", ""))
+    pre = [(s["t"], s["num_preemptions_total"]) for s in samples if "num_preemptions_total" in s]
+    for (_, a), (tb, b) in zip(pre, pre[1:]):
+        if b > a:
+            ax.axvline(tb, color="black", ls=":", lw=1)
+    ax.set_ylabel("server")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(alpha=0.3)
+    ax.set_xlabel("seconds since start (dotted: preemptions)")
 
 
 def plot_run(run: dict[str, Any], out_dir: str, prefix: str) -> list[str]:
