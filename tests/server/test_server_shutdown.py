@@ -1,4 +1,4 @@
-"""SIGTERM/SIGINT: in-flight streams end with an explicit finish_reason, the engine process exits."""
+"""SIGTERM/SIGINT: in-flight streams end with an explicit reason; the engine process exits."""
 
 from __future__ import annotations
 

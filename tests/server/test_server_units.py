@@ -163,3 +163,15 @@ def test_prometheus_metrics_parse_and_count():
     other_samples = [s.name for fam in text_string_to_metric_families(other.render().decode())
                      for s in fam.samples]
     assert "cadence:request_success_total" not in other_samples
+
+
+def test_front_end_never_imports_torch():
+    # The front end must stay a thin asyncio process: the engine process owns torch.
+    import subprocess
+    import sys
+
+    code = ("import sys, cadence.cli, cadence.server.launcher, cadence.server.app; "
+            "cadence.cli.build_parser(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""What the process split buys: ITL at N concurrent streams, engine in its own process vs in-process.
+"""What the process split buys: ITL at N concurrent streams, engine process vs in-process.
 
     python -m cadence.server.frontend_cost --streams 32 --output-tokens 64 [--repeats 2]
         [--serve-arg=--dtype=float32 ...]
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", default="32:64", help="MIN:MAX prompt tokens")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--serve-arg", action="append", default=[],
-                        help="extra `cadence serve` flag (repeatable), e.g. --serve-arg=--dtype=float32")
+                        help="extra `cadence serve` flag (repeatable), "
+                        "e.g. --serve-arg=--dtype=float32")
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="cadence-frontend-cost-") as out_dir:

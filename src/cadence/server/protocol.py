@@ -23,7 +23,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _SamplingFields(BaseModel):
+class SamplingRequestFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
@@ -78,7 +78,7 @@ class _SamplingFields(BaseModel):
         return problems
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingRequestFields):
     """POST /v1/completions."""
 
     # A string, token ids, or a batch of exactly one of either.
@@ -106,7 +106,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingRequestFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)

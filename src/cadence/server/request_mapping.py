@@ -13,7 +13,11 @@ from typing import Any
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.engine_process import sampling_to_wire
 from cadence.server.errors import APIError
-from cadence.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from cadence.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingRequestFields,
+)
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,8 @@ def reject_unsupported(problems: list[tuple[str, str]]) -> None:
         raise APIError(400, message + ".", param=param, code="unsupported_parameter")
 
 
-def sampling_fields(body: _SamplingFields, max_tokens: int | None, logprobs: int | None,
-                    max_model_len: int) -> dict[str, Any]:
+def sampling_fields(body: SamplingRequestFields, max_tokens: int | None,
+                    logprobs: int | None, max_model_len: int) -> dict[str, Any]:
     """SamplingParams fields as a wire dict; max_tokens None means "the rest of the context"."""
     if max_tokens is not None and max_tokens >= max_model_len:
         raise APIError(400, f"max_tokens={max_tokens} is too large: this model's maximum "

@@ -93,7 +93,8 @@ def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
                 "logprob": e.logprob,
                 "bytes": _token_bytes(e.token),
                 "top_logprobs": [
-                    {"token": tok, "logprob": lp, "bytes": _token_bytes(tok)} for tok, _, lp in e.top
+                    {"token": tok, "logprob": lp, "bytes": _token_bytes(tok)}
+                    for tok, _, lp in e.top
                 ],
             }
             for e in entries
