@@ -83,7 +83,7 @@ def _randomize(model) -> None:
 
 
 def build_tiny_checkpoint(out_dir: str, architecture: str, tie_word_embeddings: bool) -> str:
-    """A 2-layer random transformers model of `architecture` ('llama' | 'qwen2') in out_dir."""
+    """A 2-layer random transformers model ('llama' | 'qwen2' | 'mistral') in out_dir."""
     import torch
     import transformers
 
@@ -100,6 +100,9 @@ def build_tiny_checkpoint(out_dir: str, architecture: str, tie_word_embeddings: 
     elif architecture == "qwen2":
         config = transformers.Qwen2Config(**common)
         model_cls = transformers.Qwen2ForCausalLM
+    elif architecture == "mistral":
+        config = transformers.MistralConfig(**common, sliding_window=None)
+        model_cls = transformers.MistralForCausalLM
     else:
         raise ValueError(f"no tiny checkpoint for {architecture!r}")
     torch.manual_seed(0)
@@ -119,6 +122,12 @@ def tiny_llama_dir(tmp_path_factory) -> str:
 def tiny_qwen2_dir(tmp_path_factory) -> str:
     """Folder with a tiny random Qwen2ForCausalLM (q/k/v bias, tied head) and its tokenizer."""
     return build_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_qwen2")), "qwen2", True)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory) -> str:
+    """Folder with a tiny random MistralForCausalLM (the Llama shape under another name)."""
+    return build_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_mistral")), "mistral", False)
 
 
 @pytest.fixture(scope="session")

@@ -8,12 +8,12 @@ import torch
 from cadence.model.loader import load_model
 
 
-@pytest.fixture(scope="session", params=["llama", "qwen2"])
-def tiny_pair(request, tiny_llama_dir, tiny_qwen2_dir):
+@pytest.fixture(scope="session", params=["llama", "qwen2", "mistral"])
+def tiny_pair(request):
     """(cadence LoadedModel fp32, transformers model fp32) for each tiny architecture."""
     import transformers
 
-    path = tiny_llama_dir if request.param == "llama" else tiny_qwen2_dir
+    path = request.getfixturevalue(f"tiny_{request.param}_dir")
     ours = load_model(path, dtype="float32", device="cpu")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return ours, theirs
