@@ -175,3 +175,13 @@ def test_front_end_never_imports_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_usage_field_is_null_on_chunks_when_usage_requested():
+    from cadence.server import response_format as fmt
+
+    plain = fmt.chat_chunk("id", 1, "m", {"content": "x"}, None)
+    with_usage = fmt.chat_chunk("id", 1, "m", {"content": "x"}, None, usage_field=True)
+    assert "usage" not in plain and with_usage["usage"] is None
+    final = fmt.usage_chunk("id", 1, "m", "text_completion", fmt.usage_dict(3, 2))
+    assert final["choices"] == [] and final["usage"]["total_tokens"] == 5

@@ -50,9 +50,10 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset_start: int) -> 
 
 def completion_chunk(
     req_id: str, created: int, model: str, text: str, finish_reason: str | None,
-    logprobs: dict | None = None,
+    logprobs: dict | None = None, usage_field: bool = False,
 ) -> dict[str, Any]:
-    return {
+    """`usage_field`: with include_usage, OpenAI puts "usage": null on every other chunk."""
+    chunk: dict[str, Any] = {
         "id": req_id,
         "object": "text_completion",
         "created": created,
@@ -61,6 +62,9 @@ def completion_chunk(
             {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         ],
     }
+    if usage_field:
+        chunk["usage"] = None
+    return chunk
 
 
 def usage_chunk(req_id: str, created: int, model: str, obj: str, usage: dict) -> dict[str, Any]:
@@ -104,9 +108,9 @@ def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
 
 def chat_chunk(
     req_id: str, created: int, model: str, delta: dict, finish_reason: str | None,
-    logprobs: dict | None = None,
+    logprobs: dict | None = None, usage_field: bool = False,
 ) -> dict[str, Any]:
-    return {
+    chunk: dict[str, Any] = {
         "id": req_id,
         "object": "chat.completion.chunk",
         "created": created,
@@ -115,6 +119,9 @@ def chat_chunk(
             {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         ],
     }
+    if usage_field:
+        chunk["usage"] = None
+    return chunk
 
 
 def chat_response(

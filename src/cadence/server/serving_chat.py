@@ -64,7 +64,8 @@ async def _stream_chunks(stream: RequestStream, req_id: str, created: int, model
     try:
         # OpenAI opens every chat stream with the role.
         yield sse_event(fmt.chat_chunk(req_id, created, model,
-                                       {"role": "assistant", "content": ""}, None))
+                                       {"role": "assistant", "content": ""}, None,
+                                       usage_field=include_usage))
         async for out in stream:
             num_prompt, num_output = out.num_prompt_tokens, out.num_output_tokens
             num_cached = out.num_cached_tokens
@@ -76,9 +77,11 @@ async def _stream_chunks(stream: RequestStream, req_id: str, created: int, model
                 logprobs = fmt.chat_logprobs(list(out.logprobs))
             if out.new_text or logprobs:
                 yield sse_event(fmt.chat_chunk(req_id, created, model,
-                                               {"content": out.new_text}, None, logprobs))
+                                               {"content": out.new_text}, None, logprobs,
+                                               usage_field=include_usage))
             if out.finished:
-                yield sse_event(fmt.chat_chunk(req_id, created, model, {}, out.finish_reason))
+                yield sse_event(fmt.chat_chunk(req_id, created, model, {}, out.finish_reason,
+                                               usage_field=include_usage))
         if include_usage:
             yield sse_event(fmt.usage_chunk(req_id, created, model, "chat.completion.chunk",
                                             fmt.usage_dict(num_prompt, num_output, num_cached)))

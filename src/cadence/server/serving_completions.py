@@ -76,7 +76,8 @@ async def _stream_chunks(stream: RequestStream, req_id: str, created: int, model
             if out.new_text or logprobs or out.finished:
                 yield sse_event(fmt.completion_chunk(
                     req_id, created, model, out.new_text,
-                    out.finish_reason if out.finished else None, logprobs))
+                    out.finish_reason if out.finished else None, logprobs,
+                    usage_field=include_usage))
         if include_usage:
             yield sse_event(fmt.usage_chunk(req_id, created, model, "text_completion",
                                             fmt.usage_dict(num_prompt, num_output, num_cached)))
