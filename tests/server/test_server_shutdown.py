@@ -99,3 +99,29 @@ def test_engine_crash_ends_streams_with_error(tmp_path):
         assert after.status_code == 503 and after.json()["error"]["message"]
     finally:
         server.stop()
+
+
+def test_in_process_engine_serves_and_stops(tmp_path):
+    server = start_server(str(tmp_path), *fake_engine_args(max_model_len=256),
+                          "--in-process-engine")
+    try:
+        assert _children(server.proc.pid) == []  # the engine is a thread here
+        resp = httpx.post(server.base_url + "/v1/completions",
+                          json={"prompt": "hello", "max_tokens": 4, "temperature": 0}, timeout=30)
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
+    finally:
+        assert server.stop() in (0, -signal.SIGTERM)
+
+
+def test_engine_exits_when_the_server_is_killed_mid_stream(tmp_path):
+    server = start_server(str(tmp_path), *fake_engine_args(max_model_len=4096, step_delay_s=0.02))
+    engine_pids = _children(server.proc.pid)
+    body = {"prompt": "orphan", "max_tokens": 3000, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=30) as resp:
+        next(resp.iter_lines())  # the engine is busy stepping this request
+        server.proc.kill()
+        server.proc.wait(10)
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in engine_pids):
+        assert time.monotonic() < deadline, "orphaned engine process kept running"
+        time.sleep(0.1)

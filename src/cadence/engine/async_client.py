@@ -278,6 +278,10 @@ class AsyncEngineClient:
         self._fail_everything(EngineDeadError(self.dead_reason or "engine shut down"))
         self._in.close()
         self._out.close()
+        if self._thread is not None and self._thread.is_alive():
+            # An engine thread that did not stop still owns sockets on this context; term()
+            # would wait for it forever. Leave it to die with the (daemon) thread.
+            return
         self._context.term()
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)

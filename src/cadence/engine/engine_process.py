@@ -423,8 +423,11 @@ class EngineCoreLoop:
         msgs = []
         if block:
             while not self.in_socket.poll(self.IDLE_POLL_MS, zmq.POLLIN):
-                if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                if self._parent_gone():
                     return [Shutdown(reason="parent exited")]
+        elif self._parent_gone():
+            # Busy: without this check an orphan would step (and fill its send queue) forever.
+            return [Shutdown(reason="parent exited")]
         while True:
             try:
                 data = self.in_socket.recv(zmq.NOBLOCK)
@@ -434,6 +437,15 @@ class EngineCoreLoop:
                 msgs.append(decode_message(data))
             except WireError as exc:
                 print(f"[cadence engine] dropping {exc}", file=sys.stderr)
+
+    def _parent_gone(self) -> bool:
+        # Reparenting changes getppid(); a cheap syscall, fine once per turn.
+        if self.parent_pid is None or os.getppid() == self.parent_pid:
+            return False
+        import zmq
+
+        self.out_socket.setsockopt(zmq.LINGER, 0)  # nobody will read the final batch
+        return True
 
     def _handle(self, msg: Any, batch: EngineBatch) -> None:
         if isinstance(msg, AddRequest):
