@@ -84,6 +84,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         meta = f.metadata
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = meta.get("help", "")
+        if arg_type is parse_size:
+            help_text += " Accepts suffixes: 512MiB, 2GiB, 1.5GB."
         if default is not None:
             help_text += f" (default: {default})"
         # default=None everywhere: only flags actually given override the dataclass defaults.
@@ -94,6 +96,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs["type"] = arg_type
             if "choices" in meta:
                 kwargs["choices"] = meta["choices"]
+            else:
+                kwargs["metavar"] = flag.lstrip("-").upper().replace("-", "_")
         groups[cls].add_argument(flag, **kwargs)
     # Tests swap in a fake engine ("module:function"); not part of the user-facing CLI.
     parser.add_argument("--engine-factory", default=None, help=argparse.SUPPRESS)
