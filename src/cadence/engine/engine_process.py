@@ -65,6 +65,7 @@ class AbortRequests:
     """Abort requests (client gone, shutdown). With `all_requests`, every live one."""
 
     req_ids: list[str] = field(default_factory=list)
+    # Why, for the engine's log; clients always see finish_reason "abort".
     reason: str = "abort"
     all_requests: bool = False
 
@@ -78,9 +79,9 @@ class GetStats:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Abort everything still live (reason "abort"), send the final batch, exit."""
+    """Abort everything still live (finish_reason "abort"), send the final batch, exit."""
 
-    reason: str = "shutdown"
+    reason: str = "shutdown"  # for the engine's log
 
 
 @dataclass(frozen=True)
@@ -408,6 +409,9 @@ class EngineCoreLoop:
 
     def _abort(self, msg: AbortRequests, batch: EngineBatch) -> None:
         ids = list(self._live) if msg.all_requests else msg.req_ids
+        if msg.all_requests and ids:
+            print(f"[cadence engine] aborting {len(ids)} live requests: {msg.reason}",
+                  file=sys.stderr)
         for req_id in ids:
             if req_id in self._live:
                 self.engine.abort_request(req_id)
@@ -463,7 +467,7 @@ class EngineCoreLoop:
         elif isinstance(msg, GetStats):
             batch.stats_replies.append(msg.nonce)
         elif isinstance(msg, Shutdown):
-            self._abort(AbortRequests(all_requests=True), batch)
+            self._abort(AbortRequests(reason=msg.reason, all_requests=True), batch)
             self._running = False
 
     def _record_step(self, outputs: Sequence[Any], batch: EngineBatch) -> None:
