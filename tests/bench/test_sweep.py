@@ -111,6 +111,11 @@ def test_sweep_records_a_server_that_fails_to_start(tmp_path):
     assert row["status"] == "failed" and "no model here" in row["error"] and "code 3" in row["error"]
     assert result["choice"] is None and result["pareto"] == []
     assert os.path.exists(tmp_path / "sweep_map.png")
+    # Without --out the server log goes to a temporary folder, not the working directory.
+    cwd_before = set(os.listdir("."))
+    again = run_sweep(base, SweepConfig(policies=("eager",), budgets=(64,)), None, launch=failing_launch)
+    assert "no model here" in again["settings"][0]["error"]
+    assert set(os.listdir(".")) == cwd_before
 
 
 _HEALTH_SERVER = """

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,12 +72,13 @@ def run_sweep(base: BenchConfig, sweep: SweepConfig, out_dir: str | None,
     launch = launch or _launch_cadence(sweep)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)  # fail before starting servers, not after
+    log_root = out_dir or tempfile.mkdtemp(prefix="cadence-sweep-")  # server logs always kept
     workload = prepare_workload(base)  # once: the same requests for every setting
     rows = []
     for setting in sweep.settings():
         port = sweep.port or free_port()
         sub_dir = os.path.join(out_dir, setting.name) if out_dir else None
-        log_path = os.path.join(sub_dir or os.path.join(os.getcwd(), ".cadence_sweep"), "server.log")
+        log_path = os.path.join(log_root, setting.name, "server.log")
         fields = dataclasses.asdict(setting)
         try:
             with launch(setting, port, log_path) as server:
