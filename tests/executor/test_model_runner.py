@@ -139,6 +139,8 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny):
     (StepPlan(0, (chunk("a", [1], 0, [1]),), 8), "block_size"),
     (StepPlan(0, (chunk("a", [1], 600, list(range(POOL))),), BLOCK), "exceeds the model's context"),
     (StepPlan(0, (chunk("a", [1], 0, [1]),), BLOCK, block_copies=((1, POOL),)), "outside pool"),
+    (StepPlan(0, (chunk("a", [1], 0, [1]), chunk("a", [2], 0, [2])), BLOCK), "appears twice"),
+    (StepPlan(0, (chunk("a", [], 0, [1]),), BLOCK), "no tokens"),
 ])
 def test_bad_plans_raise_clear_errors(tiny, plan, message):
     executor = ModelExecutor(tiny, num_blocks=POOL, block_size=BLOCK)

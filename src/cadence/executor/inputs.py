@@ -29,6 +29,10 @@ class ModelInputs:
         """Validate the plan against the model and the cache, then build the tensors."""
         if plan.is_empty:
             raise ValueError("cannot build model inputs for an empty plan")
+        req_ids = [c.req_id for c in plan.chunks]
+        if len(set(req_ids)) != len(req_ids):
+            dup = next(r for r in req_ids if req_ids.count(r) > 1)
+            raise ValueError(f"request {dup!r} appears twice in step plan {plan.step_id}")
         flat_ids: list[int] = []
         for chunk in plan.chunks:
             if not chunk.token_ids:

@@ -44,4 +44,6 @@ def build_model(config: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]
         raise ModelLoadError(f"{source}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
+    # Inference only: no autograd bookkeeping even when a caller forgets inference_mode.
+    model.requires_grad_(False)
     return model.eval()
