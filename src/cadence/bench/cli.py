@@ -87,10 +87,13 @@ def _run_bench(a: argparse.Namespace) -> int:
     except (ValueError, BenchError, TokenizerLoadError, PromptLengthError, OSError) as exc:
         print(f"cadence bench: error: {exc}", file=sys.stderr)
         return 2
-    for run in result["runs"]:
-        print("\n".join(run_markdown(run)))
-    if a.out:
-        print(f"\nwrote {os.path.join(a.out, 'result.json')}, summary.md and plots")
+    try:
+        for run in result["runs"]:
+            print("\n".join(run_markdown(run)))
+        if a.out:
+            print(f"\nwrote {os.path.join(a.out, 'result.json')}, summary.md and plots")
+    except BrokenPipeError:  # `cadence bench ... | head`: the reader left, the result is written
+        sys.stderr.close()
     return 0  # failed requests are results (listed in the report), not a failed benchmark
 
 
