@@ -140,6 +140,7 @@ def build_app(cfg: FakeServerConfig) -> FastAPI:
         stream = _Stream(prompt_tokens=len(body["prompt"].split()), max_tokens=int(body["max_tokens"]))
         request.app.state.engine.submit(stream)
         cut = arrival in cfg.cut_arrivals
+        with_logprobs = cfg.tokens_per_chunk > 1 or body.get("logprobs") is not None
 
         async def events():
             sent = 0
@@ -152,7 +153,7 @@ def build_app(cfg: FakeServerConfig) -> FastAPI:
                     raise RuntimeError("fake server cuts this stream")
                 choice = {"index": 0, "text": "".join(f" t{n}" for n in group),
                           "finish_reason": "length" if sent == stream.max_tokens else None}
-                if cfg.tokens_per_chunk > 1:
+                if with_logprobs:
                     choice["logprobs"] = {"tokens": [f" t{n}" for n in group]}
                 yield f"data: {json.dumps({'object': 'text_completion', 'choices': [choice]})}\n\n"
             usage = {"prompt_tokens": stream.prompt_tokens, "completion_tokens": sent, "total_tokens": stream.prompt_tokens + sent}

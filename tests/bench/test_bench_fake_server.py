@@ -157,3 +157,20 @@ def test_cli_rejects_bad_urls_and_unwritable_out(tmp_path, capsys):
         rc = cadence_main(["bench", "--url", srv.url, "--num-requests", "1", "--output-tokens", "2", "--no-tokenizer",
                            "--no-progress", "--out", str(blocker / "sub")])
     assert rc == 2 and "error" in capsys.readouterr().err
+
+
+def test_logprobs_flag_is_sent_and_used_for_counting(tmp_path):
+    from cadence.bench.client import completion_body
+    from cadence.bench.workloads import RequestSpec
+
+    body = completion_body(ClientConfig(url="http://x", request_logprobs=True, ignore_eos=False), "m",
+                           RequestSpec(0, "chat", "hi there", 2, 5))
+    assert body["logprobs"] == 0 and "ignore_eos" not in body
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    with FakeServer(FakeServerConfig(metrics=False)) as srv:
+        rc = cadence_main(["bench", "--url", srv.url, "--num-requests", "2", "--output-tokens", "3", "--logprobs",
+                           "--no-tokenizer", "--no-progress", "--out", str(tmp_path)])
+    assert rc == 0
+    with open(tmp_path / "result.json") as f:
+        records = json.load(f)["runs"][0]["records"]
+    assert all(r["counted_by_logprobs"] and r["chunk_tokens"] == [1, 1, 1] for r in records)

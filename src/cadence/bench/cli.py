@@ -54,6 +54,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     add_arrival_args(p)
     add_analysis_args(p)
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature sent")
+    p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (lengths then vary)")
+    p.add_argument("--logprobs", action="store_true",
+                   help="request logprobs=0 so every chunk lists its tokens (exact multi-token chunk counts)")
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds without data before a request fails")
     p.add_argument("--metrics-interval", type=float, default=0.25, help="seconds between /metrics scrapes (0: off)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default $OPENAI_API_KEY)")
@@ -64,7 +67,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def _bench_config(a: argparse.Namespace, url: str) -> BenchConfig:
     return BenchConfig(
         client=ClientConfig(url=url, model=a.model, temperature=a.temperature,
-                            request_timeout_s=a.request_timeout, api_key=a.api_key),
+                            request_timeout_s=a.request_timeout, api_key=a.api_key,
+                            ignore_eos=not a.no_ignore_eos, request_logprobs=a.logprobs),
         workload=workload_from_args(a),
         arrival=arrival_from_args(a),
         analysis=analysis_from_args(a),

@@ -32,6 +32,8 @@ def completion_body(cfg: ClientConfig, model: str, spec: RequestSpec) -> dict[st
     }
     if cfg.ignore_eos:
         body["ignore_eos"] = True
+    if cfg.request_logprobs:
+        body["logprobs"] = 0
     return body
 
 

@@ -170,6 +170,9 @@ class ClientConfig:
     temperature: float = 0.0
     request_timeout_s: float = 300.0
     ignore_eos: bool = True
+    # Ask for logprobs=0 so each chunk lists its tokens: exact per-chunk counts when a server
+    # sends several tokens in one chunk (costs the server a little work).
+    request_logprobs: bool = False
     api_key: str | None = None
 
     def __post_init__(self) -> None:
