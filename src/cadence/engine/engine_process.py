@@ -227,7 +227,8 @@ def output_to_wire(out: Any, token_text: Callable[[int], str]) -> dict[str, Any]
         "num_output_tokens": int(out.num_output_tokens),
         "num_cached_tokens": int(getattr(out, "num_cached_tokens", 0) or 0),
         "logprobs": logprobs_to_wire(getattr(out, "logprobs", None), token_ids, token_text),
-        "error": None,
+        # Why a request ended with "error" (e.g. it can never fit the KV pool): reaches the client.
+        "error": getattr(out, "error", None),
     }
 
 
