@@ -22,9 +22,9 @@ def stream(pieces, stop):
 
 
 def reference(text, stop):
-    """Cut before the earliest occurrence of any stop string."""
-    cuts = [text.find(s) for s in stop if s in text]
-    return (text[: min(cuts)], True) if cuts else (text, False)
+    """Cut before the stop string that completes first (earliest end, then earliest start)."""
+    matches = [(text.find(s) + len(s), text.find(s)) for s in stop if s in text]
+    return (text[: min(matches)[1]], True) if matches else (text, False)
 
 
 def test_cut_exactly_before_stop_string():
@@ -47,6 +47,12 @@ def test_held_text_released_at_end_of_stream():
 
 def test_earliest_of_several_stop_strings_wins():
     assert stream(["a b c d"], ["d", "b"]) == ("a ", True)
+
+
+def test_first_completed_stop_string_wins_whatever_the_split():
+    # "a" completes before "\naa" does, so generation would already have stopped there.
+    assert stream(["\naa"], ["a", "\naa"]) == ("\n", True)
+    assert stream(["\na", "a"], ["a", "\naa"]) == ("\n", True)
 
 
 def test_no_stop_strings_passes_through():

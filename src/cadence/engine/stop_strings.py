@@ -1,4 +1,4 @@
-"""Stop strings on streamed text: cut exactly before the first match, hold back possible starts.
+"""Stop strings on streamed text: cut exactly before the first completed match, hold back possible starts.
 
 Text arrives in pieces (one detokenized token at a time). A piece may end with the beginning of a
 stop string ("Obs" of "Observation:"), which must not reach the client until the next pieces
@@ -54,12 +54,19 @@ class StopStringMatcher:
 
 
 def _earliest_match(buf: str, stop: tuple[str, ...]) -> int | None:
-    best = None
+    """Start of the stop string that completes first (smallest end; on a tie, earliest start).
+
+    Ordering by end, not start, is what generation does: the request stops at the token that
+    completes a stop string, so text after that point is never produced. It also makes the cut
+    independent of how the text was split into pieces ("\naa" with stops "a" and "\naa" cuts
+    to "\n" whether it arrives whole or as "\na" + "a").
+    """
+    best: tuple[int, int] | None = None  # (end, start)
     for s in stop:
         i = buf.find(s)
-        if i != -1 and (best is None or i < best):
-            best = i
-    return best
+        if i != -1 and (best is None or (i + len(s), i) < best):
+            best = (i + len(s), i)
+    return None if best is None else best[1]
 
 
 def _longest_prefix_tail(buf: str, stop: tuple[str, ...]) -> int:
