@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cadence.core.sampling_params import SamplingParams
-from cadence.engine.engine_process import TelemetryDelta
+from cadence.engine.engine_core import TelemetryDelta
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 1024

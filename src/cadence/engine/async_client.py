@@ -29,18 +29,17 @@ from typing import Any, Protocol
 import zmq
 import zmq.asyncio
 
-from cadence.engine.engine_process import (
+from cadence.engine.engine_process import EngineProcessConfig, serve_engine
+from cadence.engine.wire import (
     AbortRequests,
     AddRequest,
     EngineBatch,
     EngineFatal,
-    EngineProcessConfig,
     EngineReady,
     GetStats,
     Shutdown,
     decode_message,
     encode_message,
-    serve_engine,
 )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cadence.core.sampling_params import SamplingParams
-from cadence.engine.engine_process import sampling_to_wire
+from cadence.engine.wire import sampling_to_wire
 from cadence.server.errors import APIError
 from cadence.server.protocol import (
     ChatCompletionRequest,

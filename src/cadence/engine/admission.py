@@ -1,0 +1,122 @@
+"""Admission of one request by the engine process: its prompt ids, its limits, back-pressure.
+
+Tokenization (and the chat template) happen here, in the process that owns the tokenizer, so
+prompt-length errors come back before the client's stream starts. Every refusal is an
+AdmissionError carrying the HTTP status the front end answers (400 bad input, 429 busy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cadence.core.sampling_params import SamplingParams
+from cadence.engine.engine_core import EngineCore
+from cadence.engine.wire import AddRequest, sampling_from_wire
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """Back-pressure: answer 429 past these many queued requests / queued prompt tokens."""
+
+    max_num_queued_requests: int | None = None
+    max_num_queued_tokens: int | None = None
+
+
+class AdmissionError(Exception):
+    """A request refused on admission, with the HTTP status the front end should answer."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def to_wire(self, req_id: str) -> dict[str, Any]:
+        return {"req_id": req_id, "status": self.status, "message": self.message,
+                "param": self.param, "code": self.code}
+
+
+@dataclass(frozen=True)
+class AdmittedRequest:
+    """An AddRequest that passed every check: ready for EngineCore.add_request."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    # The request field that holds the prompt ("prompt" or "messages"), for error messages.
+    prompt_param: str
+
+
+def prompt_token_ids(engine: EngineCore, msg: AddRequest) -> list[int]:
+    """The prompt as token ids: given ids (checked against the vocabulary), rendered chat
+    messages, or tokenized text."""
+    if msg.prompt_token_ids is not None:
+        ids = list(msg.prompt_token_ids)
+        bad = [t for t in ids if not 0 <= t < engine.vocab_size]
+        if bad:
+            raise AdmissionError(
+                400, f"prompt token id {bad[0]} is outside the vocabulary "
+                f"[0, {engine.vocab_size})", param="prompt", code="invalid_token_id")
+        return ids
+    if msg.chat_messages is not None:
+        try:
+            text = engine.render_chat(msg.chat_messages, msg.add_generation_prompt)
+        except Exception as exc:  # jinja errors, bad roles: the client's fault
+            raise AdmissionError(400, f"chat template failed: {exc}", param="messages",
+                                 code="invalid_messages") from exc
+        # The template already wrote the special tokens.
+        return engine.tokenize(text, add_special_tokens=False)
+    return engine.tokenize(msg.prompt_text or "")
+
+
+def _sampling_params(engine: EngineCore, msg: AddRequest, num_prompt: int) -> SamplingParams:
+    """SamplingParams with max_tokens resolved against the context and EOS ids filled in."""
+    ctx = engine.max_model_len
+    sampling = dict(msg.sampling)
+    if sampling.get("max_tokens") is None:
+        sampling["max_tokens"] = ctx - num_prompt
+    elif num_prompt + sampling["max_tokens"] > ctx:
+        raise AdmissionError(
+            400, f"This model's maximum context length is {ctx} tokens. However, you "
+            f"requested {num_prompt + sampling['max_tokens']} tokens ({num_prompt} in the "
+            f"prompt, {sampling['max_tokens']} for the completion).", param="max_tokens",
+            code="context_length_exceeded")
+    if not sampling.get("eos_token_ids"):
+        sampling["eos_token_ids"] = list(engine.default_eos_token_ids())
+    try:
+        return sampling_from_wire(sampling)
+    except (ValueError, TypeError) as exc:
+        raise AdmissionError(400, str(exc), code="invalid_value") from exc
+
+
+def check_queue_limits(limits: AdmissionLimits, num_queued: int, queued_tokens: int,
+                       num_prompt: int) -> None:
+    """429 when admitting `num_prompt` more prompt tokens would pass a limit."""
+    max_req, max_tok = limits.max_num_queued_requests, limits.max_num_queued_tokens
+    if max_req is not None and num_queued >= max_req:
+        raise AdmissionError(429, f"server busy: {num_queued} requests already queued "
+                             f"(limit {max_req}); retry later", code="queue_full")
+    if max_tok is not None and queued_tokens + num_prompt > max_tok:
+        raise AdmissionError(429, f"server busy: {queued_tokens} prompt tokens already "
+                             f"queued, this request adds {num_prompt} (limit {max_tok}); "
+                             "retry later", code="queue_full")
+
+
+def admit(engine: EngineCore, msg: AddRequest, limits: AdmissionLimits, num_queued: int,
+          queued_tokens: int) -> AdmittedRequest:
+    """Every admission check, in the order the client should hear about them: the prompt,
+    its length against the context, the sampling fields, then the queue limits."""
+    ids = prompt_token_ids(engine, msg)
+    n = len(ids)
+    param = "messages" if msg.chat_messages is not None else "prompt"
+    ctx = engine.max_model_len
+    if n == 0:
+        raise AdmissionError(400, "the prompt is empty (0 tokens)", param=param,
+                             code="empty_prompt")
+    if n >= ctx:
+        raise AdmissionError(
+            400, f"This model's maximum context length is {ctx} tokens. However, the prompt "
+            f"has {n} tokens, which leaves no room for a completion.", param=param,
+            code="context_length_exceeded")
+    params = _sampling_params(engine, msg, n)
+    check_queue_limits(limits, num_queued, queued_tokens, n)
+    return AdmittedRequest(ids, params, param)

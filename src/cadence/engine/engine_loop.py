@@ -1,0 +1,213 @@
+"""EngineCoreLoop: the engine process's main loop, between two sockets and one EngineCore.
+
+The loop blocks on the input socket while the engine is idle (no spinning) and, when busy,
+drains every pending message between two steps, so a burst of arrivals or disconnects is
+handled in one turn. Each turn sends at most one EngineBatch (cadence.engine.wire): admissions,
+rejections, outputs, finished-request telemetry and fresh scheduler stats. The engine
+detokenizes incrementally (RequestOutput.new_text), stop strings included.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cadence.engine.admission import AdmissionError, AdmissionLimits, admit
+from cadence.engine.engine_core import EngineCore
+from cadence.engine.outputs import RequestOutput
+from cadence.engine.wire import (
+    AbortRequests,
+    AddRequest,
+    EngineBatch,
+    GetStats,
+    Shutdown,
+    WireError,
+    decode_message,
+    encode_message,
+    output_to_wire,
+)
+
+
+@dataclass
+class _LiveRequest:
+    """What the loop itself tracks per admitted request (timing lives in engine telemetry)."""
+
+    req_id: str
+    num_prompt_tokens: int
+    num_output_tokens: int = 0
+
+    @property
+    def queued(self) -> bool:
+        # "Queued" for admission limits = admitted, first token not yet produced.
+        return self.num_output_tokens == 0
+
+
+class EngineCoreLoop:
+    """Runs `engine` against a pair of sockets until shutdown (see the module docstring)."""
+
+    # Idle wake-up period to notice a dead parent; not a spin: the poll blocks until then.
+    IDLE_POLL_MS = 1000
+
+    def __init__(self, engine: EngineCore, in_socket: Any, out_socket: Any,
+                 limits: AdmissionLimits, parent_pid: int | None = None) -> None:
+        self.engine = engine
+        self.in_socket = in_socket
+        self.out_socket = out_socket
+        self.limits = limits
+        self.parent_pid = parent_pid
+        self._live: dict[str, _LiveRequest] = {}
+        self._running = True
+
+    # ---- admission
+
+    def _queued_counts(self) -> tuple[int, int]:
+        queued = [r for r in self._live.values() if r.queued]
+        return len(queued), sum(r.num_prompt_tokens for r in queued)
+
+    def _admit(self, msg: AddRequest, batch: EngineBatch) -> None:
+        if msg.req_id in self._live:
+            raise AdmissionError(400, f"duplicate request id {msg.req_id!r}", param="id")
+        admitted = admit(self.engine, msg, self.limits, *self._queued_counts())
+        ids = admitted.prompt_token_ids
+        try:
+            self.engine.add_request(msg.req_id, ids, admitted.params, msg.priority,
+                                    msg.arrival_time)
+        except ValueError as exc:  # the engine's own input checks
+            raise AdmissionError(400, str(exc), param=admitted.prompt_param) from exc
+        self._live[msg.req_id] = _LiveRequest(msg.req_id, len(ids))
+        prompt_text = None
+        if msg.want_prompt_text:
+            prompt_text = msg.prompt_text
+            if prompt_text is None:
+                prompt_text = "".join(self.engine.token_text(t) for t in ids)
+        batch.accepted.append({"req_id": msg.req_id, "num_prompt_tokens": len(ids),
+                               "prompt_text": prompt_text})
+
+    # ---- aborts and failures
+
+    def _finish_live(self, req_id: str, reason: str, batch: EngineBatch,
+                     error: str | None = None, notify: bool = True) -> None:
+        live = self._live.pop(req_id, None)
+        if live is None or not notify:
+            return
+        final = RequestOutput(req_id=req_id, new_token_ids=(), new_text="", finished=True,
+                              finish_reason=reason, num_prompt_tokens=live.num_prompt_tokens,
+                              num_output_tokens=live.num_output_tokens, num_cached_tokens=0,
+                              error=error)
+        batch.outputs.append(output_to_wire(final, self.engine.token_text))
+
+    def _abort(self, msg: AbortRequests, batch: EngineBatch) -> None:
+        ids = list(self._live) if msg.all_requests else msg.req_ids
+        if msg.all_requests and ids:
+            print(f"[cadence engine] aborting {len(ids)} live requests: {msg.reason}",
+                  file=sys.stderr)
+        for req_id in ids:
+            if req_id in self._live:
+                self.engine.abort_request(req_id)
+                # The client of a plain abort is gone; server-side aborts (all_requests) are
+                # told, so their streams end with an explicit finish_reason.
+                self._finish_live(req_id, "abort", batch, notify=msg.all_requests)
+
+    # ---- one loop turn
+
+    def _receive(self, block: bool) -> list[Any]:
+        import zmq
+
+        msgs = []
+        if block:
+            while not self.in_socket.poll(self.IDLE_POLL_MS, zmq.POLLIN):
+                if self._parent_gone():
+                    return [Shutdown(reason="parent exited")]
+        elif self._parent_gone():
+            # Busy: without this check an orphan would step (and fill its send queue) forever.
+            return [Shutdown(reason="parent exited")]
+        while True:
+            try:
+                data = self.in_socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return msgs
+            try:
+                msgs.append(decode_message(data))
+            except WireError as exc:
+                print(f"[cadence engine] dropping {exc}", file=sys.stderr)
+
+    def _parent_gone(self) -> bool:
+        # Reparenting changes getppid(); a cheap syscall, fine once per turn.
+        if self.parent_pid is None or os.getppid() == self.parent_pid:
+            return False
+        import zmq
+
+        self.out_socket.setsockopt(zmq.LINGER, 0)  # nobody will read the final batch
+        return True
+
+    def _handle(self, msg: Any, batch: EngineBatch) -> None:
+        if isinstance(msg, AddRequest):
+            try:
+                self._admit(msg, batch)
+            except AdmissionError as exc:
+                batch.rejected.append(exc.to_wire(msg.req_id))
+            except Exception as exc:  # tokenizer or engine bug: refuse this request, keep going
+                traceback.print_exc()
+                batch.rejected.append(AdmissionError(
+                    500, f"engine failed to admit the request: {type(exc).__name__}: {exc}"
+                ).to_wire(msg.req_id))
+        elif isinstance(msg, AbortRequests):
+            self._abort(msg, batch)
+        elif isinstance(msg, GetStats):
+            batch.stats_replies.append(msg.nonce)
+        elif isinstance(msg, Shutdown):
+            self._abort(AbortRequests(reason=msg.reason, all_requests=True), batch)
+            self._running = False
+
+    def _record_step(self, outputs: Sequence[Any], batch: EngineBatch) -> None:
+        for out in outputs:
+            live = self._live.get(out.req_id)
+            if live is None:
+                continue  # aborted meanwhile: its client was already told (or is gone)
+            wire = output_to_wire(out, self.engine.token_text)
+            live.num_output_tokens = wire["num_output_tokens"]
+            batch.outputs.append(wire)
+            if wire["finished"]:
+                del self._live[out.req_id]
+
+    def _fail_all(self, exc: BaseException, batch: EngineBatch) -> None:
+        """The step raised: end every live request with finish_reason "error", keep serving."""
+        traceback.print_exc()
+        message = f"engine step failed: {type(exc).__name__}: {exc}"
+        for req_id in list(self._live):
+            try:
+                self.engine.abort_request(req_id)
+            except Exception:
+                traceback.print_exc()
+            self._finish_live(req_id, "error", batch, error=message)
+
+    def run_once(self) -> bool:
+        """One turn: messages, then at most one step, then one batch out. False once stopped."""
+        batch = EngineBatch()
+        busy = self.engine.has_unfinished()
+        for msg in self._receive(block=not busy):
+            self._handle(msg, batch)
+        if self._running and self.engine.has_unfinished():
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:
+                self._fail_all(exc, batch)
+            else:
+                self._record_step(outputs, batch)
+        telemetry = self.engine.take_telemetry()
+        batch.finished.extend(telemetry.finished)
+        if telemetry.num_steps:
+            batch.iteration = [telemetry.num_steps, telemetry.num_prefill_tokens,
+                               telemetry.num_decode_tokens]
+        if not batch.is_empty():
+            batch.stats = self.engine.stats()
+            self.out_socket.send(encode_message(batch))
+        return self._running
+
+    def run(self) -> None:
+        while self.run_once():
+            pass

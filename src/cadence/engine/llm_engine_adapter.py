@@ -1,0 +1,116 @@
+"""The real LLMEngine behind the EngineCore protocol, and the default engine factory.
+
+Telemetry: the engine's own recorder (cadence.telemetry) times every request on the monotonic
+clock, arrival stamped by the front end when the HTTP request came in (CLOCK_MONOTONIC is
+system-wide on one host). A listener here buffers finished timelines and step token counts;
+the loop ships them inside each batch with the scheduler stats and the front end feeds them
+into its Prometheus registry. The front end never computes engine metrics itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cadence.core.sampling_params import SamplingParams
+from cadence.engine.engine_core import EngineCore, TelemetryDelta
+from cadence.engine.wire import timeline_record
+
+
+class _TelemetryCollector:
+    """A cadence.telemetry listener that buffers what the front end's metrics need."""
+
+    def __init__(self) -> None:
+        self.delta = TelemetryDelta()
+
+    def on_step(self, record: Any) -> None:
+        self.delta.num_steps += 1
+        self.delta.num_prefill_tokens += int(record.num_prefill_tokens)
+        self.delta.num_decode_tokens += int(record.num_decode_tokens)
+
+    def on_request_finished(self, timeline: Any) -> None:
+        self.delta.finished.append(timeline_record(timeline))
+
+    def close(self) -> None:
+        pass
+
+    def take(self) -> TelemetryDelta:
+        delta, self.delta = self.delta, TelemetryDelta()
+        return delta
+
+
+class LLMEngineAdapter:
+    """cadence.engine.llm_engine.LLMEngine seen through the EngineCore protocol."""
+
+    def __init__(self, engine: Any, model_name: str) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = model_name
+        self.max_model_len = int(engine.max_model_len)
+        self.vocab_size = int(self.tokenizer.vocab_size)
+        self._telemetry = _TelemetryCollector()
+        engine.telemetry.add_listener(self._telemetry)
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def default_eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(int(t) for t in self.tokenizer.stop_token_ids)
+
+    def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    priority: int, arrival_time: float | None) -> None:
+        self.engine.add_request(req_id, prompt_token_ids, params, priority=priority,
+                                arrival_time=arrival_time)
+
+    def abort_request(self, req_id: str) -> None:
+        self.engine.abort_request(req_id)
+
+    def step(self) -> Sequence[Any]:
+        return self.engine.step()
+
+    def has_unfinished(self) -> bool:
+        return bool(self.engine.has_unfinished())
+
+    def take_telemetry(self) -> TelemetryDelta:
+        return self._telemetry.take()
+
+    def stats(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.engine.scheduler.stats())
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _rebuild_dataclass(cls: type, data: Mapping[str, Any]) -> Any:
+    """Frozen config dataclass from its JSON dict (nested dataclass fields rebuilt too)."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        hint = hints.get(f.name)
+        if isinstance(value, dict) and dataclasses.is_dataclass(hint):
+            value = _rebuild_dataclass(hint, value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def build_llm_engine(engine_config: Mapping[str, Any], served_model_name: str | None) -> EngineCore:
+    """Default engine factory: EngineConfig (as a dict) -> LLMEngine behind the adapter."""
+    # Imported here: the engine process imports this module before it knows it needs torch.
+    from cadence.engine.config import EngineConfig
+    from cadence.engine.llm_engine import LLMEngine
+
+    cfg = _rebuild_dataclass(EngineConfig, engine_config)
+    engine = LLMEngine(cfg)
+    return LLMEngineAdapter(engine, served_model_name or engine.model_name)

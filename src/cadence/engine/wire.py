@@ -1,0 +1,262 @@
+"""The engine process's wire format: typed messages as JSON objects, never pickled objects.
+
+Both sides of the ZeroMQ PUSH/PULL pairs speak it (the front end binds, the engine connects):
+
+    front end -> engine   add | abort | stats | shutdown
+    engine -> front end   ready (once, after loading) | batch (once per loop turn) | fatal
+
+Every message is a dataclass below plus a "type" tag. Engine outputs travel as plain dicts
+(`output_to_wire`) and come back as the engine's own RequestOutput (`output_from_wire`), whose
+logprobs entries are then TokenLogprob: a SampledToken that also carries the token texts.
+Nothing here imports torch: the front end imports this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from cadence.core.plan import SampledToken
+from cadence.core.sampling_params import SamplingParams
+from cadence.engine.outputs import RequestOutput
+
+# ---- messages ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """Admit one request. Exactly one of prompt_text / prompt_token_ids / chat_messages is set.
+
+    `sampling` holds SamplingParams fields; its max_tokens may be None: the rest of the context.
+    """
+
+    req_id: str
+    sampling: dict[str, Any]
+    prompt_text: str | None = None
+    prompt_token_ids: list[int] | None = None
+    chat_messages: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    priority: int = 0
+    # time.monotonic() of the front end when the HTTP request arrived: CLOCK_MONOTONIC is
+    # system-wide, so the engine's timelines (same clock) include the front end's share.
+    arrival_time: float | None = None
+    want_prompt_text: bool = False
+
+
+@dataclass(frozen=True)
+class AbortRequests:
+    """Abort requests (client gone, shutdown). With `all_requests`, every live one."""
+
+    req_ids: list[str] = field(default_factory=list)
+    # Why, for the engine's log; clients always see finish_reason "abort".
+    reason: str = "abort"
+    all_requests: bool = False
+
+
+@dataclass(frozen=True)
+class GetStats:
+    """Ask for a fresh stats snapshot; answered in the next batch's `stats_replies`."""
+
+    nonce: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Abort everything still live (finish_reason "abort"), send the final batch, exit."""
+
+    reason: str = "shutdown"  # for the engine's log
+
+
+@dataclass(frozen=True)
+class EngineReady:
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    pid: int
+    stats: dict[str, Any]
+
+
+@dataclass
+class EngineBatch:
+    """Everything one loop turn produced (filled in during the turn, hence not frozen).
+
+    accepted: [{req_id, num_prompt_tokens, prompt_text}]; rejected: [{req_id, status, message,
+    param, code}]; outputs: wire outputs (see `output_to_wire`); finished: finished-request
+    telemetry records (see `timeline_record`); iteration: [num_steps, num_prefill_tokens,
+    num_decode_tokens] of the steps run; stats: scheduler stats after this turn.
+    """
+
+    accepted: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    finished: list[dict[str, Any]] = field(default_factory=list)
+    iteration: list[int] | None = None
+    stats: dict[str, Any] | None = None
+    stats_replies: list[int] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.accepted or self.rejected or self.outputs or self.finished
+                    or self.stats_replies or self.iteration)
+
+
+@dataclass(frozen=True)
+class EngineFatal:
+    message: str
+
+
+_MESSAGE_TYPES: Mapping[str, type] = MappingProxyType({
+    "add": AddRequest,
+    "abort": AbortRequests,
+    "stats": GetStats,
+    "shutdown": Shutdown,
+    "ready": EngineReady,
+    "batch": EngineBatch,
+    "fatal": EngineFatal,
+})
+_TYPE_NAMES: Mapping[type, str] = MappingProxyType({v: k for k, v in _MESSAGE_TYPES.items()})
+
+
+class WireError(ValueError):
+    """A message that is not valid JSON or not one of the known message types."""
+
+
+def encode_message(msg: Any) -> bytes:
+    body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    body["type"] = _TYPE_NAMES[type(msg)]
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def decode_message(data: bytes) -> Any:
+    try:
+        body = json.loads(data)
+        cls = _MESSAGE_TYPES[body.pop("type")]
+        return cls(**body)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WireError(f"bad engine message: {exc}") from exc
+
+
+# ---- sampling parameters ----------------------------------------------------------------------
+
+_TUPLE_FIELDS = tuple(
+    f.name for f in dataclasses.fields(SamplingParams) if str(f.type).startswith("tuple")
+)
+
+
+def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:
+    """SamplingParams as JSON-native data (tuples become lists)."""
+    wire = {f.name: getattr(params, f.name) for f in dataclasses.fields(SamplingParams)}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in wire.items()}
+
+
+def sampling_from_wire(data: Mapping[str, Any]) -> SamplingParams:
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown sampling fields: {sorted(unknown)}")
+    kwargs = {k: (tuple(v) if k in _TUPLE_FIELDS and v is not None else v) for k, v in data.items()}
+    return SamplingParams(**kwargs)
+
+
+# ---- outputs ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenLogprob(SampledToken):
+    """A sampled token as the front end receives it: SampledToken plus the token texts.
+
+    `token` is the sampled token's text; `top_tokens[i]` is the text of `top_logprobs[i]`.
+    """
+
+    token: str = ""
+    top_tokens: tuple[str, ...] = ()
+
+    @property
+    def top(self) -> tuple[tuple[str, int, float], ...]:
+        """The top alternatives as (text, token_id, logprob)."""
+        return tuple((text, tid, lp) for text, (tid, lp) in zip(self.top_tokens, self.top_logprobs))
+
+
+def logprobs_to_wire(logprobs: Any, token_ids: Sequence[int],
+                     token_text: Callable[[int], str]) -> list[list[Any]] | None:
+    """Per new token: [token_text, token_id, logprob, [[alt_text, alt_id, alt_logprob], ...]].
+
+    Accepts a sequence of SampledToken-like entries (token_id, logprob, top_logprobs) or of
+    plain floats, one per new token.
+    """
+    if not logprobs:
+        return None
+    wire = []
+    for i, entry in enumerate(logprobs):
+        tid = getattr(entry, "token_id", token_ids[i] if i < len(token_ids) else -1)
+        lp = entry if isinstance(entry, int | float) else getattr(entry, "logprob", None)
+        top = getattr(entry, "top_logprobs", ()) or ()
+        wire.append([token_text(tid), tid, None if lp is None else float(lp),
+                     [[token_text(a), a, float(b)] for a, b in top]])
+    return wire
+
+
+def logprobs_from_wire(wire: list[list[Any]] | None) -> tuple[TokenLogprob, ...] | None:
+    if not wire:
+        return None
+    return tuple(
+        TokenLogprob(token_id=tid, logprob=lp, top_logprobs=tuple((a, b) for _, a, b in top),
+                     token=tok, top_tokens=tuple(text for text, _, _ in top))
+        for tok, tid, lp, top in wire
+    )
+
+
+def output_to_wire(out: Any, token_text: Callable[[int], str]) -> dict[str, Any]:
+    """RequestOutput-like object -> wire dict (the fields of RequestOutput, plain types)."""
+    token_ids = [int(t) for t in out.new_token_ids]
+    return {
+        "req_id": out.req_id,
+        "token_ids": token_ids,
+        "text": out.new_text or "",
+        "finished": bool(out.finished),
+        "finish_reason": out.finish_reason,
+        "num_prompt_tokens": int(out.num_prompt_tokens),
+        "num_output_tokens": int(out.num_output_tokens),
+        "num_cached_tokens": int(getattr(out, "num_cached_tokens", 0) or 0),
+        "logprobs": logprobs_to_wire(getattr(out, "logprobs", None), token_ids, token_text),
+        # Why a request ended with "error" (e.g. it can never fit the KV pool): reaches the client.
+        "error": getattr(out, "error", None),
+    }
+
+
+def output_from_wire(wire: Mapping[str, Any]) -> RequestOutput:
+    """A wire dict back as the engine's RequestOutput (logprobs entries are TokenLogprob)."""
+    return RequestOutput(
+        req_id=wire["req_id"],
+        new_token_ids=tuple(wire["token_ids"]),
+        new_text=wire["text"],
+        finished=wire["finished"],
+        finish_reason=wire["finish_reason"],
+        num_prompt_tokens=wire["num_prompt_tokens"],
+        num_output_tokens=wire["num_output_tokens"],
+        num_cached_tokens=wire.get("num_cached_tokens", 0),
+        logprobs=logprobs_from_wire(wire.get("logprobs")),
+        error=wire.get("error"),
+    )
+
+
+def timeline_record(timeline: Any) -> dict[str, Any]:
+    """A finished cadence.telemetry RequestTimeline as a plain dict (engine-clock seconds)."""
+    return {
+        "req_id": timeline.req_id,
+        "finish_reason": timeline.finish_reason or "abort",
+        "num_prompt_tokens": int(timeline.num_prompt_tokens),
+        "num_output_tokens": int(timeline.num_output_tokens),
+        "num_cached_tokens": int(max(0, timeline.num_cached_tokens)),
+        "num_preemptions": int(timeline.num_preemptions),
+        "queue_time": timeline.queue_time,
+        "prefill_time": timeline.prefill_time,
+        "ttft": timeline.ttft,
+        "e2e": timeline.e2e,
+        "decode_time": timeline.decode_time,
+        "tpot": timeline.tpot,
+        "itl": list(timeline.itl),
+    }
