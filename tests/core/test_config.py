@@ -65,5 +65,5 @@ def test_cache_config_rejects_bad_values(kwargs, match):
 
 def test_choices_are_listed_for_named_options():
     fields = {f.name: f for f in dataclasses.fields(SchedulerConfig)}
-    assert fields["policy"].metadata["choices"] == ("eager", "chunked")
+    assert fields["policy"].metadata["choices"] == ("eager", "chunked", "slo")
     assert fields["scheduling"].metadata["choices"] == ("fcfs", "priority")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-POLICIES = ("eager", "chunked")
+POLICIES = ("eager", "chunked", "slo")
 SCHEDULING_ORDERS = ("fcfs", "priority")
 
 
@@ -23,7 +23,8 @@ class SchedulerConfig:
             "help": "Batching policy. 'chunked': running decodes first, prompt chunks fill the "
             "rest of the token budget (stall-free). 'eager': whole prompts first, then decodes "
             "(the prefill/decode stall baseline; a prompt longer than the budget still runs "
-            "whole, alone in its step).",
+            "whole, alone in its step). 'slo': decodes first, then prompt chunks sized so the "
+            "predicted step time stays within --target-itl-ms.",
             "choices": POLICIES,
         },
     )
@@ -54,6 +55,15 @@ class SchedulerConfig:
             "choices": SCHEDULING_ORDERS,
         },
     )
+    target_itl_ms: float = field(
+        default=100.0,
+        metadata={
+            "help": "slo policy: the inter-token latency target, ms. While requests decode, "
+            "prompt chunks are sized so the predicted step time (an online model fitted to "
+            "measured steps) stays within it; at least one KV block of prompt still runs per "
+            "step, and with no decode running the whole token budget is used."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -66,6 +76,9 @@ class SchedulerConfig:
         _require_int("max_num_seqs", self.max_num_seqs, minimum=1)
         _require_int("long_prefill_token_threshold", self.long_prefill_token_threshold, minimum=0)
         _require_int("max_model_len", self.max_model_len, minimum=1)
+        itl = self.target_itl_ms
+        if isinstance(itl, bool) or not isinstance(itl, (int, float)) or not 0 < itl < float("inf"):
+            raise ValueError(f"target_itl_ms must be a number > 0, got {itl!r}")
 
 
 @dataclass(frozen=True)

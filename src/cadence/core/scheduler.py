@@ -173,6 +173,18 @@ class Scheduler:
                 self._forget(u.req_id)
         return updates
 
+    def observe_step(self, plan: StepPlan, duration_s: float) -> None:
+        """Report how long the executor took on `plan` (seconds). Policies that model step
+        time (slo) learn from it; the others ignore it. Empty plans are not observed."""
+        if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)):
+            raise ValueError(f"duration_s must be a number of seconds, got {duration_s!r}")
+        if not 0 <= duration_s < float("inf"):
+            raise ValueError(f"duration_s must be finite and >= 0, got {duration_s!r}")
+        # Optional hook: only a policy with a step-time model defines observe_step.
+        observe = getattr(self.policy, "observe_step", None)
+        if observe is not None and not plan.is_empty:
+            observe(plan, float(duration_s))
+
     # -- introspection ----------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
         pool = self.kv.pool

@@ -51,6 +51,11 @@ class StepBuilder:
         """Running requests, most important first (the preemption victim is the last)."""
         return sorted(self._running, key=self._rank)
 
+    def peek_waiting(self) -> Request | None:
+        """The waiting request admit_waiting considers next (None when none waits): a chunk
+        rule may read it, e.g. to know where the chunk it sizes starts."""
+        return self._waiting.peek() if self._waiting else None
+
     # -- stages -----------------------------------------------------------------------------
     def schedule_running(self, order: Iterable[Request], rule: ChunkRule) -> None:
         """Give running requests their next tokens in `order`, preempting when blocks run out."""

@@ -174,11 +174,15 @@ class LLMEngine:
         if plan.is_empty:
             out = StepOutput(step_id=plan.step_id)
         else:
+            t_exec = time.perf_counter()
             try:
                 out = self.executor.execute(plan)
             except Exception as exc:  # one bad batch fails its requests, not the engine
                 logger.exception("executor failed on step %d", plan.step_id)
                 return outputs + self._fail_plan(plan, exc)
+            # The executor's own time (not the engine clock, which tests may fake) feeds
+            # policies that model step time (slo).
+            self.scheduler.observe_step(plan, time.perf_counter() - t_exec)
         updates = self.scheduler.update(plan, out)
         stop_hits: list[str] = []
         for u in updates:

@@ -4,8 +4,13 @@ from cadence.core.config import SchedulerConfig
 from cadence.core.policies.base import Policy
 from cadence.core.policies.chunked import ChunkedPolicy
 from cadence.core.policies.eager import EagerPolicy
+from cadence.core.policies.slo import SLOPolicy
 
-_POLICIES: dict[str, type[Policy]] = {"eager": EagerPolicy, "chunked": ChunkedPolicy}
+_POLICIES: dict[str, type[Policy]] = {
+    "eager": EagerPolicy,
+    "chunked": ChunkedPolicy,
+    "slo": SLOPolicy,
+}
 
 
 def make_policy(config: SchedulerConfig) -> Policy:
@@ -17,4 +22,4 @@ def make_policy(config: SchedulerConfig) -> Policy:
     return cls(config)
 
 
-__all__ = ["ChunkedPolicy", "EagerPolicy", "Policy", "make_policy"]
+__all__ = ["ChunkedPolicy", "EagerPolicy", "Policy", "SLOPolicy", "make_policy"]

@@ -1,0 +1,244 @@
+"""An online model of how long a step takes, as a function of its plan (pure Python, no numpy).
+
+    t = base + per_prefill_token * prefill_tokens + per_decode_token * decode_tokens
+             + per_attention_pair * attention_pairs
+
+`attention_pairs` counts (query, key) pairs of causal attention: a chunk of n new tokens starting
+at position s attends n*s + n(n+1)/2 pairs, which is why late chunks of a long prompt cost more
+than early ones. The model is linear in these four features and is fitted online by
+exponentially weighted ridge regression toward a prior:
+
+    A = sum_i w_i x_i x_i^T,  b = sum_i w_i x_i y_i,  w_i = forgetting ** age_i
+    theta = (A + R)^-1 (b + R theta_prior)
+
+The prior (R) never decays, so a feature that the recent steps did not exercise (no prefill for
+a while) falls back to its prior cost instead of drifting (no estimator wind-up, unlike a plain
+recursive least squares with forgetting). Each observation's residual is clipped to a few times
+the running mean relative residual times the prediction (step times span three orders of
+magnitude, so the scale is relative), and one slow step (GC pause, page fault) barely moves it.
+Features are scaled to similar magnitudes before fitting so the 4x4 solve stays well
+conditioned.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from cadence.core.plan import StepPlan
+
+NUM_FEATURES = 4
+# Divides each raw feature so that a typical step has scaled features of order 1; the prior's
+# precision is then "strength observations" per feature.
+_FEATURE_SCALES = (1.0, 100.0, 10.0, 1e6)
+
+
+@dataclass(frozen=True)
+class StepFeatures:
+    """What a step's time depends on: token counts by kind and causal attention work."""
+
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    attention_pairs: int = 0
+
+    def __add__(self, other: StepFeatures) -> StepFeatures:
+        return StepFeatures(
+            self.prefill_tokens + other.prefill_tokens,
+            self.decode_tokens + other.decode_tokens,
+            self.attention_pairs + other.attention_pairs,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+    def vector(self) -> tuple[float, ...]:
+        """Scaled regression inputs [1, prefill, decode, attention] (a step always pays base)."""
+        raw = (1.0, self.prefill_tokens, self.decode_tokens, self.attention_pairs)
+        return tuple(v / s for v, s in zip(raw, _FEATURE_SCALES))
+
+    @staticmethod
+    def of_chunk(start_pos: int, num_new_tokens: int, is_prefill: bool = True) -> StepFeatures:
+        """One chunk computing positions [start_pos, start_pos + num_new_tokens)."""
+        n = num_new_tokens
+        pairs = n * start_pos + n * (n + 1) // 2
+        if is_prefill:
+            return StepFeatures(prefill_tokens=n, attention_pairs=pairs)
+        return StepFeatures(decode_tokens=n, attention_pairs=pairs)
+
+    @staticmethod
+    def of_plan(plan: StepPlan) -> StepFeatures:
+        total = StepFeatures()
+        for c in plan.chunks:
+            total = total + StepFeatures.of_chunk(c.start_pos, c.num_new_tokens, c.is_prefill)
+        return total
+
+
+@dataclass(frozen=True)
+class StepCostCoefficients:
+    """Seconds per unit of each feature. The defaults are a roofline of SmolLM2-135M in bf16 on
+    two CPU cores (44 GB/s, 380 GFLOP/s): base = 270 MB of weights / bandwidth plus framework
+    overhead; a token = 2 * 106 M layer parameters of GEMM work; a decode token also pays the
+    49152 x 576 LM head and sampling; an attention pair = 4 * 9 heads * 64 dims * 30 layers."""
+
+    base_s: float = 0.008
+    per_prefill_token_s: float = 0.00056
+    per_decode_token_s: float = 0.0008
+    per_attention_pair_s: float = 1.8e-7
+
+    def as_tuple(self) -> tuple[float, ...]:
+        return (
+            self.base_s,
+            self.per_prefill_token_s,
+            self.per_decode_token_s,
+            self.per_attention_pair_s,
+        )
+
+    def __post_init__(self) -> None:
+        for name, value in zip(_COEFFICIENT_NAMES, self.as_tuple()):
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+
+
+_COEFFICIENT_NAMES = (
+    "base_s",
+    "per_prefill_token_s",
+    "per_decode_token_s",
+    "per_attention_pair_s",
+)
+
+
+@dataclass(frozen=True)
+class StepCostModelConfig:
+    """How the online fit trusts its prior and its data."""
+
+    prior: StepCostCoefficients = field(default_factory=StepCostCoefficients)
+    # How many (scaled, unit-size) observations the prior weighs, per coefficient.
+    prior_strength: float = 0.25
+    # Weight of an observation after k more steps: forgetting ** k (0.99: a ~100-step memory,
+    # seconds of serving, so a slower or busier machine is tracked within a few seconds).
+    forgetting: float = 0.99
+    # Residuals beyond this many running mean relative residuals (times the prediction) are
+    # clipped.
+    clip_residuals: float = 4.0
+    # Floor of the relative clipping scale: a step may always move the fit by
+    # clip_residuals * this share of its prediction (so a bad prior is unlearned in a few steps).
+    min_relative_scale: float = 0.1
+    # Absolute floor of the clipping limit, seconds (predictions near zero).
+    min_clip_s: float = 0.0005
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.prior_strength) and self.prior_strength > 0):
+            raise ValueError(f"prior_strength must be > 0, got {self.prior_strength!r}")
+        if not 0 < self.forgetting <= 1:
+            raise ValueError(f"forgetting must be in (0, 1], got {self.forgetting!r}")
+        if not (math.isfinite(self.clip_residuals) and self.clip_residuals > 0):
+            raise ValueError(f"clip_residuals must be > 0, got {self.clip_residuals!r}")
+        for name in ("min_relative_scale", "min_clip_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+class StepCostModel:
+    """Predicts step seconds from StepFeatures; learns from observed (plan, seconds) pairs."""
+
+    def __init__(self, config: StepCostModelConfig | None = None) -> None:
+        self.config = config or StepCostModelConfig()
+        d = NUM_FEATURES
+        # Prior in scaled units: seconds per scaled feature unit.
+        self._prior = [c * s for c, s in zip(self.config.prior.as_tuple(), _FEATURE_SCALES)]
+        self._gram = [[0.0] * d for _ in range(d)]  # A: [d, d]
+        self._moment = [0.0] * d  # b: [d]
+        self._theta = list(self._prior)  # current solution, scaled units
+        self._dirty = False
+        # Running mean of |residual| / prediction (the clipping scale).
+        self._relative_scale = 0.0
+        self.num_observations = 0
+
+    # -- prediction -------------------------------------------------------------------------
+    def predict(self, features: StepFeatures) -> float:
+        """Predicted seconds of a step with these features (never negative)."""
+        theta = self._solution()
+        return sum(max(0.0, t) * x for t, x in zip(theta, features.vector()))
+
+    def predict_plan(self, plan: StepPlan) -> float:
+        return self.predict(StepFeatures.of_plan(plan))
+
+    @property
+    def coefficients(self) -> StepCostCoefficients:
+        """The current fit in seconds per raw feature unit (negative estimates clamped to 0,
+        as predictions use them)."""
+        theta = self._solution()
+        return StepCostCoefficients(*(max(0.0, t) / s for t, s in zip(theta, _FEATURE_SCALES)))
+
+    # -- learning ---------------------------------------------------------------------------
+    def observe(self, features: StepFeatures, duration_s: float) -> None:
+        """Fold in one measured step. Raises ValueError on a negative or non-finite time."""
+        if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)):
+            raise ValueError(f"duration_s must be a number of seconds, got {duration_s!r}")
+        if not math.isfinite(duration_s) or duration_s < 0:
+            raise ValueError(f"duration_s must be finite and >= 0, got {duration_s!r}")
+        cfg = self.config
+        x = features.vector()
+        predicted = self.predict(features)
+        residual = duration_s - predicted
+        if self.num_observations:
+            scale = max(self._relative_scale, cfg.min_relative_scale)
+            limit = max(cfg.clip_residuals * scale * predicted, cfg.min_clip_s)
+            residual = max(-limit, min(limit, residual))
+        # The scale follows the clipped residuals, so a burst of outliers widens it only
+        # gradually; it starts at the first residual.
+        relative = abs(residual) / max(predicted, cfg.min_clip_s)
+        if self.num_observations == 0:
+            self._relative_scale = relative
+        else:
+            self._relative_scale = 0.8 * self._relative_scale + 0.2 * relative
+        y = predicted + residual
+        lam = cfg.forgetting
+        d = NUM_FEATURES
+        for i in range(d):
+            self._moment[i] = lam * self._moment[i] + x[i] * y
+            row = self._gram[i]
+            for j in range(d):
+                row[j] = lam * row[j] + x[i] * x[j]
+        self.num_observations += 1
+        self._dirty = True
+
+    def observe_plan(self, plan: StepPlan, duration_s: float) -> None:
+        self.observe(StepFeatures.of_plan(plan), duration_s)
+
+    # -- internals --------------------------------------------------------------------------
+    def _solution(self) -> list[float]:
+        if self._dirty:
+            strength = self.config.prior_strength
+            d = NUM_FEATURES
+            matrix = [
+                [self._gram[i][j] + (strength if i == j else 0.0) for j in range(d)]
+                for i in range(d)
+            ]
+            rhs = [self._moment[i] + strength * self._prior[i] for i in range(d)]
+            self._theta = _solve_spd(matrix, rhs)
+            self._dirty = False
+        return self._theta
+
+
+def _solve_spd(matrix: list[list[float]], rhs: list[float]) -> list[float]:
+    """Solve M x = rhs for a symmetric positive definite M by Cholesky (M = L L^T)."""
+    n = len(rhs)
+    lower = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1):
+            s = matrix[i][j] - sum(lower[i][k] * lower[j][k] for k in range(j))
+            if i == j:
+                # The ridge term keeps M positive definite; max() guards rounding only.
+                lower[i][i] = math.sqrt(max(s, 1e-300))
+            else:
+                lower[i][j] = s / lower[j][j]
+    y = [0.0] * n
+    for i in range(n):  # L y = rhs
+        y[i] = (rhs[i] - sum(lower[i][k] * y[k] for k in range(i))) / lower[i][i]
+    x = [0.0] * n
+    for i in reversed(range(n)):  # L^T x = y
+        x[i] = (y[i] - sum(lower[k][i] * x[k] for k in range(i + 1, n))) / lower[i][i]
+    return x

@@ -1,0 +1,349 @@
+"""The slo policy and its online step-time model: chunks sized to an ITL target, every
+scheduler invariant kept (the property tests of test_scheduler_properties, with slo)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from core_driver import (
+    EOS,
+    VOCAB,
+    make_request,
+    reference_outputs,
+    run,
+    step,
+)
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from test_scheduler_properties import MAX_MODEL_LEN, draw_num_blocks, workloads
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.plan import StepOutput, StepPlan
+from cadence.core.scheduler import Scheduler
+from cadence.core.step_cost import (
+    StepCostCoefficients,
+    StepCostModel,
+    StepCostModelConfig,
+    StepFeatures,
+)
+from cadence.executor.fake_executor import FakeExecutor
+
+# A made-up machine for the tests: 5 ms a step, 1 ms a prompt token, 2 ms a decode, and
+# attention that matters at a few thousand tokens of context.
+TRUE_COST = StepCostCoefficients(0.005, 0.001, 0.002, 2e-7)
+
+
+def true_seconds(features: StepFeatures, coeffs: StepCostCoefficients = TRUE_COST) -> float:
+    raw = (1, features.prefill_tokens, features.decode_tokens, features.attention_pairs)
+    return sum(c * x for c, x in zip(coeffs.as_tuple(), raw))
+
+
+def slo_scheduler(
+    target_ms: float = 100.0,
+    budget: int = 512,
+    max_seqs: int = 16,
+    block_size: int = 16,
+    num_blocks: int = 2048,
+    threshold: int = 0,
+    **kwargs,
+) -> Scheduler:
+    return Scheduler(
+        SchedulerConfig(
+            policy="slo",
+            target_itl_ms=target_ms,
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_seqs,
+            long_prefill_token_threshold=threshold,
+            **kwargs,
+        ),
+        CacheConfig(block_size=block_size, num_blocks=num_blocks),
+    )
+
+
+class TimedExecutor:
+    """A FakeExecutor that also reports a synthetic (noisy) step time to the scheduler, the
+    way the engine does, so the policy's model learns while the invariants are checked."""
+
+    def __init__(self, scheduler: Scheduler, seed: int = 0, eos_one_in: int = 24) -> None:
+        self.fake = FakeExecutor(VOCAB, eos_token_id=EOS, eos_one_in=eos_one_in)
+        self.scheduler = scheduler
+        self.rng = random.Random(seed)
+        self.predicted: list[tuple[StepPlan, float]] = []
+
+    @property
+    def computed(self):
+        return self.fake.computed
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        out = self.fake.execute(plan)
+        if not plan.is_empty:
+            self.predicted.append((plan, self.scheduler.policy.predict_step_s(plan)))
+            seconds = true_seconds(StepFeatures.of_plan(plan)) * self.rng.uniform(0.9, 1.1)
+            self.scheduler.observe_step(plan, seconds)
+        return out
+
+
+# -- the step-time model ----------------------------------------------------------------------
+def test_features_of_a_chunk_count_causal_attention_pairs():
+    f = StepFeatures.of_chunk(start_pos=10, num_new_tokens=3)
+    # Positions 10, 11, 12 attend to 11, 12 and 13 keys.
+    assert (f.prefill_tokens, f.decode_tokens, f.attention_pairs) == (3, 0, 36)
+    d = StepFeatures.of_chunk(start_pos=99, num_new_tokens=1, is_prefill=False)
+    assert (d.prefill_tokens, d.decode_tokens, d.attention_pairs) == (0, 1, 100)
+    assert (f + d).num_tokens == 4
+
+
+def test_prior_predicts_before_any_data():
+    model = StepCostModel()
+    prior = StepCostModelConfig().prior
+    f = StepFeatures(prefill_tokens=100, decode_tokens=4, attention_pairs=5000)
+    assert model.predict(f) == pytest.approx(true_seconds(f, prior))
+    assert model.predict(StepFeatures(decode_tokens=8)) < model.predict(f)
+
+
+def test_model_learns_a_noisy_linear_machine_and_shrugs_off_outliers():
+    rng = random.Random(0)
+    model = StepCostModel()
+    samples = [random_features(rng) for _ in range(300)]
+    for i, f in enumerate(samples):
+        seconds = true_seconds(f) * rng.uniform(0.95, 1.05)
+        if i % 50 == 7:
+            seconds *= 20  # a GC pause
+        model.observe(f, seconds)
+    held_out = [random_features(rng) for _ in range(200)]
+    errors = [abs(model.predict(f) / true_seconds(f) - 1) for f in held_out]
+    assert sum(errors) / len(errors) < 0.05
+    assert max(errors) < 0.25
+
+
+def test_model_forgets_an_old_machine():
+    rng = random.Random(1)
+    model = StepCostModel()
+    slow = StepCostCoefficients(*(3 * c for c in TRUE_COST.as_tuple()))
+    for _ in range(200):
+        f = random_features(rng)
+        model.observe(f, true_seconds(f, slow))
+    for _ in range(400):
+        f = random_features(rng)
+        model.observe(f, true_seconds(f))
+    held_out = [random_features(rng) for _ in range(200)]
+    errors = [abs(model.predict(f) / true_seconds(f) - 1) for f in held_out]
+    assert sum(errors) / len(errors) < 0.1
+
+
+@pytest.mark.parametrize("bad", [-0.1, math.nan, math.inf, "1s", True, None])
+def test_model_rejects_bad_durations(bad):
+    with pytest.raises(ValueError, match="duration_s"):
+        StepCostModel().observe(StepFeatures(decode_tokens=1), bad)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"prior_strength": 0}, {"forgetting": 1.5}, {"forgetting": 0}, {"clip_residuals": -1}],
+)
+def test_model_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        StepCostModelConfig(**kwargs)
+
+
+def test_coefficients_reject_negative_costs():
+    with pytest.raises(ValueError, match="base_s"):
+        StepCostCoefficients(base_s=-1.0)
+
+
+def random_features(rng: random.Random) -> StepFeatures:
+    num_decodes = rng.randint(0, 16)
+    f = StepFeatures()
+    for _ in range(num_decodes):
+        f = f + StepFeatures.of_chunk(rng.randint(10, 3000), 1, is_prefill=False)
+    if rng.random() < 0.6 or num_decodes == 0:
+        f = f + StepFeatures.of_chunk(rng.randint(0, 4000), rng.randint(1, 512))
+    return f
+
+
+# -- the policy -------------------------------------------------------------------------------
+def start_streams(scheduler: Scheduler, executor, num_streams: int, prompt_len: int = 20):
+    for i in range(num_streams):
+        prompt = [5] * prompt_len
+        scheduler.add_request(make_request(f"s{i}", prompt, max_tokens=200, ignore_eos=True))
+    while any(
+        scheduler.get_request(f"s{i}").num_output_tokens == 0 for i in range(num_streams)
+    ):
+        step(scheduler, executor)
+
+
+def test_config_validates_the_target():
+    for bad in (0, -5.0, math.inf, math.nan, "100", True):
+        with pytest.raises(ValueError, match="target_itl_ms"):
+            SchedulerConfig(policy="slo", target_itl_ms=bad)
+
+
+def test_slo_sizes_the_document_chunk_to_the_target_while_streams_decode():
+    scheduler = slo_scheduler(target_ms=100.0, budget=2048)
+    executor = TimedExecutor(scheduler, eos_one_in=10**9)
+    start_streams(scheduler, executor, num_streams=4)
+    scheduler.add_request(make_request("doc", [7] * 3000, max_tokens=4, ignore_eos=True))
+    doc_chunks = []
+    while scheduler.get_request("doc").num_output_tokens == 0:
+        plan, _ = step(scheduler, executor)
+        predicted = executor.predicted[-1][1]
+        decodes = [c for c in plan.chunks if not c.is_prefill]
+        doc = [c for c in plan.chunks if c.req_id == "doc"]
+        assert len(decodes) == 4, "every stream decodes in every step"
+        if doc:
+            doc_chunks.append(doc[0].num_new_tokens)
+            # Within the target, or the one-block minimum when nothing more fits.
+            assert predicted <= 0.1 + 1e-9 or doc[0].num_new_tokens <= plan.block_size
+    assert sum(doc_chunks) == 3000
+    assert max(doc_chunks) < 2048, "the budget alone would have allowed the whole prompt"
+    # Late chunks attend over more context, so they get fewer tokens.
+    assert doc_chunks[-2] < doc_chunks[1]
+
+
+def test_slo_uses_the_whole_budget_when_nothing_decodes():
+    scheduler = slo_scheduler(target_ms=10.0, budget=1024)
+    scheduler.add_request(make_request("doc", [7] * 3000, max_tokens=4))
+    plan = scheduler.schedule()
+    assert [c.num_new_tokens for c in plan.chunks] == [1024]
+
+
+def test_slo_gives_one_block_when_the_decodes_alone_exceed_the_target():
+    scheduler = slo_scheduler(target_ms=1.0, budget=1024, block_size=16)
+    executor = TimedExecutor(scheduler, eos_one_in=10**9)
+    start_streams(scheduler, executor, num_streams=2)
+    scheduler.add_request(make_request("doc", [7] * 500, max_tokens=4))
+    scheduler.add_request(make_request("doc2", [8] * 500, max_tokens=4))
+    plan, _ = step(scheduler, executor)
+    sizes = {c.req_id: c.num_new_tokens for c in plan.chunks}
+    assert sizes == {"s0": 1, "s1": 1, "doc": 16}, "one block of one prompt, no more"
+
+
+def test_slo_respects_the_long_prefill_threshold():
+    scheduler = slo_scheduler(target_ms=10_000.0, budget=1024, threshold=64)
+    executor = TimedExecutor(scheduler, eos_one_in=10**9)
+    start_streams(scheduler, executor, num_streams=1)
+    scheduler.add_request(make_request("doc", [7] * 500, max_tokens=4))
+    plan, _ = step(scheduler, executor)
+    assert {c.req_id: c.num_new_tokens for c in plan.chunks} == {"s0": 1, "doc": 64}
+
+
+def test_observed_steps_move_the_prediction():
+    scheduler = slo_scheduler()
+    plan = StepPlan(step_id=0, chunks=(), block_size=16)
+    scheduler.observe_step(plan, 5.0)  # empty plans are not learned from
+    assert scheduler.policy.cost_model.num_observations == 0
+    executor = FakeExecutor(VOCAB)
+    scheduler.add_request(make_request("a", [3] * 40, max_tokens=4))
+    plan = scheduler.schedule()
+    before = scheduler.policy.predict_step_s(plan)
+    for _ in range(20):
+        scheduler.observe_step(plan, 10 * before)
+    assert scheduler.policy.predict_step_s(plan) > 5 * before
+    scheduler.update(plan, executor.execute(plan))
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, "0.1"])
+def test_scheduler_rejects_bad_observations(bad):
+    scheduler = slo_scheduler()
+    scheduler.add_request(make_request("a", [3] * 4))
+    with pytest.raises(ValueError, match="duration_s"):
+        scheduler.observe_step(scheduler.schedule(), bad)
+
+
+def test_other_policies_ignore_observations():
+    scheduler = Scheduler(SchedulerConfig(policy="chunked"), CacheConfig(num_blocks=64))
+    scheduler.add_request(make_request("a", [3] * 4))
+    scheduler.observe_step(scheduler.schedule(), 0.01)
+
+
+# -- invariants, as in test_scheduler_properties ----------------------------------------------
+@st.composite
+def slo_configs(draw):
+    return dict(
+        target_ms=draw(st.sampled_from([0.5, 5.0, 20.0, 100.0, 1e6])),
+        scheduling=draw(st.sampled_from(["fcfs", "priority"])),
+        budget=draw(st.integers(1, 48)),
+        max_seqs=draw(st.integers(1, 8)),
+        block_size=draw(st.sampled_from([1, 2, 4, 8])),
+        threshold=draw(st.sampled_from([0, 0, 1, 3, 8])),
+        prefix_caching=draw(st.booleans()),
+    )
+
+
+def build_slo(cfg: dict, num_blocks: int) -> Scheduler:
+    cfg = dict(cfg)
+    prefix_caching = cfg.pop("prefix_caching")
+    return Scheduler(
+        SchedulerConfig(
+            policy="slo",
+            target_itl_ms=cfg["target_ms"],
+            max_num_batched_tokens=cfg["budget"],
+            max_num_seqs=cfg["max_seqs"],
+            long_prefill_token_threshold=cfg["threshold"],
+            max_model_len=MAX_MODEL_LEN,
+            scheduling=cfg["scheduling"],
+        ),
+        CacheConfig(
+            block_size=cfg["block_size"],
+            num_blocks=num_blocks,
+            enable_prefix_caching=prefix_caching,
+        ),
+    )
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=workloads(), cfg=slo_configs(), data=st.data())
+def test_slo_never_changes_tokens(specs, cfg, data):
+    specs = [s for s in specs if len(s.prompt) + s.max_tokens <= MAX_MODEL_LEN]
+    num_blocks = draw_num_blocks(data, specs, cfg["block_size"])
+    scheduler = build_slo(cfg, num_blocks)
+    executor = TimedExecutor(scheduler, seed=data.draw(st.integers(0, 9), label="seed"))
+    result = run(scheduler, executor, specs)
+    event(f"preempted: {result.num_preemptions > 0}")
+    for s in specs:
+        reason = result.finish_reasons[s.req_id]
+        got = result.outputs[s.req_id]
+        want = reference_outputs(executor.fake, s)
+        cut_short = s.abort_step is not None and got != want
+        if reason in ("stop", "length") and not cut_short:
+            assert got == want, f"{s.req_id} ({reason}) differs from the unscheduled run"
+        elif reason in ("abort", "stop"):
+            assert s.abort_step is not None and reason == s.abort_reason
+            assert got == want[: len(got)]
+        else:
+            assert reason == "error", reason
+            assert got == want[: len(got)]
+            needed = -(-result.final_num_tokens[s.req_id] // cfg["block_size"])
+            assert needed > num_blocks
+    if result.num_preemptions == 0:
+        seen: set[tuple[str, int]] = set()
+        for req_id, start, end in result.computed:
+            for pos in range(start, end):
+                assert (req_id, pos) not in seen, f"{req_id} position {pos} computed twice"
+                seen.add((req_id, pos))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=workloads(), cfg=slo_configs(), data=st.data())
+def test_slo_run_equals_unconstrained_run(specs, cfg, data):
+    specs = [s for s in specs if len(s.prompt) + s.max_tokens <= MAX_MODEL_LEN]
+    for s in specs:
+        s.abort_step = None
+    num_blocks = draw_num_blocks(data, specs, cfg["block_size"])
+    roomy_sched = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=4096, max_model_len=MAX_MODEL_LEN),
+        CacheConfig(block_size=4, num_blocks=4096),
+    )
+    roomy = run(roomy_sched, FakeExecutor(VOCAB, eos_token_id=EOS, eos_one_in=24), specs)
+    scheduler = build_slo(cfg, num_blocks)
+    tight = run(scheduler, TimedExecutor(scheduler), specs)
+    for s in specs:
+        if tight.finish_reasons[s.req_id] == "error":
+            got = tight.outputs[s.req_id]
+            assert got == roomy.outputs[s.req_id][: len(got)]
+        else:
+            assert tight.outputs[s.req_id] == roomy.outputs[s.req_id]
+            assert tight.finish_reasons[s.req_id] == roomy.finish_reasons[s.req_id]
+
