@@ -12,6 +12,7 @@ _SUBCOMMAND_MODULES = (
     "cadence.engine.cli_generate",
     "cadence.server.cli_serve",
     "cadence.bench.cli",
+    "cadence.sim.cli",
 )
 
 

@@ -1,0 +1,45 @@
+"""The policy comparison: eager, chunked at several budgets, slo at several ITL targets, each
+over the same workload and cost model."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.sim.cost_model import CostModel
+from cadence.sim.metrics import SimSummary, summarize
+from cadence.sim.simulator import simulate
+from cadence.sim.workload import Workload
+
+
+def policy_variants(
+    budgets: Sequence[int] = (128, 256, 512, 1024),
+    targets_ms: Sequence[float] = (25.0, 50.0, 100.0, 200.0),
+    eager_budget: int = 512,
+    slo_budget: int = 2048,
+    base: SchedulerConfig | None = None,
+) -> list[SchedulerConfig]:
+    """Scheduler configs to compare. slo gets a large budget so the target, not the budget,
+    is what sizes its chunks."""
+    base = base or SchedulerConfig()
+    configs = [dataclasses.replace(base, policy="eager", max_num_batched_tokens=eager_budget)]
+    configs += [
+        dataclasses.replace(base, policy="chunked", max_num_batched_tokens=b) for b in budgets
+    ]
+    configs += [
+        dataclasses.replace(
+            base, policy="slo", max_num_batched_tokens=slo_budget, target_itl_ms=float(t)
+        )
+        for t in targets_ms
+    ]
+    return configs
+
+
+def run_comparison(
+    workload: Workload,
+    cost_model: CostModel,
+    configs: Iterable[SchedulerConfig],
+    cache: CacheConfig | None = None,
+) -> list[SimSummary]:
+    return [summarize(simulate(workload, cfg, cost_model, cache)) for cfg in configs]

@@ -1,0 +1,79 @@
+"""How long a step takes in the simulator: a function of the plan, and nothing else.
+
+`RooflineCostModel` charges a step the sum of its memory time and its compute time:
+
+    t = overhead
+        + (weight bytes + KV bytes read and written) / bandwidth
+        + (2 * layer params * tokens + 2 * LM-head params * sampled rows) / GEMM rate
+        + 4 * layers * heads * head_dim * attention pairs / attention rate
+
+A sum rather than a max: a small model on a CPU runs its phases one after another rather than
+overlapping them, and the sum is what makes a long prefill stall every stream in its step.
+`LinearCostModel` is the same shape as the scheduler's online StepCostModel, with fixed
+coefficients (e.g. fitted from a trace file).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from cadence.core.plan import StepPlan
+from cadence.core.step_cost import StepCostCoefficients, StepFeatures
+from cadence.sim.hardware import HardwareProfile
+from cadence.sim.model_shape import ModelShape
+
+
+class CostModel(Protocol):
+    """Seconds the executor would spend on `plan`."""
+
+    name: str
+
+    def step_time(self, plan: StepPlan) -> float: ...
+
+
+class RooflineCostModel:
+    """A roofline of one model on one device (see the module docstring)."""
+
+    def __init__(self, model: ModelShape, hardware: HardwareProfile) -> None:
+        self.model = model
+        self.hardware = hardware
+        self.name = f"roofline {model.name} on {hardware.name}"
+
+    def step_time(self, plan: StepPlan) -> float:
+        if plan.is_empty:
+            return 0.0
+        m, hw = self.model, self.hardware
+        num_tokens = plan.num_tokens
+        num_sampled = sum(1 for c in plan.chunks if c.sample)
+        # Each chunk reads its whole context's KV once per layer (flash-style) and writes its
+        # new positions.
+        kv_positions = sum(c.end_pos for c in plan.chunks) + num_tokens
+        pairs = StepFeatures.of_plan(plan).attention_pairs
+        memory_bytes = m.weight_bytes + kv_positions * m.kv_bytes_per_token
+        gemm_flops = 2 * m.layer_params * num_tokens + 2 * m.lm_head_params * num_sampled
+        return (
+            hw.step_overhead_s
+            + memory_bytes / hw.memory_bandwidth_bytes_s
+            + gemm_flops / hw.gemm_flops_s
+            + m.attention_flops_per_pair * pairs / hw.attention_rate
+        )
+
+
+class LinearCostModel:
+    """t = base + per-prefill-token + per-decode-token + per-attention-pair terms."""
+
+    def __init__(self, coefficients: StepCostCoefficients, name: str = "linear") -> None:
+        self.coefficients = coefficients
+        self.name = name
+
+    def step_time(self, plan: StepPlan) -> float:
+        if plan.is_empty:
+            return 0.0
+        f = StepFeatures.of_plan(plan)
+        c = self.coefficients
+        return (
+            c.base_s
+            + c.per_prefill_token_s * f.prefill_tokens
+            + c.per_decode_token_s * f.decode_tokens
+            + c.per_attention_pair_s * f.attention_pairs
+        )

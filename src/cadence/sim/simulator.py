@@ -1,0 +1,134 @@
+"""Drive the real cadence.core Scheduler over a workload on a virtual clock.
+
+    plan = scheduler.schedule()
+    dt   = cost_model.step_time(plan)          # instead of running a model
+    out  = executor.execute(plan)              # tokens from a torch-free sampler
+    clock.advance(dt); scheduler.update(plan, out); scheduler.observe_step(plan, dt)
+    telemetry.record_step(...)                 # the engine's own timelines and formulas
+
+Requests join at the first step boundary after their arrival time (an engine adds new requests
+between steps too) but keep their true arrival time, so queueing shows in TTFT. The clock jumps
+over idle time to the next arrival.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.plan import StepOutput
+from cadence.core.request import Request
+from cadence.core.sampling_params import SamplingParams
+from cadence.core.scheduler import Scheduler
+from cadence.sim.clock import VirtualClock
+from cadence.sim.cost_model import CostModel
+from cadence.sim.sim_executor import HashSampler
+from cadence.sim.workload import Workload, prompt_token_ids
+from cadence.telemetry.recorder import TelemetryRecorder
+from cadence.telemetry.request_timeline import RequestTimeline
+
+
+@dataclass(frozen=True)
+class SimStep:
+    """One simulated step. `predicted_s` is the policy's own forecast when it has one (slo)."""
+
+    step_id: int
+    t_start: float
+    duration_s: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_seqs: int
+    predicted_s: float | None = None
+
+
+@dataclass
+class SimResult:
+    workload: Workload
+    sched: SchedulerConfig
+    cache: CacheConfig
+    cost_model_name: str
+    timelines: dict[str, RequestTimeline]
+    steps: list[SimStep] = field(default_factory=list)
+
+    @property
+    def makespan_s(self) -> float:
+        ends = [t.finished_time for t in self.timelines.values() if t.finished_time is not None]
+        return max(ends, default=0.0)
+
+    def kind_of(self, req_id: str) -> str:
+        return next(r.kind for r in self.workload.requests if r.req_id == req_id)
+
+
+def default_cache(workload: Workload, block_size: int = 16) -> CacheConfig:
+    """A KV cache that holds the whole workload at once (no preemption unless asked for)."""
+    blocks = sum(-(-(r.prompt_tokens + r.output_tokens) // block_size) for r in workload.requests)
+    return CacheConfig(block_size=block_size, num_blocks=blocks + 16)
+
+
+def simulate(
+    workload: Workload,
+    sched: SchedulerConfig,
+    cost_model: CostModel,
+    cache: CacheConfig | None = None,
+    executor=None,
+    vocab_size: int = 49152,
+    max_steps: int = 1_000_000,
+) -> SimResult:
+    """Run `workload` to completion under `sched`; deterministic for a given input."""
+    cache = cache or default_cache(workload)
+    scheduler = Scheduler(sched, cache)
+    executor = executor or HashSampler(vocab_size)
+    clock = VirtualClock()
+    telemetry = TelemetryRecorder(max_finished=max(1, len(workload.requests)))
+    predict = getattr(scheduler.policy, "predict_step_s", None)
+    pending = sorted(workload.requests, key=lambda r: (r.arrival_s, r.req_id))
+    steps: list[SimStep] = []
+    next_arrival = 0
+    while True:
+        while next_arrival < len(pending) and pending[next_arrival].arrival_s <= clock.now:
+            spec = pending[next_arrival]
+            params = SamplingParams(
+                max_tokens=spec.output_tokens, temperature=0.0, ignore_eos=True
+            )
+            prompt = prompt_token_ids(spec, vocab_size, workload.seed)
+            scheduler.add_request(Request(spec.req_id, prompt, params, spec.arrival_s))
+            telemetry.request_arrived(spec.req_id, spec.arrival_s, spec.prompt_tokens)
+            next_arrival += 1
+        if not scheduler.has_unfinished():
+            if next_arrival == len(pending):
+                break
+            clock.advance_to(pending[next_arrival].arrival_s)
+            continue
+        if len(steps) >= max_steps:
+            raise RuntimeError(f"simulation did not finish in {max_steps} steps")
+        plan = scheduler.schedule()
+        if plan.is_empty:
+            # Only final reports of failed requests (e.g. too big for the KV cache) are left.
+            for u in scheduler.update(plan, StepOutput(plan.step_id)):
+                if u.finished:
+                    telemetry.finish_request(u.req_id, u.finish_reason or "error", clock.now)
+            stats = scheduler.stats()
+            if stats.num_running or stats.num_waiting:
+                raise RuntimeError(f"scheduler made an empty step with work left: {stats}")
+            continue
+        predicted = predict(plan) if predict is not None else None
+        duration = cost_model.step_time(plan)
+        out = executor.execute(plan)
+        t_start = clock.now
+        clock.advance(duration)
+        updates = scheduler.update(plan, out)
+        scheduler.observe_step(plan, duration)
+        telemetry.record_step(plan, out, updates, t_start, clock.now, scheduler.stats())
+        steps.append(
+            SimStep(
+                step_id=plan.step_id,
+                t_start=t_start,
+                duration_s=duration,
+                num_prefill_tokens=plan.num_prefill_tokens,
+                num_decode_tokens=plan.num_decode_tokens,
+                num_seqs=len(plan.chunks),
+                predicted_s=predicted,
+            )
+        )
+    timelines = {t.req_id: t for t in telemetry.finished_timelines()}
+    return SimResult(workload, sched, cache, cost_model.name, timelines, steps)
