@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -32,12 +33,28 @@ class AttentionMetadata:
     seq_lens_host: tuple[int, ...]
     num_blocks_host: tuple[int, ...]  # blocks each sequence actually uses
     # Single-token sequences (decodes), attended to together; built once per forward, not per
-    # layer. decode_blocks is padded to the longest of them, decode_valid masks the padding.
+    # layer.
     decode_seqs: tuple[int, ...]
     decode_rows: torch.Tensor  # [B] int64, batch row of each decode's token
-    decode_blocks: torch.Tensor  # [B, max_decode_blocks] int64
-    decode_valid: torch.Tensor  # [B, max_decode_blocks * block_size] bool, position < seq_len
+    decode_seq_index: torch.Tensor  # [B] int64, block_tables row of each decode
+    decode_ctx_lens: torch.Tensor  # [B] int64, context each decode attends over (= its seq_len)
     prefill_seqs: tuple[int, ...]  # sequences with more than one new token
+
+    @cached_property
+    def decode_blocks(self) -> torch.Tensor:
+        """[B, max_decode_blocks] int64 block ids of the decodes, padded with 0 (gather path only;
+        computed on first use so the gather-free path never pays for it)."""
+        if not self.decode_seqs:
+            return torch.zeros((0, 0), dtype=torch.int64, device=self.block_tables.device)
+        max_blocks = max(self.num_blocks_host[i] for i in self.decode_seqs)
+        return self.block_tables[self.decode_seq_index, :max_blocks].to(torch.int64)
+
+    @cached_property
+    def decode_valid(self) -> torch.Tensor:
+        """[B, max_decode_blocks * block_size] bool, position < seq_len (masks the padding)."""
+        width = self.decode_blocks.shape[1] * self.block_size
+        positions = torch.arange(width, device=self.block_tables.device)
+        return positions[None, :] < self.decode_ctx_lens[:, None]
 
     @property
     def num_seqs(self) -> int:
@@ -87,12 +104,6 @@ class AttentionMetadata:
         slot_mapping = block_of_token * block_size + positions % block_size
 
         decode_seqs = tuple(i for i, n in enumerate(lens) if n == 1)
-        max_decode_blocks = max((len(tables[i]) for i in decode_seqs), default=0)
-        decode_blocks = torch.tensor(
-            [padded[i][:max_decode_blocks] for i in decode_seqs], dtype=torch.int64
-        ).reshape(len(decode_seqs), max_decode_blocks)
-        decode_lens = torch.tensor([seq_lens[i] for i in decode_seqs], dtype=torch.int64)
-        decode_valid = torch.arange(max_decode_blocks * block_size)[None, :] < decode_lens[:, None]
 
         return cls(
             query_start_loc=qsl.to(device),
@@ -109,8 +120,9 @@ class AttentionMetadata:
             decode_seqs=decode_seqs,
             decode_rows=torch.tensor([query_start_loc[i] for i in decode_seqs], dtype=torch.int64,
                                      device=device),
-            decode_blocks=decode_blocks.to(device),
-            decode_valid=decode_valid.to(device),
+            decode_seq_index=torch.tensor(decode_seqs, dtype=torch.int64, device=device),
+            decode_ctx_lens=torch.tensor([seq_lens[i] for i in decode_seqs], dtype=torch.int64,
+                                         device=device),
             prefill_seqs=tuple(i for i, n in enumerate(lens) if n > 1),
         )
 

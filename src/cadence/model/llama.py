@@ -3,19 +3,86 @@
 Parameter names match Hugging Face's (`model.layers.0.self_attn.q_proj.weight` ...) so an HF
 safetensors state dict loads as is. The forward takes a flat batch of new tokens from any number
 of sequences ([T] ids, [T] positions) and AttentionMetadata saying which sequence each belongs to.
+
+Fast path: after weights load, q/k/v and gate/up are fused into one matrix each (the separate
+projections' parameters become views of it, so state dicts keep HF names and no memory is
+doubled). On CPU with the compiled kernels (cadence.model.kernels) a layer is a handful of calls:
+add + RMS norm, qkv GEMM, rope + cache write, gather-free paged attention, o GEMM, add + RMS norm,
+gate/up GEMM, silu * up, down GEMM; small-batch bf16 GEMMs use an AVX512-BF16 kernel. Elsewhere
+(CUDA, float16, kernels off with CADENCE_CPU_KERNELS=0) the same fused weights run through plain
+torch ops, which are also the reference the fast path is tested against.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from cadence.model.attention import paged_attention
+from cadence.model.attention_cpu import paged_attention_cpu
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.config import ModelConfig
+from cadence.model.kernels.cpu_ops import cpu_kernels_for
 from cadence.model.kv_cache import KVCache
 from cadence.model.rope import apply_rope, rope_cos_sin
+
+# bf16 GEMMs with at most this many rows use the AVX512-BF16 kernel (memory-bound decode); larger
+# ones (prefill, big batches) use torch's GEMM, which wins once the weights are reused enough.
+SMALL_GEMM_MAX_ROWS = 8
+
+
+def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 kernels: ModuleType | None) -> torch.Tensor:
+    """x: [T, K] @ weight.T ([N, K]) + bias -> [T, N], through the small-GEMM kernel when it wins."""
+    if (kernels is not None and x.dtype == torch.bfloat16 and x.shape[0] <= SMALL_GEMM_MAX_ROWS
+            and kernels.has_avx512bf16()):
+        out = kernels.linear_bf16(x.contiguous(), weight)
+        return out if bias is None else out + bias
+    return F.linear(x, weight, bias)
+
+
+def _fuse_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stack the linears' weights (and biases) row-wise into one matrix and re-point each
+    linear's parameters at its slice, so they share memory with the fused copy."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum N_i, K]
+    biases = [lin.bias for lin in linears]
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    row = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[row:row + n], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[row:row + n], requires_grad=False)
+        row += n
+    return weight, bias
+
+
+class _FusedProjections(nn.Module):
+    """Base for modules that keep a fused copy of several nn.Linear children.
+
+    The fused weight is a non-persistent buffer (it moves with .to() and stays out of state
+    dicts); it is rebuilt after every load_state_dict and at construction on a real device.
+    """
+
+    def _fused_children(self) -> list[nn.Linear]:
+        raise NotImplementedError
+
+    def _init_fusion(self) -> None:
+        self.register_buffer("fused_weight", None, persistent=False)
+        self.register_buffer("fused_bias", None, persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.refuse())
+        if self._fused_children()[0].weight.device.type != "meta":
+            self.refuse()
+
+    def refuse(self) -> None:
+        """Rebuild the fused weight from the children (call after replacing a child's weight)."""
+        if self._fused_children()[0].weight.device.type == "meta":
+            return
+        with torch.no_grad():
+            self.fused_weight, self.fused_bias = _fuse_rows(self._fused_children())
 
 
 class RMSNorm(nn.Module):
@@ -33,7 +100,7 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(input_dtype)
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(_FusedProjections):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -46,30 +113,72 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self._init_fusion()
+
+    def _fused_children(self) -> list[nn.Linear]:
+        return [self.q_proj, self.k_proj, self.v_proj]
+
+    def _qkv(self, x: torch.Tensor, kernels: ModuleType | None) -> torch.Tensor:
+        """x: [T, H] -> [T, q_size + 2 kv_size] (q heads, k heads, v heads)."""
+        if self.fused_weight is None:
+            return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        return fused_linear(x, self.fused_weight, self.fused_bias, kernels)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
+        """The pure-torch path (any device): x [T, H] -> [T, H]."""
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        qkv = self._qkv(x, None)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         attn = paged_attention(q, k, v, kv.k[self.layer_idx], kv.v[self.layer_idx], meta, self.scale)
         return self.o_proj(attn.reshape(num_tokens, -1))
 
+    def forward_cpu(self, x: torch.Tensor, cos32: torch.Tensor, sin32: torch.Tensor,
+                    meta: AttentionMetadata, kv: KVCache, kernels: ModuleType) -> torch.Tensor:
+        """The compiled-kernel path: x [T, H]; cos32, sin32: [T, D] float32 -> [T, H]."""
+        num_tokens = x.shape[0]
+        k_cache, v_cache = kv.k[self.layer_idx], kv.v[self.layer_idx]
+        qkv = self._qkv(x, kernels).contiguous()  # [T, Hq*D + 2*Hkv*D]
+        # Rotates q and k in place and stores k, v at their slots.
+        kernels.rope_write_kv(qkv, cos32, sin32, self.num_heads, self.num_kv_heads,
+                              k_cache, v_cache, meta.slot_mapping)
+        q = qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim).contiguous()
+        kv_new = qkv[:, self.q_size:].view(num_tokens, 2, self.num_kv_heads, self.head_dim)
+        attn = paged_attention_cpu(kernels, q, kv_new[:, 0], kv_new[:, 1], k_cache, v_cache,
+                                   meta, self.scale)  # [T, Hq, D]
+        return fused_linear(attn.reshape(num_tokens, -1), self.o_proj.weight, None, kernels)
 
-class LlamaMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+class LlamaMLP(_FusedProjections):
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one fused GEMM."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self._init_fusion()
+
+    def _fused_children(self) -> list[nn.Linear]:
+        return [self.gate_proj, self.up_proj]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        """The pure-torch path: x [T, H] -> [T, H]."""
+        if self.fused_weight is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.fused_weight).chunk(2, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
+
+    def forward_cpu(self, x: torch.Tensor, kernels: ModuleType) -> torch.Tensor:
+        """The compiled-kernel path: x [T, H] -> [T, H]."""
+        gate_up = fused_linear(x, self.fused_weight, None, kernels)  # [T, 2I]
+        return fused_linear(kernels.silu_mul(gate_up.contiguous()), self.down_proj.weight, None, kernels)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -84,6 +193,17 @@ class LlamaDecoderLayer(nn.Module):
                 meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_cpu(self, normed: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm,
+                    cos32: torch.Tensor, sin32: torch.Tensor, meta: AttentionMetadata, kv: KVCache,
+                    kernels: ModuleType) -> torch.Tensor:
+        """Compiled-kernel path. normed = input_layernorm(residual); residual [T, H] is updated in
+        place (+= attention, += MLP); returns next_norm(residual), the next layer's input."""
+        attn = self.self_attn.forward_cpu(normed, cos32, sin32, meta, kv, kernels)
+        normed = kernels.add_rms_norm(residual, attn, self.post_attention_layernorm.weight,
+                                      self.post_attention_layernorm.eps)
+        mlp = self.mlp.forward_cpu(normed, kernels)
+        return kernels.add_rms_norm(residual, mlp, next_norm.weight, next_norm.eps)
 
 
 class LlamaModel(nn.Module):
@@ -110,14 +230,36 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv: KVCache) -> torch.Tensor:
-        """input_ids, positions: [T] -> final-norm hidden states [T, hidden_size]."""
+                kv: KVCache, use_kernels: bool = True) -> torch.Tensor:
+        """input_ids, positions: [T] -> final-norm hidden states [T, hidden_size].
+
+        use_kernels=False forces the pure-torch path (the reference the fast path is tested
+        against); otherwise the compiled CPU kernels run when they are available for this
+        device and dtype.
+        """
         x = self.model.embed_tokens(input_ids)  # [T, H]
+        kernels = cpu_kernels_for(x) if use_kernels and kv.dtype == x.dtype else None
+        if kernels is not None:
+            return self._forward_cpu(x, positions, meta, kv, kernels)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, meta, kv)
         return self.model.norm(x)
 
+    def _forward_cpu(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                     kv: KVCache, kernels: ModuleType) -> torch.Tensor:
+        cos32, sin32 = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
+                                    torch.float32)  # [T, D] each
+        layers = self.model.layers
+        residual = x.contiguous()  # [T, H], updated in place by every layer
+        normed = kernels.rms_norm(residual, layers[0].input_layernorm.weight,
+                                  layers[0].input_layernorm.eps)
+        for i, layer in enumerate(layers):
+            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            normed = layer.forward_cpu(normed, residual, next_norm, cos32, sin32, meta, kv, kernels)
+        return normed
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden_size] (only the rows to sample) -> logits [S, vocab_size] float32."""
-        return self.lm_head(hidden).float()
+        kernels = cpu_kernels_for(hidden)
+        return fused_linear(hidden, self.lm_head.weight, None, kernels).float()

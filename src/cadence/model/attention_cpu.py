@@ -1,0 +1,85 @@
+"""Gather-free paged attention on CPU, through the compiled kernels (cadence.model.kernels).
+
+Decodes (and short prefill chunks that continue a cached context) go to one C++ call that reads
+K/V straight from the paged cache through the block tables: nothing is gathered or copied, and
+one call serves the whole batch, so no Python work grows with the batch size. Prefill chunks that
+start at position 0 attend only over their own new keys/values, which are already at hand, so
+they use torch's SDPA (a flash-attention kernel built on GEMMs) on those without touching the
+cache; long chunks that continue a context gather it once and use SDPA with an offset mask.
+
+The caller has already written this step's K/V into the cache (kernels.rope_write_kv).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from cadence.model.attention_metadata import AttentionMetadata
+
+# A continuing prefill chunk with at most this many new tokens runs through the kernel (one query
+# row each, over its own context) rather than gather + SDPA.
+KERNEL_MAX_CHUNK = 32
+
+
+def paged_attention_cpu(kernels: ModuleType, q: torch.Tensor, k_new: torch.Tensor,
+                        v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Causal attention of every new token over its sequence's context.
+
+    q: [T, Hq, D] contiguous; k_new, v_new: [T, Hkv, D] (views of this step's new keys/values,
+    already stored in the caches); caches: [num_blocks, block_size, Hkv, D]. Returns [T, Hq, D].
+    """
+    out = torch.empty_like(q)
+    if meta.decode_seqs:
+        # q[decode_rows]: [B, Hq, D]; one call for the whole decode batch.
+        rows = meta.decode_rows
+        all_decode = len(meta.decode_seqs) == q.shape[0]
+        q_dec = q if all_decode else q[rows]
+        attn = kernels.paged_attention(q_dec, k_cache, v_cache, meta.block_tables,
+                                       meta.decode_seq_index, meta.decode_ctx_lens, scale)
+        if all_decode:
+            return attn
+        out[rows] = attn
+    for i in meta.prefill_seqs:
+        q_start, q_end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
+        start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
+        n_new = q_end - q_start
+        if start_pos == 0:
+            out[q_start:q_end] = _sdpa_causal(q[q_start:q_end], k_new[q_start:q_end],
+                                              v_new[q_start:q_end], scale)
+        elif n_new <= KERNEL_MAX_CHUNK:
+            # Row j sits at position start_pos + j and sees positions [0, start_pos + j].
+            ctx = torch.arange(start_pos + 1, seq_len + 1, dtype=torch.int64)
+            seq = torch.full((n_new,), i, dtype=torch.int64)
+            out[q_start:q_end] = kernels.paged_attention(
+                q[q_start:q_end].contiguous(), k_cache, v_cache, meta.block_tables, seq, ctx, scale)
+        else:
+            out[q_start:q_end] = _sdpa_over_cache(q[q_start:q_end], k_cache, v_cache, meta, i, scale)
+    return out
+
+
+def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [n, Hq, D], k, v: [n, Hkv, D] -> causal attention [n, Hq, D] (the chunk is the context)."""
+    attn = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0), is_causal=q.shape[0] > 1, scale=scale, enable_gqa=True)
+    return attn.squeeze(0).transpose(0, 1)  # [n, Hq, D]
+
+
+def _sdpa_over_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     meta: AttentionMetadata, i: int, scale: float) -> torch.Tensor:
+    """A long chunk continuing a cached context: gather the context once, SDPA with offset mask."""
+    start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
+    blocks = meta.block_tables[i, : meta.num_blocks_host[i]]
+    # cache[blocks]: [n_blocks, block_size, Hkv, D] -> [1, Hkv, seq_len, D]
+    keys = k_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0)
+    values = v_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0)
+    q_pos = torch.arange(start_pos, seq_len, device=q.device)
+    k_pos = torch.arange(seq_len, device=q.device)
+    mask = k_pos[None, :] <= q_pos[:, None]  # [n_new, seq_len]
+    attn = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values,
+                                          attn_mask=mask, scale=scale, enable_gqa=True)
+    return attn.squeeze(0).transpose(0, 1)
