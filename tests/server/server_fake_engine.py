@@ -16,24 +16,12 @@ from typing import Any
 
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.engine_core import TelemetryDelta
+from cadence.engine.outputs import RequestOutput
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 1024
 VOCAB = 259
 EOS = 2
-
-
-@dataclass(frozen=True)
-class FakeOutput:
-    req_id: str
-    new_token_ids: tuple[int, ...]
-    new_text: str
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_cached_tokens: int = 0
-    logprobs: Any = None
 
 
 @dataclass
@@ -112,7 +100,6 @@ class FakeEngine:
     def has_unfinished(self) -> bool:
         return bool(self.reqs)
 
-
     def _next_token(self, req: _Req) -> int:
         p = req.params
         if not p.ignore_eos and len(req.output) >= len(req.prompt) % 13 + 5:
@@ -122,7 +109,7 @@ class FakeEngine:
         rng = random.Random(f"{p.seed}-{len(req.output)}") if p.seed is not None else random
         return ord("a") + rng.randrange(26) + 3
 
-    def step(self) -> list[FakeOutput]:
+    def step(self) -> list[RequestOutput]:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         outputs = []
@@ -156,8 +143,9 @@ class FakeEngine:
             if finish is not None:
                 del self.reqs[req.req_id]
                 self._finished_record(req, finish)
-            outputs.append(FakeOutput(req.req_id, (tok,), new_text, finish is not None, finish,
-                                      len(req.prompt), len(req.output)))
+            outputs.append(RequestOutput(req.req_id, (tok,), new_text, finish is not None,
+                                         finish, len(req.prompt), len(req.output),
+                                         num_cached_tokens=0))
         self._telemetry.num_steps += 1
         self._telemetry.num_prefill_tokens += prefill
         self._telemetry.num_decode_tokens += decode

@@ -11,36 +11,15 @@ import time
 import httpx
 import pytest
 
+from cadence.server.proc_stat import child_pids, is_running
 from server_harness import fake_engine_args, start_server
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                kids.append(int(entry))
-    return kids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_aborts_in_flight_streams_with_reason(tmp_path, sig):
     server = start_server(str(tmp_path), *fake_engine_args(max_model_len=4096, step_delay_s=0.02),
                           "--shutdown-grace-seconds", "0.5")
-    engine_pids = _children(server.proc.pid)
+    engine_pids = child_pids(server.proc.pid)
     assert engine_pids, "the engine runs in its own process"
     events: dict[int, list[str]] = {}
     first_chunk = threading.Barrier(4, timeout=30)
@@ -73,7 +52,7 @@ def test_signal_aborts_in_flight_streams_with_reason(tmp_path, sig):
         last = json.loads(lines[-2])
         assert last["choices"][0]["finish_reason"] == "abort"
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in engine_pids):
+    while any(is_running(p) for p in engine_pids):
         assert time.monotonic() < deadline, "engine process outlived the server"
         time.sleep(0.1)
 
@@ -105,7 +84,7 @@ def test_in_process_engine_serves_and_stops(tmp_path):
     server = start_server(str(tmp_path), *fake_engine_args(max_model_len=256),
                           "--in-process-engine")
     try:
-        assert _children(server.proc.pid) == []  # the engine is a thread here
+        assert child_pids(server.proc.pid) == []  # the engine is a thread here
         resp = httpx.post(server.base_url + "/v1/completions",
                           json={"prompt": "hello", "max_tokens": 4, "temperature": 0}, timeout=30)
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
@@ -115,13 +94,13 @@ def test_in_process_engine_serves_and_stops(tmp_path):
 
 def test_engine_exits_when_the_server_is_killed_mid_stream(tmp_path):
     server = start_server(str(tmp_path), *fake_engine_args(max_model_len=4096, step_delay_s=0.02))
-    engine_pids = _children(server.proc.pid)
+    engine_pids = child_pids(server.proc.pid)
     body = {"prompt": "orphan", "max_tokens": 3000, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=30) as resp:
         next(resp.iter_lines())  # the engine is busy stepping this request
         server.proc.kill()
         server.proc.wait(10)
     deadline = time.monotonic() + 15
-    while any(_alive(p) for p in engine_pids):
+    while any(is_running(p) for p in engine_pids):
         assert time.monotonic() < deadline, "orphaned engine process kept running"
         time.sleep(0.1)

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
+from cadence.core.config import SchedulerConfig
+from cadence.core.plan import SampledToken
 from cadence.core.sampling_params import SamplingParams
-from cadence.engine.engine_process import (
+from cadence.engine.outputs import RequestOutput
+from cadence.engine.engine_process import EngineProcessConfig
+from cadence.engine.wire import (
     AbortRequests,
     AddRequest,
     EngineBatch,
-    EngineProcessConfig,
     WireError,
+    TokenLogprob,
     decode_message,
     encode_message,
+    output_from_wire,
+    output_to_wire,
     sampling_from_wire,
     sampling_to_wire,
 )
@@ -80,7 +87,9 @@ def test_cli_flags_come_from_config_metadata():
     parser, _ = _parse()
     help_text = parser.format_help()
     # Help and choices are the dataclasses' field metadata.
-    assert "stall-free" in help_text and "{eager,chunked}" in help_text
+    policies = next(f for f in dataclasses.fields(SchedulerConfig) if f.name == "policy")
+    assert "stall-free" in help_text
+    assert "{" + ",".join(policies.metadata["choices"]) + "}" in help_text
     assert "--no-enable-prefix-caching" in help_text and "{fcfs,priority}" in help_text
     _, args = _parse("--policy", "eager", "--max-num-batched-tokens", "256", "--kv-cache-memory",
                      "1GiB", "--no-enable-prefix-caching", "--scheduling-policy", "priority",
@@ -127,6 +136,23 @@ def test_wire_messages_round_trip_as_json():
         decode_message(b"not json")
     with pytest.raises(ValueError):
         sampling_from_wire({"max_tokens": 3, "evil": 1})
+
+
+def test_outputs_cross_the_wire_as_the_engines_request_output():
+    sampled = SampledToken(token_id=7, logprob=-0.5, top_logprobs=((7, -0.5), (9, -1.25)))
+    out = RequestOutput("r1", (7,), "g", True, "length", 3, 1, 2, logprobs=(sampled,))
+    wire = json.loads(json.dumps(output_to_wire(out, lambda t: f"<{t}>")))  # plain data only
+    back = output_from_wire(wire)
+    assert isinstance(back, RequestOutput)
+    assert back == RequestOutput("r1", (7,), "g", True, "length", 3, 1, 2, logprobs=(
+        TokenLogprob(token_id=7, logprob=-0.5, top_logprobs=((7, -0.5), (9, -1.25)),
+                     token="<7>", top_tokens=("<7>", "<9>")),))
+    entry = back.logprobs[0]
+    assert isinstance(entry, SampledToken) and entry.token == "<7>"
+    assert entry.top == (("<7>", 7, -0.5), ("<9>", 9, -1.25))
+    failed = output_from_wire(output_to_wire(
+        RequestOutput("r2", (), "", True, "error", 3, 0, 0, error="pool too small"), str))
+    assert failed.logprobs is None and failed.error == "pool too small"
 
 
 def test_prometheus_metrics_parse_and_count():

@@ -2,13 +2,16 @@
 
     client = await AsyncEngineClient.start(EngineProcessConfig(...))
     stream = await client.submit(req_id, prompt_text="Hello", sampling={...})  # raises on reject
-    async for out in stream: ...          # StreamedOutput, the last one has finished=True
+    async for out in stream: ...          # RequestOutput, the last one has finished=True
     await client.shutdown()
 
-One reader task receives the engine's batches and routes each output to its request's queue;
-closing a stream before it finished aborts the request in the engine. Nothing here imports
-torch: the front end stays a thin asyncio process. `in_process=True` runs the same engine loop
-in a thread of this process (inproc sockets) - for measuring what the process split buys.
+One reader task receives the engine's batches and routes each output to its request's queue
+(cadence.engine.request_stream); closing a stream before it finished aborts the request in the
+engine. Outputs are the engine's own RequestOutput, rebuilt from the wire; their logprobs
+entries are cadence.engine.wire.TokenLogprob (a SampledToken that carries the token texts).
+Nothing here imports torch: the front end stays a thin asyncio process. `in_process=True`
+runs the same engine loop in a thread of this process (inproc sockets) - for measuring what
+the process split buys.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import zmq
 import zmq.asyncio
 
 from cadence.engine.engine_process import EngineProcessConfig, serve_engine
+from cadence.engine.outputs import RequestOutput
+from cadence.engine.request_stream import RequestState, RequestStream
 from cadence.engine.wire import (
     AbortRequests,
     AddRequest,
@@ -40,48 +45,8 @@ from cadence.engine.wire import (
     Shutdown,
     decode_message,
     encode_message,
+    output_from_wire,
 )
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One sampled token's logprob and its top alternatives as (text, token_id, logprob)."""
-
-    token: str
-    token_id: int
-    logprob: float | None
-    top: tuple[tuple[str, int, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class StreamedOutput:
-    """RequestOutput's fields as the front end receives them (plain data, no engine objects).
-
-    `error` is set when the engine failed the request (finish_reason "error").
-    """
-
-    req_id: str
-    new_token_ids: tuple[int, ...]
-    new_text: str
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_cached_tokens: int = 0
-    logprobs: tuple[TokenLogprob, ...] | None = None
-    error: str | None = None
-
-    @classmethod
-    def from_wire(cls, w: Mapping[str, Any]) -> StreamedOutput:
-        logprobs = None
-        if w.get("logprobs"):
-            logprobs = tuple(
-                TokenLogprob(tok, tid, lp, tuple((a, b, c) for a, b, c in top))
-                for tok, tid, lp, top in w["logprobs"]
-            )
-        return cls(w["req_id"], tuple(w["token_ids"]), w["text"], w["finished"],
-                   w["finish_reason"], w["num_prompt_tokens"], w["num_output_tokens"],
-                   w.get("num_cached_tokens", 0), logprobs, w.get("error"))
 
 
 @dataclass(frozen=True)
@@ -115,50 +80,6 @@ class EngineMetricsSink(Protocol):
     def update_engine_stats(self, stats: Mapping[str, Any]) -> None: ...
 
 
-class _RequestState:
-    def __init__(self) -> None:
-        loop = asyncio.get_running_loop()
-        self.accepted: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self.queue: asyncio.Queue[StreamedOutput | BaseException] = asyncio.Queue()
-
-
-class RequestStream:
-    """Async iterator over one request's outputs; closing it early aborts the request."""
-
-    def __init__(self, client: AsyncEngineClient, req_id: str, accepted: Mapping[str, Any],
-                 state: _RequestState) -> None:
-        self._client = client
-        self._state = state
-        self.req_id = req_id
-        self.num_prompt_tokens: int = accepted["num_prompt_tokens"]
-        self.prompt_text: str | None = accepted.get("prompt_text")
-        self.finished = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> StreamedOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        item = await self._state.queue.get()
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        if item.finished:
-            self.finished = True
-        return item
-
-    def close(self) -> None:
-        """Stop listening; if the request is still running, abort it (frees its KV blocks)."""
-        if not self.finished:
-            self.finished = True
-            self._client.abort_nowait([self.req_id])
-        self._client._forget(self.req_id)
-
-    async def aclose(self) -> None:
-        self.close()
-
-
 class AsyncEngineClient:
     """Talks to one engine core over ZeroMQ. Build it with `await AsyncEngineClient.start(...)`."""
 
@@ -168,7 +89,7 @@ class AsyncEngineClient:
         self._in = in_socket  # we PUSH requests
         self._out = out_socket  # we PULL batches
         self._metrics = metrics
-        self._requests: dict[str, _RequestState] = {}
+        self._requests: dict[str, RequestState] = {}
         self._stats_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._nonces = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
@@ -315,7 +236,7 @@ class AsyncEngineClient:
             raise EngineDeadError(self.dead_reason or "engine is shutting down")
         if req_id in self._requests:
             raise EngineRejected(400, f"duplicate request id {req_id!r}")
-        state = _RequestState()
+        state = RequestState()
         self._requests[req_id] = state
         msg = AddRequest(req_id=req_id, sampling=dict(sampling), prompt_text=prompt_text,
                          prompt_token_ids=prompt_token_ids, chat_messages=chat_messages,
@@ -331,9 +252,10 @@ class AsyncEngineClient:
                 # The client left while we waited for admission: the engine may admit it later.
                 self.abort_nowait([req_id])
             raise
-        return RequestStream(self, req_id, accepted, state)
+        return RequestStream(req_id, accepted, state,
+                             on_close=lambda abort: self._close_stream(req_id, abort))
 
-    async def generate(self, req_id: str, **kwargs: Any) -> AsyncIterator[StreamedOutput]:
+    async def generate(self, req_id: str, **kwargs: Any) -> AsyncIterator[RequestOutput]:
         """submit() then iterate: the outputs of one request (raises EngineRejected first)."""
         stream = await self.submit(req_id, **kwargs)
         try:
@@ -376,7 +298,9 @@ class AsyncEngineClient:
     def num_live_requests(self) -> int:
         return len(self._requests)
 
-    def _forget(self, req_id: str) -> None:
+    def _close_stream(self, req_id: str, abort: bool) -> None:
+        if abort:
+            self.abort_nowait([req_id])
         self._requests.pop(req_id, None)
 
     # ---- the reader
@@ -435,7 +359,7 @@ class AsyncEngineClient:
             state = self._requests.get(wire["req_id"])
             if state is None:
                 continue  # aborted by us: the client is gone
-            out = StreamedOutput.from_wire(wire)
+            out = output_from_wire(wire)
             state.queue.put_nowait(out)
             if out.finished:
                 self._requests.pop(out.req_id, None)

@@ -12,8 +12,6 @@ live next to it, one concept a file:
     engine_loop.py         EngineCoreLoop: messages in, one step, one batch out per turn
     engine_core.py         the EngineCore protocol the loop drives
     llm_engine_adapter.py  the real LLMEngine behind that protocol (default factory)
-
-The names the front end and tests used to import from here still resolve (re-exported below).
 """
 
 from __future__ import annotations
@@ -27,34 +25,17 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from cadence.engine.admission import AdmissionError, AdmissionLimits
-from cadence.engine.engine_core import EngineCore, TelemetryDelta
+from cadence.engine.admission import AdmissionLimits
+from cadence.engine.engine_core import EngineCore
 from cadence.engine.engine_loop import EngineCoreLoop
-from cadence.engine.llm_engine_adapter import LLMEngineAdapter, build_llm_engine
-from cadence.engine.wire import (
-    AbortRequests,
-    AddRequest,
-    EngineBatch,
-    EngineFatal,
-    EngineReady,
-    GetStats,
-    Shutdown,
-    WireError,
-    decode_message,
-    encode_message,
-    output_to_wire,
-    sampling_from_wire,
-    sampling_to_wire,
-    timeline_record,
-)
+from cadence.engine.llm_engine_adapter import build_llm_engine
+from cadence.engine.wire import EngineFatal, EngineReady, decode_message, encode_message
 
+# Re-exported: EngineProcessConfig's field type, the engine factory older configs name
+# ("cadence.engine.engine_process:build_llm_engine"), and the documented message codec.
 __all__ = [
-    "AbortRequests", "AddRequest", "AdmissionError", "AdmissionLimits", "EngineBatch",
-    "EngineCore", "EngineCoreLoop", "EngineFatal", "EngineProcessConfig", "EngineReady",
-    "GetStats", "LLMEngineAdapter", "Shutdown", "TelemetryDelta", "WireError", "build_engine",
-    "build_llm_engine", "decode_message", "encode_message", "main", "output_to_wire",
-    "sampling_from_wire", "sampling_to_wire", "serve_engine", "set_torch_threads",
-    "timeline_record",
+    "AdmissionLimits", "EngineProcessConfig", "build_engine", "build_llm_engine",
+    "decode_message", "encode_message", "main", "serve_engine", "set_torch_threads",
 ]
 
 

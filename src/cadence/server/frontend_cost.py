@@ -25,34 +25,13 @@ import time
 
 import httpx
 
+from cadence.server.proc_stat import child_pids, cpu_seconds
+
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of one process (Linux /proc), 0 when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        kids.append(int(entry))
-            except OSError:
-                continue
-    return kids
 
 
 def run_once(mode: str, args: argparse.Namespace, out_dir: str) -> dict:
@@ -77,8 +56,8 @@ def run_once(mode: str, args: argparse.Namespace, out_dir: str) -> dict:
             if time.monotonic() > deadline:
                 raise RuntimeError("server not healthy in time")
             time.sleep(0.5)
-        engines = _children(server.pid) if mode == "separate" else []
-        cpu0 = {p: _cpu_seconds(p) for p in [server.pid, *engines]}
+        engines = child_pids(server.pid) if mode == "separate" else []
+        cpu0 = {p: cpu_seconds(p) for p in [server.pid, *engines]}
         bench_out = os.path.join(out_dir, f"{mode}-{port}")
         subprocess.run(
             [sys.executable, "-m", "cadence.cli", "bench", "--url", url, "--workload", "chat",
@@ -86,7 +65,7 @@ def run_once(mode: str, args: argparse.Namespace, out_dir: str) -> dict:
              str(args.streams), "--output-tokens", f"{args.output_tokens}:{args.output_tokens}",
              "--short-tokens", args.prompt_tokens, "--metrics-interval", "0", "--no-progress",
              "--out", bench_out], env=env, check=True, stdout=subprocess.DEVNULL)
-        cpu = {p: _cpu_seconds(p) - cpu0[p] for p in cpu0}
+        cpu = {p: cpu_seconds(p) - cpu0[p] for p in cpu0}
     finally:
         server.send_signal(signal.SIGTERM)
         try:

@@ -22,9 +22,9 @@ from cadence.engine.async_client import (
     EngineDeadError,
     EngineRejected,
     RequestStream,
-    StreamedOutput,
-    TokenLogprob,
 )
+from cadence.engine.outputs import RequestOutput
+from cadence.engine.wire import TokenLogprob
 from cadence.server.errors import APIError, error_body
 from cadence.server.request_mapping import EnginePrompt
 
@@ -56,7 +56,7 @@ def engine_dead_body(exc: EngineDeadError) -> dict[str, Any]:
     return error_body(503, f"the engine stopped: {exc}", code="engine_unavailable")
 
 
-def stream_error_body(out: StreamedOutput) -> dict[str, Any]:
+def stream_error_body(out: RequestOutput) -> dict[str, Any]:
     return error_body(500, f"generation failed: {out.error or 'engine error'}",
                       code="engine_error")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cadence.engine.async_client import TokenLogprob
+from cadence.engine.wire import TokenLogprob
 
 
 def usage_dict(num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens: int = 0) -> dict:
@@ -20,6 +20,23 @@ def usage_dict(num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens
     if num_cached_tokens:
         usage["prompt_tokens_details"] = {"cached_tokens": num_cached_tokens}
     return usage
+
+
+def _envelope(req_id: str, obj: str, created: int, model: str,
+              choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fields every OpenAI completion object and chunk starts with, in OpenAI's order."""
+    return {"id": req_id, "object": obj, "created": created, "model": model, "choices": choices}
+
+
+def _chunk(req_id: str, obj: str, created: int, model: str, choice: dict[str, Any],
+           usage_field: bool) -> dict[str, Any]:
+    """One streamed chunk with a single choice at index 0.
+
+    `usage_field`: with include_usage, OpenAI puts "usage": null on every other chunk."""
+    chunk = _envelope(req_id, obj, created, model, [{"index": 0, **choice}])
+    if usage_field:
+        chunk["usage"] = None
+    return chunk
 
 
 # ---- /v1/completions -------------------------------------------------------------------------
@@ -52,25 +69,14 @@ def completion_chunk(
     req_id: str, created: int, model: str, text: str, finish_reason: str | None,
     logprobs: dict | None = None, usage_field: bool = False,
 ) -> dict[str, Any]:
-    """`usage_field`: with include_usage, OpenAI puts "usage": null on every other chunk."""
-    chunk: dict[str, Any] = {
-        "id": req_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        ],
-    }
-    if usage_field:
-        chunk["usage"] = None
-    return chunk
+    return _chunk(req_id, "text_completion", created, model,
+                  {"text": text, "logprobs": logprobs, "finish_reason": finish_reason},
+                  usage_field)
 
 
 def usage_chunk(req_id: str, created: int, model: str, obj: str, usage: dict) -> dict[str, Any]:
     """The final chunk of `stream_options.include_usage`: empty choices, the usage."""
-    return {"id": req_id, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage}
+    return {**_envelope(req_id, obj, created, model, []), "usage": usage}
 
 
 def completion_response(
@@ -110,36 +116,15 @@ def chat_chunk(
     req_id: str, created: int, model: str, delta: dict, finish_reason: str | None,
     logprobs: dict | None = None, usage_field: bool = False,
 ) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
-        "id": req_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [
-            {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        ],
-    }
-    if usage_field:
-        chunk["usage"] = None
-    return chunk
+    return _chunk(req_id, "chat.completion.chunk", created, model,
+                  {"delta": delta, "logprobs": logprobs, "finish_reason": finish_reason},
+                  usage_field)
 
 
 def chat_response(
     req_id: str, created: int, model: str, text: str, finish_reason: str | None,
     usage: dict, logprobs: dict | None = None,
 ) -> dict[str, Any]:
-    return {
-        "id": req_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage,
-    }
+    choice = {"index": 0, "message": {"role": "assistant", "content": text},
+              "logprobs": logprobs, "finish_reason": finish_reason}
+    return {**_envelope(req_id, "chat.completion", created, model, [choice]), "usage": usage}
