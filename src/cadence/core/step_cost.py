@@ -114,7 +114,7 @@ class StepCostModelConfig:
 
     prior: StepCostCoefficients = field(default_factory=StepCostCoefficients)
     # How many (scaled, unit-size) observations the prior weighs, per coefficient.
-    prior_strength: float = 0.25
+    prior_strength: float = 0.02
     # Weight of an observation after k more steps: forgetting ** k (0.99: a ~100-step memory,
     # seconds of serving, so a slower or busier machine is tracked within a few seconds).
     forgetting: float = 0.99
