@@ -51,6 +51,15 @@ template <> inline c10::BFloat16 from_float<c10::BFloat16>(float x) {
 // rounding between ops, as the eager torch path has it.
 template <typename T> inline float round_to(float x) { return to_float(from_float<T>(x)); }
 
+// Elementwise kernels run on one thread unless the tensor is large (prefill): for a decode
+// batch a parallel region costs more than the work, and far more when a neighbour process
+// holds one of the cores (the region waits for the descheduled thread).
+constexpr int64_t PARALLEL_MIN_ELEMENTS = 1 << 16;
+
+inline int64_t row_grain(int64_t rows, int64_t width) {
+  return rows * width < PARALLEL_MIN_ELEMENTS ? rows : std::max<int64_t>(1, 4096 / std::max<int64_t>(width, 1));
+}
+
 void check_cpu_contiguous(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
@@ -62,6 +71,22 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(c10::BFloat16* p, __m512 v) {
+  // Round to nearest even (NaN stays NaN), as torch's cast does: (bits + 0x7fff + lsb) >> 16.
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
+}
+// v rounded through T (identity for float).
+inline __m512 round16(float*, __m512 v) { return v; }
+inline __m512 round16(c10::BFloat16*, __m512 v) {
+  alignas(64) c10::BFloat16 tmp[16];
+  store16(tmp, v);
+  return load16(tmp);
 }
 
 // exp(x) for x <= 0-ish softmax inputs (Cephes expf polynomial, ~1 ulp), 16 lanes at a time.
@@ -374,7 +399,7 @@ void rope_write_kv_impl(torch::Tensor& qkv, const torch::Tensor& cos, const torc
   T* kc = k_cache.data_ptr<T>();
   T* vc = v_cache.data_ptr<T>();
   const int64_t* sl = slots.data_ptr<int64_t>();
-  at::parallel_for(0, T_, 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, T_, row_grain(T_, width), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* ct = c + t * D;
       const float* st = s + t * D;
@@ -427,25 +452,45 @@ void rope_write_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int6
 
 // ---------------------------------------------------------------------------------------------
 // RMS norm (HF Llama semantics: normalise in float32, cast to the dtype, then times the weight).
+// residual (optional) += x, rounded to T; out = weight * T(norm(residual)) rounded to T.
 template <typename T>
-void rms_norm_rows(const T* in, const T* w, T* out, int64_t rows, int64_t H, float eps) {
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+void rms_norm_rows(T* resid, const T* add, const T* w, T* out, int64_t rows, int64_t H, float eps) {
+  at::parallel_for(0, rows, row_grain(rows, H), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const T* x = in + r * H;
-      float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < H; ++i) ss += to_float(x[i]) * to_float(x[i]);
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(H) + eps);
+      T* x = resid + r * H;
+      const T* a = add == nullptr ? nullptr : add + r * H;
       T* y = out + r * H;
-      for (int64_t i = 0; i < H; ++i) y[i] = from_float<T>(to_float(w[i]) * round_to<T>(to_float(x[i]) * inv));
+      float ss = 0.f;
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      __m512 ssv = _mm512_setzero_ps();
+      for (; i + 16 <= H; i += 16) {
+        __m512 v = load16(x + i);
+        if (a != nullptr) {
+          v = round16(x, _mm512_add_ps(v, load16(a + i)));
+          store16(x + i, v);
+        }
+        ssv = _mm512_fmadd_ps(v, v, ssv);
+      }
+      ss = _mm512_reduce_add_ps(ssv);
+#endif
+      for (; i < H; ++i) {
+        float v = to_float(x[i]);
+        if (a != nullptr) {
+          v = round_to<T>(v + to_float(a[i]));
+          x[i] = from_float<T>(v);
+        }
+        ss += v * v;
+      }
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(H) + eps);
+      i = 0;
+#if defined(__AVX512F__)
+      const __m512 invv = _mm512_set1_ps(inv);
+      for (; i + 16 <= H; i += 16)
+        store16(y + i, _mm512_mul_ps(load16(w + i), round16(y, _mm512_mul_ps(load16(x + i), invv))));
+#endif
+      for (; i < H; ++i) y[i] = from_float<T>(to_float(w[i]) * round_to<T>(to_float(x[i]) * inv));
     }
-  });
-}
-
-template <typename T>
-void add_rows(T* residual, const T* x, int64_t n) {
-  at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) residual[i] = from_float<T>(to_float(residual[i]) + to_float(x[i]));
   });
 }
 
@@ -460,9 +505,9 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   check_norm_args(x, w);
   auto out = torch::empty_like(x);
   if (x.scalar_type() == torch::kFloat32) {
-    rms_norm_rows<float>(x.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(), x.size(0), x.size(1), eps);
+    rms_norm_rows<float>(x.data_ptr<float>(), nullptr, w.data_ptr<float>(), out.data_ptr<float>(), x.size(0), x.size(1), eps);
   } else if (x.scalar_type() == torch::kBFloat16) {
-    rms_norm_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), w.data_ptr<c10::BFloat16>(),
+    rms_norm_rows<c10::BFloat16>(x.data_ptr<c10::BFloat16>(), nullptr, w.data_ptr<c10::BFloat16>(),
                                  out.data_ptr<c10::BFloat16>(), x.size(0), x.size(1), eps);
   } else {
     TORCH_CHECK(false, "rms_norm: float32 or bfloat16 only");
@@ -478,13 +523,12 @@ torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor x, torch::Tenso
               "add_rms_norm: residual and x must match");
   auto out = torch::empty_like(x);
   if (x.scalar_type() == torch::kFloat32) {
-    add_rows<float>(residual.data_ptr<float>(), x.data_ptr<float>(), x.numel());
-    rms_norm_rows<float>(residual.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(),
-                         x.size(0), x.size(1), eps);
+    rms_norm_rows<float>(residual.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(),
+                         out.data_ptr<float>(), x.size(0), x.size(1), eps);
   } else if (x.scalar_type() == torch::kBFloat16) {
-    add_rows<c10::BFloat16>(residual.data_ptr<c10::BFloat16>(), x.data_ptr<c10::BFloat16>(), x.numel());
-    rms_norm_rows<c10::BFloat16>(residual.data_ptr<c10::BFloat16>(), w.data_ptr<c10::BFloat16>(),
-                                 out.data_ptr<c10::BFloat16>(), x.size(0), x.size(1), eps);
+    rms_norm_rows<c10::BFloat16>(residual.data_ptr<c10::BFloat16>(), x.data_ptr<c10::BFloat16>(),
+                                 w.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>(),
+                                 x.size(0), x.size(1), eps);
   } else {
     TORCH_CHECK(false, "add_rms_norm: float32 or bfloat16 only");
   }
@@ -495,12 +539,21 @@ torch::Tensor add_rms_norm(torch::Tensor residual, torch::Tensor x, torch::Tenso
 // silu_mul: gate_up [T, 2 I] (gate then up) -> [T, I] = silu(gate) * up, rounded as eager torch.
 template <typename T>
 void silu_mul_impl(const T* gu, T* out, int64_t rows, int64_t I) {
-  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, row_grain(rows, 2 * I), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gu + r * 2 * I;
       const T* u = g + I;
       T* y = out + r * I;
-      for (int64_t i = 0; i < I; ++i) {
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= I; i += 16) {
+        const __m512 a = load16(g + i);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), a));  // exp(-a)
+        const __m512 act = round16(y, _mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
+        store16(y + i, _mm512_mul_ps(act, load16(u + i)));
+      }
+#endif
+      for (; i < I; ++i) {
         const float a = to_float(g[i]);
         const float act = round_to<T>(a / (1.f + std::exp(-a)));
         y[i] = from_float<T>(act * to_float(u[i]));
