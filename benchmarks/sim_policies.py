@@ -32,7 +32,7 @@ from cadence.sim.hardware import PROFILES, get_profile
 from cadence.sim.metrics import SimSummary, summarize
 from cadence.sim.model_shape import SMOLLM2_135M
 from cadence.sim.report import comparison_table, summaries_as_dicts
-from cadence.sim.simulator import SimResult, default_cache
+from cadence.sim.simulator import SimResult, SimStep, default_cache
 from cadence.sim.trace_fit import fit_trace
 from cadence.sim.workload import Workload, doc_burst, prompt_token_ids
 
@@ -70,7 +70,18 @@ def run_real(workload: Workload, configs: list[SchedulerConfig], trace_dir: Path
                 time.sleep(max(0.0, pending[0].arrival_s - (time.monotonic() - t0)))
         engine.close()
         timelines = {t.req_id: t for t in engine.telemetry.finished_timelines()}
-        result = SimResult(workload, sched, cache, "real engine", timelines)
+        steps = [
+            SimStep(
+                step_id=r.step_id,
+                t_start=r.t_start,
+                duration_s=r.duration_s,
+                num_prefill_tokens=r.num_prefill_tokens,
+                num_decode_tokens=r.num_decode_tokens,
+                num_seqs=r.num_seqs,
+            )
+            for r in engine.telemetry.steps
+        ]
+        result = SimResult(workload, sched, cache, "real engine", timelines, steps)
         summaries.append(dataclasses.replace(summarize(result), label="REAL " + _label(sched)))
         traces.append(trace)
     return summaries, traces
@@ -123,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
             real_rows, traces = run_real(small, real_configs, Path(tmp), args.real_dtype)
             fitted = fit_trace(traces[1])  # the chunked run mixes prefill and decode steps
         console.print(f"fitted from the real chunked run's trace: {fitted.coefficients}")
+        rows_fitted = run_comparison(workload, fitted, configs)
+        title = (f"doc-burst: {args.streams} streams, {args.doc_tokens}-token document at 1 s; "
+                 f"step cost {fitted.name} (this machine, real engine)")
+        console.print(comparison_table(rows_fitted, title))
+        everything[title] = summaries_as_dicts(rows_fitted)
         roofline = RooflineCostModel(SMOLLM2_135M, get_profile("cpu-2core"))
         rows: list[SimSummary] = []
         for cost, tag in ((roofline, "SIM roofline "), (fitted, "SIM fitted ")):

@@ -9,7 +9,7 @@ than early ones. The model is linear in these four features and is fitted online
 exponentially weighted ridge regression toward a prior:
 
     A = sum_i w_i x_i x_i^T,  b = sum_i w_i x_i y_i,  w_i = forgetting ** age_i
-    theta = (A + R)^-1 (b + R theta_prior)
+    theta = argmin_{theta >= 0} theta^T (A + R) theta - 2 theta^T (b + R theta_prior)
 
 The prior (R) never decays, so a feature that the recent steps did not exercise (no prefill for
 a while) falls back to its prior cost instead of drifting (no estimator wind-up, unlike a plain
@@ -167,8 +167,7 @@ class StepCostModel:
 
     @property
     def coefficients(self) -> StepCostCoefficients:
-        """The current fit in seconds per raw feature unit (negative estimates clamped to 0,
-        as predictions use them)."""
+        """The current fit in seconds per raw feature unit (all >= 0)."""
         theta = self._solution()
         return StepCostCoefficients(*(max(0.0, t) / s for t, s in zip(theta, _FEATURE_SCALES)))
 
@@ -218,9 +217,28 @@ class StepCostModel:
                 for i in range(d)
             ]
             rhs = [self._moment[i] + strength * self._prior[i] for i in range(d)]
-            self._theta = _solve_spd(matrix, rhs)
+            self._theta = _solve_nonnegative(matrix, rhs)
             self._dirty = False
         return self._theta
+
+
+def _solve_nonnegative(matrix: list[list[float]], rhs: list[float]) -> list[float]:
+    """Minimize x^T M x - 2 x^T rhs subject to x >= 0 (active set: fix the most negative
+    coefficient at 0 and solve again). Clamping negatives after an unconstrained solve would
+    be wrong when features are nearly collinear (a step's base cost against its decode count
+    when the batch size barely varies): a negative base with an inflated per-decode cost fits
+    the data, but clamping only the base then predicts steps several times too long."""
+    free = list(range(len(rhs)))
+    while True:
+        sub = [[matrix[i][j] for j in free] for i in free]
+        solution = _solve_spd(sub, [rhs[i] for i in free])
+        theta = [0.0] * len(rhs)
+        for i, value in zip(free, solution):
+            theta[i] = value
+        negative = [i for i in free if theta[i] < 0]
+        if not negative:
+            return theta
+        free.remove(min(negative, key=lambda i: theta[i]))
 
 
 def _solve_spd(matrix: list[list[float]], rhs: list[float]) -> list[float]:

@@ -52,8 +52,11 @@ class SimResult:
 
     @property
     def makespan_s(self) -> float:
+        """First arrival to last finish (on any clock: the engine's is not zero-based)."""
         ends = [t.finished_time for t in self.timelines.values() if t.finished_time is not None]
-        return max(ends, default=0.0)
+        if not ends:
+            return 0.0
+        return max(ends) - min(t.arrival_time for t in self.timelines.values())
 
     def kind_of(self, req_id: str) -> str:
         return next(r.kind for r in self.workload.requests if r.req_id == req_id)
