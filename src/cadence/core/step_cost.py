@@ -166,6 +166,12 @@ class StepCostModel:
         return self.predict(StepFeatures.of_plan(plan))
 
     @property
+    def relative_error(self) -> float:
+        """Running mean of |measured - predicted| / predicted over recent steps (0 before
+        any): how far off a prediction typically is, e.g. to leave a safety margin."""
+        return self._relative_scale
+
+    @property
     def coefficients(self) -> StepCostCoefficients:
         """The current fit in seconds per raw feature unit (all >= 0)."""
         theta = self._solution()

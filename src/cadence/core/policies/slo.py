@@ -7,6 +7,10 @@ from an online StepCostModel that the engine feeds with each step's measured exe
 (`Scheduler.observe_step`), so the chunk size follows the hardware and the context length: a
 late chunk of a long document (more attention per token) gets fewer tokens than an early one.
 
+The prediction is inflated by the model's running relative error (capped at 50%) before it is
+compared with the target: on a noisy machine a chunk sized to the mean would overshoot in
+about half the steps.
+
 Two rules keep it live and efficient:
 - at least one prompt chunk of `block_size` tokens runs per step, even when the decodes alone
   already exceed the target, so a prompt always progresses;
@@ -22,6 +26,10 @@ from cadence.core.plan import StepPlan
 from cadence.core.policies.base import Policy
 from cadence.core.step_builder import ChunkRule, StepBuilder
 from cadence.core.step_cost import StepCostModel, StepFeatures
+
+
+# Most the ITL target is tightened by for the model's recent prediction error.
+MAX_SAFETY_MARGIN = 0.5
 
 
 class SLOPolicy(Policy):
@@ -45,9 +53,10 @@ class SLOPolicy(Policy):
             step.schedule_running(prefills, self.budget_chunk)
             step.admit_waiting(self.budget_chunk)
             return
+        margin = 1.0 + min(self.cost_model.relative_error, MAX_SAFETY_MARGIN)
         sizer = ChunkSizer(
             self.cost_model,
-            self.target_s,
+            self.target_s / margin,
             StepFeatures.of_plan(so_far),
             min_chunk=so_far.block_size,
             threshold=self.config.long_prefill_token_threshold,
