@@ -1,0 +1,196 @@
+"""The compiled CPU fast path against the pure-torch reference on random paged inputs.
+
+Attention: scattered block tables, varied sequence lengths, decodes mixed with prefill chunks
+(from position 0 and continuing a context, short and long), float32 and bfloat16, head_dim 64
+(vectorized kernel) and 8 (generic loop). Elementwise kernels and the small bf16 GEMM against
+their torch formulas. Whole model: the fast forward against the reference forward.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cadence.model.attention import paged_attention, write_kv
+from cadence.model.attention_cpu import KERNEL_MAX_CHUNK, paged_attention_cpu
+from cadence.model.attention_metadata import AttentionMetadata
+from cadence.model.kernels.cpu_ops import load_cpu_kernels
+from cadence.model.rope import apply_rope, rope_cos_sin
+
+KERNELS = load_cpu_kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason="CPU kernels could not be built")
+
+# dtype -> (atol, rtol): bf16 keeps 8 mantissa bits, so outputs of O(1) differ by a few 1e-3.
+TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def random_batch(seed: int, spans: list[tuple[int, int]], heads: int, kv_heads: int, dim: int,
+                 block_size: int, dtype: torch.dtype):
+    """Caches pre-filled with random context, scattered block tables, this step's q/k/v.
+
+    spans: (start_pos, num_new_tokens) per sequence.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    needed = [-(-(start + n) // block_size) for start, n in spans]
+    pool = sum(needed) + 5
+    order = list(range(pool))
+    random.Random(seed).shuffle(order)
+    tables, cursor = [], 0
+    for count in needed:
+        tables.append(order[cursor:cursor + count])
+        cursor += count
+    k_cache = torch.randn(pool, block_size, kv_heads, dim, generator=gen).to(dtype)
+    v_cache = torch.randn(pool, block_size, kv_heads, dim, generator=gen).to(dtype)
+    meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, tables)], block_size, pool)
+    total = meta.num_tokens
+    q = torch.randn(total, heads, dim, generator=gen).to(dtype)
+    k = torch.randn(total, kv_heads, dim, generator=gen).to(dtype)
+    v = torch.randn(total, kv_heads, dim, generator=gen).to(dtype)
+    return q, k, v, k_cache, v_cache, meta
+
+
+def run_both(q, k, v, k_cache, v_cache, meta, scale):
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    expected = paged_attention(q, k, v, ref_k, ref_v, meta, scale)
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)  # the fast path's caller writes first
+    got = paged_attention_cpu(KERNELS, q.contiguous(), k, v, k_cache, v_cache, meta, scale)
+    return got, expected
+
+
+SPANS = {
+    "decodes": [(37, 1), (0, 1), (130, 1), (16, 1), (5, 1)],
+    "mixed": [(40, 1), (0, 23), (9, 1), (50, 7), (0, 1), (17, KERNEL_MAX_CHUNK + 9)],
+    "single long decode": [(700, 1)],
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim, heads, kv_heads", [(64, 9, 3), (64, 4, 4), (8, 4, 2), (64, 10, 2)])
+@pytest.mark.parametrize("case", sorted(SPANS))
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_fast_attention_matches_reference(dtype, dim, heads, kv_heads, case, block_size):
+    q, k, v, k_cache, v_cache, meta = random_batch(
+        hash((case, dim, block_size)) % 1000, SPANS[case], heads, kv_heads, dim, block_size, dtype)
+    got, expected = run_both(q, k, v, k_cache, v_cache, meta, dim ** -0.5)
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_attention_with_two_threads_and_one(dtype):
+    q, k, v, k_cache, v_cache, meta = random_batch(3, SPANS["mixed"], 9, 3, 64, 16, dtype)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(run_both(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.125)[0])
+    finally:
+        torch.set_num_threads(before)
+    # Every (row, head) item is computed by one thread, so the split cannot change the result.
+    assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_write_kv_matches_torch(dtype):
+    torch.manual_seed(0)
+    heads, kv_heads, dim, tokens, block_size = 9, 3, 64, 11, 4
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim).to(dtype)
+    positions = torch.tensor([0, 1, 2, 3, 90, 91, 5, 600, 7, 8, 4000])
+    cos, sin = rope_cos_sin(positions, dim, 100000.0, dtype)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q_ref = apply_rope(q.reshape(tokens, heads, dim), cos, sin)
+    k_ref = apply_rope(k.reshape(tokens, kv_heads, dim), cos, sin)
+    k_cache = torch.zeros(8, block_size, kv_heads, dim, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.tensor([5, 0, 31, 2, 7, 8, 9, 10, 11, 12, 13])
+    cos32, sin32 = rope_cos_sin(positions, dim, 100000.0, torch.float32)
+    fused = qkv.clone()
+    KERNELS.rope_write_kv(fused, cos32, sin32, heads, kv_heads, k_cache, v_cache, slots)
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(fused[:, :heads * dim].reshape(tokens, heads, dim), q_ref,
+                               atol=atol, rtol=rtol)
+    flat_k = k_cache.view(-1, kv_heads, dim)
+    torch.testing.assert_close(flat_k[slots], k_ref, atol=atol, rtol=rtol)
+    assert torch.equal(v_cache.view(-1, kv_heads, dim)[slots], v.reshape(tokens, kv_heads, dim))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_norms_and_silu_match_torch(dtype, rows):
+    torch.manual_seed(rows)
+    hidden = 72  # not a multiple of 16: the vector loop and its scalar tail both run
+    x = torch.randn(rows, hidden).to(dtype)
+    residual = torch.randn(rows, hidden).to(dtype)
+    weight = torch.randn(hidden).to(dtype)
+    eps = 1e-5
+
+    def rms(t):
+        t32 = t.float()
+        return weight * (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(KERNELS.rms_norm(x, weight, eps), rms(x), atol=atol, rtol=rtol)
+    summed = residual + x
+    got_res = residual.clone()
+    torch.testing.assert_close(KERNELS.add_rms_norm(got_res, x, weight, eps), rms(summed),
+                               atol=atol, rtol=rtol)
+    assert torch.equal(got_res, summed)
+    gate_up = torch.randn(rows, 2 * hidden).to(dtype) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(KERNELS.silu_mul(gate_up), F.silu(gate) * up, atol=atol, rtol=rtol)
+
+
+@pytest.mark.skipif(KERNELS is None or not KERNELS.has_avx512bf16(), reason="no AVX512-BF16")
+@pytest.mark.parametrize("rows", [1, 3, 4, 8])
+@pytest.mark.parametrize("k_dim", [576, 64, 40])
+def test_small_bf16_gemm_matches_float_reference(rows, k_dim):
+    torch.manual_seed(k_dim)
+    x = torch.randn(rows, k_dim).bfloat16()
+    w = torch.randn(37, k_dim).bfloat16()
+    expected = x.float() @ w.float().t()
+    got = KERNELS.linear_bf16(x, w)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 37)
+    # float32 accumulation, one bf16 rounding of the result.
+    torch.testing.assert_close(got.float(), expected, atol=1e-2 * k_dim ** 0.5, rtol=1e-2)
+
+
+def test_kernels_reject_bad_input():
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        KERNELS.paged_attention(torch.zeros(1, 2, 8), torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16),
+                                torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16),
+                                torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
+                                torch.ones(1, dtype=torch.int64), 1.0)
+    with pytest.raises(RuntimeError, match="bfloat16 only"):
+        KERNELS.linear_bf16(torch.zeros(1, 8), torch.zeros(4, 8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_model_fast_forward_matches_reference_forward(request, arch, dtype):
+    """Whole-model fast path (prefills then decodes, scattered blocks) vs the torch path."""
+    from cadence.model.kv_cache import KVCache
+    from cadence.model.loader import load_model
+
+    loaded = load_model(request.getfixturevalue(f"tiny_{arch}_dir"), dtype=dtype, device="cpu")
+    model, config = loaded.model, loaded.config
+    torch.manual_seed(1)
+    spans = [(0, 13), (0, 5)]
+    tables = [[7, 2, 11, 4], [9, 0]]
+    pool, block_size = 16, 4
+    caches = [KVCache(config, pool, block_size, dtype, "cpu") for _ in range(2)]
+    outputs = [[], []]
+    for _ in range(3):
+        meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, tables)],
+                                       block_size, pool)
+        ids = torch.randint(0, config.vocab_size, (meta.num_tokens,))
+        with torch.inference_mode():
+            for j, use_kernels in enumerate((False, True)):
+                hidden = model(ids, meta.positions, meta, caches[j], use_kernels=use_kernels)
+                outputs[j].append(model.compute_logits(hidden))
+        spans = [(s + n, 1) for s, n in spans]  # then two decode steps
+    atol, rtol = (1e-4, 1e-4) if dtype == torch.float32 else (5e-2, 5e-2)
+    torch.testing.assert_close(torch.cat(outputs[1]), torch.cat(outputs[0]), atol=atol, rtol=rtol)
