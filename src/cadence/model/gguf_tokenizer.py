@@ -13,7 +13,7 @@ import gguf
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
-from cadence.model.gguf_fields import gguf_value
+from cadence.model.gguf_fields import GGUFFile, gguf_value
 from cadence.model.tokenizer import Tokenizer, TokenizerError
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def pre_tokenizer_for(pre: str | None) -> pre_tokenizers.PreTokenizer:
     return _byte_level()
 
 
-def tokenizer_from_gguf(reader: gguf.GGUFReader) -> Tokenizer:
+def tokenizer_from_gguf(reader: GGUFFile | gguf.GGUFReader) -> Tokenizer:
     """Rebuild the model's tokenizer and chat template from GGUF metadata."""
     model_type = gguf_value(reader, "tokenizer.ggml.model", None)
     if model_type != "gpt2":
