@@ -51,9 +51,16 @@ def load_cpu_kernels() -> ModuleType | None:
         key = hashlib.sha256(source + torch.__version__.encode()).hexdigest()[:16]
         build_dir = kernel_cache_dir() / key
         build_dir.mkdir(parents=True, exist_ok=True)
+        # Compile a copy kept next to the build: ninja rebuilds when the source path changes,
+        # and checkouts in different places (worktrees, CI copies) share this cache.
+        local_source = build_dir / SOURCE.name
+        if not local_source.exists() or local_source.read_bytes() != source:
+            staging = build_dir / f".{SOURCE.name}.{os.getpid()}"
+            staging.write_bytes(source)
+            os.replace(staging, local_source)
         return cpp_extension.load(
             name=f"cadence_cpu_kernels_{key}",
-            sources=[str(SOURCE)],
+            sources=[str(local_source)],
             build_directory=str(build_dir),
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
