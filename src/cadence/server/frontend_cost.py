@@ -81,6 +81,8 @@ def run_once(mode: str, args: argparse.Namespace, out_dir: str) -> dict:
         "itl": metrics["itl"],
         "ttft": metrics["ttft"],
         "output_tps": metrics["throughput"]["output_tps"],
+        # A run whose requests failed measures something else: say so next to its numbers.
+        "failed_requests": metrics["failures"]["count"],
         "frontend_cpu_per_1k_tokens": cpu[server.pid] / tokens * 1000 if tokens else None,
         "engine_cpu_per_1k_tokens": (sum(cpu[p] for p in engines) / tokens * 1000
                                      if tokens and engines else None),
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in ("separate", "in-process"):  # interleaved: drift hits both alike
                 rows.append(run_once(mode, args, out_dir))
                 print(json.dumps(rows[-1]), file=sys.stderr)
+
     def ms(value: float | None, digits: int = 1) -> str:
         return "-" if value is None else f"{value * 1000:.{digits}f} ms"
 
@@ -111,13 +114,14 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{args.streams} concurrent streams, {args.output_tokens} output tokens each\n")
     print("| engine | ITL p50 | ITL p95 | ITL p99 | ITL max | TTFT p50 | out tok/s "
-          "| front-end CPU s/1k tok | engine CPU s/1k tok |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| front-end CPU s/1k tok | engine CPU s/1k tok | failed requests |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         itl, ttft = r["itl"], r["ttft"]
         print(f"| {r['mode']} | {ms(itl['p50'])} | {ms(itl['p95'])} | {ms(itl['p99'])} | "
               f"{ms(itl['max'])} | {ms(ttft['p50'], 0)} | {r['output_tps']:.1f} | "
-              f"{num(r['frontend_cpu_per_1k_tokens'])} | {num(r['engine_cpu_per_1k_tokens'])} |")
+              f"{num(r['frontend_cpu_per_1k_tokens'])} | {num(r['engine_cpu_per_1k_tokens'])} | "
+              f"{r['failed_requests']} |")
     return 0
 
 

@@ -56,6 +56,10 @@ class SamplingRequestFields(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def unsupported_features(self) -> list[tuple[str, str]]:
+        """(param, message) of each known OpenAI feature in the body that cadence lacks."""
+        return self.common_unsupported()
+
     def common_unsupported(self) -> list[tuple[str, str]]:
         problems = []
         if self.n != 1:
