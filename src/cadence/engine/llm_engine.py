@@ -67,6 +67,11 @@ class LLMEngine:
             sched_cfg.max_num_seqs,
             sched_cfg.max_model_len,
         )
+        if loaded.device.type == "cpu":
+            # Build/load the compiled CPU kernels before the first request, not inside it.
+            from cadence.model.kernels.cpu_ops import load_cpu_kernels
+
+            load_cpu_kernels()
         executor = ModelExecutor(loaded, cache_cfg.num_blocks, cache_cfg.block_size, seed=cfg.seed)
         self._setup(
             Scheduler(sched_cfg, cache_cfg),
