@@ -1,6 +1,14 @@
 """cadence: an LLM inference server that keeps every stream smooth when long prompts arrive."""
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# Idle OpenMP threads must sleep, not spin: with a busy neighbour process on one of the two
+# cores, spinning pools made decode steps 10-40x slower (benchmarks/perf_bench.py
+# --busy-neighbour). libgomp reads this once, when torch loads; every cadence entry point imports
+# this package before torch. An explicit setting wins.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def __getattr__(name):
