@@ -166,6 +166,18 @@ def test_kernels_reject_bad_input():
                                 torch.ones(1, dtype=torch.int64), 1.0)
     with pytest.raises(RuntimeError, match="bfloat16 only"):
         KERNELS.linear_bf16(torch.zeros(1, 8), torch.zeros(4, 8))
+    cache = torch.zeros(2, 4, 1, 8)
+    with pytest.raises(RuntimeError, match="outside pool"):
+        KERNELS.paged_attention(torch.zeros(1, 2, 8), cache, cache.clone(),
+                                torch.tensor([[5]], dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
+                                torch.ones(1, dtype=torch.int64), 1.0)
+    with pytest.raises(RuntimeError, match="ctx_len"):
+        KERNELS.paged_attention(torch.zeros(1, 2, 8), cache, cache.clone(),
+                                torch.tensor([[1]], dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
+                                torch.tensor([9]), 1.0)
+    with pytest.raises(RuntimeError, match="outside cache"):
+        KERNELS.rope_write_kv(torch.zeros(1, 3 * 8), torch.zeros(1, 8), torch.zeros(1, 8), 1, 1,
+                              cache, cache.clone(), torch.tensor([8]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -255,6 +255,7 @@ bool attend_grouped_d64(int64_t G, const float* qf, const T* kb, const T* vb, co
 
 // ---------------------------------------------------------------------------------------------
 // paged_attention
+constexpr int64_t PARALLEL_MIN_POSITIONS = 32768;  // (position, KV head) pairs
 // q: [N, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables: [S, max_blocks]
 // int32; row_seq: [N] int64 (which block-table row each query uses); ctx_lens: [N] int64 (query
 // row n attends over positions [0, ctx_lens[n])). Returns [N, Hq, D] in q's dtype.
@@ -278,7 +279,12 @@ void paged_attention_impl(const torch::Tensor& q, const torch::Tensor& k_cache,
   const int64_t token_stride = Hkv * D;  // elements between consecutive positions of one head
 
   // One work item = one query row and one KV head (its G query heads share every K/V load).
-  at::parallel_for(0, N * Hkv, 1, [&](int64_t begin, int64_t end) {
+  // Small batches run on the calling thread: waking the other OpenMP thread (it sleeps under
+  // OMP_WAIT_POLICY=PASSIVE) costs more than their work.
+  int64_t total_positions = 0;
+  for (int64_t n = 0; n < N; ++n) total_positions += lens[n];
+  const int64_t grain = total_positions * Hkv < PARALLEL_MIN_POSITIONS ? N * Hkv + 1 : 1;
+  at::parallel_for(0, N * Hkv, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(G * D), acc(G * D), scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t n = item / Hkv, h = item % Hkv;
@@ -372,6 +378,24 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   auto lens = ctx_lens.to(torch::kInt64).contiguous();
   TORCH_CHECK(seq.numel() == q.size(0) && lens.numel() == q.size(0),
               "paged_attention: one row_seq / ctx_len per query row");
+  // Every block id a row can read must lie in the pool: a bad table must fail, not read
+  // arbitrary memory.
+  {
+    const int64_t rows = block_tables.size(0), width = block_tables.size(1);
+    const int64_t pool = k_cache.size(0), block_size = k_cache.size(1);
+    const int32_t* bt = block_tables.data_ptr<int32_t>();
+    const int64_t* sp = seq.data_ptr<int64_t>();
+    const int64_t* lp = lens.data_ptr<int64_t>();
+    for (int64_t n = 0; n < seq.numel(); ++n) {
+      TORCH_CHECK(sp[n] >= 0 && sp[n] < rows, "paged_attention: row_seq ", sp[n], " outside block_tables");
+      TORCH_CHECK(lp[n] > 0 && lp[n] <= width * block_size, "paged_attention: ctx_len ", lp[n],
+                  " outside (0, ", width * block_size, "]");
+      const int64_t used = (lp[n] + block_size - 1) / block_size;
+      for (int64_t b = 0; b < used; ++b)
+        TORCH_CHECK(bt[sp[n] * width + b] >= 0 && bt[sp[n] * width + b] < pool,
+                    "paged_attention: block id ", bt[sp[n] * width + b], " outside pool of ", pool);
+    }
+  }
   auto out = torch::empty_like(q);
   if (q.scalar_type() == torch::kFloat32) {
     paged_attention_impl<float>(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
@@ -440,7 +464,15 @@ void rope_write_kv(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int6
                   c.size(0) == qkv.size(0) && sl.numel() == qkv.size(0) &&
                   k_cache.size(2) == num_kv_heads,
               "rope_write_kv: shape mismatch");
-  TORCH_CHECK(qkv.scalar_type() == k_cache.scalar_type(), "rope_write_kv: qkv and cache dtypes differ");
+  TORCH_CHECK(qkv.scalar_type() == k_cache.scalar_type() && v_cache.sizes() == k_cache.sizes() &&
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              "rope_write_kv: qkv and caches must share dtype and shape");
+  {
+    const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+    const int64_t* sp = sl.data_ptr<int64_t>();
+    for (int64_t t = 0; t < sl.numel(); ++t)
+      TORCH_CHECK(sp[t] >= 0 && sp[t] < num_slots, "rope_write_kv: slot ", sp[t], " outside cache of ", num_slots);
+  }
   if (qkv.scalar_type() == torch::kFloat32) {
     rope_write_kv_impl<float>(qkv, c, s, num_heads, num_kv_heads, k_cache, v_cache, sl);
   } else if (qkv.scalar_type() == torch::kBFloat16) {
@@ -581,6 +613,8 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 // linear_bf16: x [M, K] bf16, w [N, K] bf16 -> [M, N] bf16 (float32 accumulation).
 bool has_avx512bf16() { return CADENCE_HAVE_AVX512BF16 != 0; }
 
+constexpr int64_t PARALLEL_MIN_WEIGHT_BYTES = 2 << 20;
+
 #if CADENCE_HAVE_AVX512BF16
 // MR activation rows times one weight row over K. The weight row is read front to back (the
 // hardware prefetcher follows one sequential stream per thread far better than interleaved short
@@ -622,8 +656,11 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w) {
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<c10::BFloat16>());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   // Parallel over output columns: each weight row is read from memory once per call (the few
-  // activation rows stay in L1), each thread streaming a contiguous range of rows.
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+  // activation rows stay in L1), each thread streaming a contiguous range of rows. Weights
+  // under PARALLEL_MIN_WEIGHT_BYTES stream on the calling thread: a second thread adds less
+  // bandwidth than waking it costs.
+  const int64_t grain = N * K * 2 < PARALLEL_MIN_WEIGHT_BYTES ? N + 1 : 16;
+  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
     float acc[4];
     for (int64_t n = begin; n < end; ++n) {
       const uint16_t* wr = wp + n * K;
