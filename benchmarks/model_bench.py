@@ -14,8 +14,6 @@ Numbers are noisy on shared cores; this script reports, it never asserts.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
@@ -24,6 +22,8 @@ from cadence.core.sampling_params import SamplingParams
 from cadence.executor.model_runner import ModelExecutor
 from cadence.model.kv_cache import kv_bytes_per_block
 from cadence.model.loader import LoadedModel, load_model
+
+from _common import median_time
 
 BLOCK_SIZE = 16
 MEMORY_BANDWIDTH = 44e9  # bytes/s, measured stream bandwidth of the 2-core dev machine
@@ -46,17 +46,6 @@ def weight_bytes(loaded: LoadedModel) -> int:
     return (matmul_params(loaded) + c.vocab_size * c.hidden_size) * element
 
 
-def timed(fn, repeats: int) -> float:
-    """Median wall time of fn() over `repeats` runs, after one warm-up run."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def bench_prefill(loaded: LoadedModel, prompt_len: int, repeats: int) -> tuple[float, float]:
     """(measured tokens/s, floor tokens/s) for one whole-prompt prefill."""
     blocks = -(-prompt_len // BLOCK_SIZE)
@@ -64,7 +53,7 @@ def bench_prefill(loaded: LoadedModel, prompt_len: int, repeats: int) -> tuple[f
     ids = tuple(torch.randint(3, loaded.config.vocab_size, (prompt_len,)).tolist())
     chunk = ScheduledChunk("p", ids, 0, tuple(range(blocks)), True, GREEDY, 0)
     plan = StepPlan(0, (chunk,), BLOCK_SIZE)
-    seconds = timed(lambda: executor.execute(plan), repeats)
+    seconds = median_time(lambda: executor.execute(plan), repeats)
     c = loaded.config
     flops = 2 * matmul_params(loaded) * prompt_len
     flops += 2 * 2 * c.num_layers * c.q_size * prompt_len * prompt_len / 2  # causal QK^T and PV
@@ -88,7 +77,7 @@ def bench_decode(loaded: LoadedModel, batch: int, context: int, repeats: int) ->
         for i in range(batch)
     )
     plan = StepPlan(0, chunks, BLOCK_SIZE)
-    seconds = timed(lambda: executor.execute(plan), repeats)
+    seconds = median_time(lambda: executor.execute(plan), repeats)
     kv_read = batch * context * kv_bytes_per_block(loaded.config, 1, loaded.dtype)
     return seconds, (weight_bytes(loaded) + kv_read) / MEMORY_BANDWIDTH
 

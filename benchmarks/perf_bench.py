@@ -32,7 +32,6 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from typing import Callable  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -43,6 +42,8 @@ from cadence.executor.model_runner import ModelExecutor  # noqa: E402
 from cadence.model.config import ModelConfig  # noqa: E402
 from cadence.model.kernels.cpu_ops import load_cpu_kernels  # noqa: E402
 from cadence.model.loader import LoadedModel, default_model_path, load_model  # noqa: E402
+
+from _common import median_time, run_times  # noqa: E402
 
 BLOCK_SIZE = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
@@ -68,23 +69,6 @@ class Row:
     @property
     def ratio(self) -> float:
         return self.tokens_per_s / self.floor_tokens_per_s
-
-
-def run_times(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[float]:
-    """Wall seconds of each of `repeats` runs of fn(), after `warmup` runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    """Median wall seconds of fn() over `repeats` runs after `warmup` runs."""
-    return statistics.median(run_times(fn, repeats, warmup))
 
 
 def measure_machine(repeats: int) -> Machine:

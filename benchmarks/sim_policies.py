@@ -29,7 +29,7 @@ from cadence.core.config import SchedulerConfig
 from cadence.sim.compare import policy_variants, run_comparison
 from cadence.sim.cost_model import RooflineCostModel
 from cadence.sim.hardware import PROFILES, get_profile
-from cadence.sim.metrics import SimSummary, summarize
+from cadence.sim.metrics import SimSummary, describe, summarize
 from cadence.sim.model_shape import SMOLLM2_135M
 from cadence.sim.report import comparison_table, summaries_as_dicts
 from cadence.sim.simulator import SimResult, SimStep, default_cache
@@ -82,15 +82,9 @@ def run_real(workload: Workload, configs: list[SchedulerConfig], trace_dir: Path
             for r in engine.telemetry.steps
         ]
         result = SimResult(workload, sched, cache, "real engine", timelines, steps)
-        summaries.append(dataclasses.replace(summarize(result), label="REAL " + _label(sched)))
+        summaries.append(dataclasses.replace(summarize(result), label="REAL " + describe(result)))
         traces.append(trace)
     return summaries, traces
-
-
-def _label(sched: SchedulerConfig) -> str:
-    if sched.policy == "slo":
-        return f"slo {sched.target_itl_ms:g} ms (budget {sched.max_num_batched_tokens})"
-    return f"{sched.policy} (budget {sched.max_num_batched_tokens})"
 
 
 def main(argv: list[str] | None = None) -> int:

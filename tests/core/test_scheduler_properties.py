@@ -46,10 +46,9 @@ def workloads(draw):
     return specs
 
 
-@st.composite
-def scheduler_configs(draw):
+def draw_limits(draw) -> dict:
+    """The scheduler settings every policy's config strategy draws (after its own ones)."""
     return dict(
-        policy=draw(st.sampled_from(["eager", "chunked"])),
         scheduling=draw(st.sampled_from(["fcfs", "priority"])),
         budget=draw(st.integers(1, 48)),
         max_seqs=draw(st.integers(1, 8)),
@@ -57,6 +56,11 @@ def scheduler_configs(draw):
         threshold=draw(st.sampled_from([0, 0, 1, 3, 8])),
         prefix_caching=draw(st.booleans()),
     )
+
+
+@st.composite
+def scheduler_configs(draw):
+    return dict(policy=draw(st.sampled_from(["eager", "chunked"])), **draw_limits(draw))
 
 
 def draw_num_blocks(data, specs, block_size: int) -> int:
@@ -81,6 +85,12 @@ def test_scheduling_never_changes_tokens(specs, cfg, data):
     for reason in sorted(set(result.finish_reasons.values())):
         event(f"some finished with {reason}")
 
+    check_against_reference(result, executor, specs, cfg["block_size"], num_blocks)
+    check_computed_once(result)
+
+
+def check_against_reference(result, executor, specs, block_size: int, num_blocks: int) -> None:
+    """Each request's tokens and finish reason against its unscheduled run on `executor`."""
     for s in specs:
         reason = result.finish_reasons[s.req_id]
         got = result.outputs[s.req_id]
@@ -97,11 +107,13 @@ def test_scheduling_never_changes_tokens(specs, cfg, data):
             assert reason == "error", reason
             assert got == want[: len(got)]
             # Only a request that cannot fit the whole pool may fail.
-            needed = -(-result.final_num_tokens[s.req_id] // cfg["block_size"])
+            needed = -(-result.final_num_tokens[s.req_id] // block_size)
             assert needed > num_blocks, result.error_messages[s.req_id]
             assert "KV cache blocks" in result.error_messages[s.req_id]
 
-    # Each position is computed once per (re)start: without preemption, exactly once overall.
+
+def check_computed_once(result) -> None:
+    """Each position is computed once per (re)start: without preemption, exactly once overall."""
     if result.num_preemptions == 0:
         seen: set[tuple[str, int]] = set()
         for req_id, start, end in result.computed:
@@ -128,8 +140,13 @@ def test_constrained_run_equals_unconstrained_run(specs, cfg, data):
         FakeExecutor(VOCAB, eos_token_id=EOS, eos_one_in=24),
         specs,
     )
-    assert set(roomy.finish_reasons.values()) <= {"stop", "length"}
     event(f"preempted: {tight.num_preemptions > 0}")
+    check_matches_roomy(tight, roomy, specs)
+
+
+def check_matches_roomy(tight, roomy, specs) -> None:
+    """The constrained run gives the roomy run's tokens (a prefix of them where it failed)."""
+    assert set(roomy.finish_reasons.values()) <= {"stop", "length"}
     for s in specs:
         if tight.finish_reasons[s.req_id] == "error":
             got = tight.outputs[s.req_id]

@@ -11,13 +11,20 @@ from core_driver import (
     EOS,
     VOCAB,
     make_request,
-    reference_outputs,
     run,
     step,
 )
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_scheduler_properties import MAX_MODEL_LEN, draw_num_blocks, workloads
+from test_scheduler_properties import (
+    MAX_MODEL_LEN,
+    check_against_reference,
+    check_computed_once,
+    check_matches_roomy,
+    draw_limits,
+    draw_num_blocks,
+    workloads,
+)
 
 from cadence.core.config import CacheConfig, SchedulerConfig
 from cadence.core.plan import StepOutput, StepPlan
@@ -293,13 +300,7 @@ def test_other_policies_ignore_observations():
 @st.composite
 def slo_configs(draw):
     return dict(
-        target_ms=draw(st.sampled_from([0.5, 5.0, 20.0, 100.0, 1e6])),
-        scheduling=draw(st.sampled_from(["fcfs", "priority"])),
-        budget=draw(st.integers(1, 48)),
-        max_seqs=draw(st.integers(1, 8)),
-        block_size=draw(st.sampled_from([1, 2, 4, 8])),
-        threshold=draw(st.sampled_from([0, 0, 1, 3, 8])),
-        prefix_caching=draw(st.booleans()),
+        target_ms=draw(st.sampled_from([0.5, 5.0, 20.0, 100.0, 1e6])), **draw_limits(draw)
     )
 
 
@@ -333,27 +334,8 @@ def test_slo_never_changes_tokens(specs, cfg, data):
     executor = TimedExecutor(scheduler, seed=data.draw(st.integers(0, 9), label="seed"))
     result = run(scheduler, executor, specs)
     event(f"preempted: {result.num_preemptions > 0}")
-    for s in specs:
-        reason = result.finish_reasons[s.req_id]
-        got = result.outputs[s.req_id]
-        want = reference_outputs(executor.fake, s)
-        cut_short = s.abort_step is not None and got != want
-        if reason in ("stop", "length") and not cut_short:
-            assert got == want, f"{s.req_id} ({reason}) differs from the unscheduled run"
-        elif reason in ("abort", "stop"):
-            assert s.abort_step is not None and reason == s.abort_reason
-            assert got == want[: len(got)]
-        else:
-            assert reason == "error", reason
-            assert got == want[: len(got)]
-            needed = -(-result.final_num_tokens[s.req_id] // cfg["block_size"])
-            assert needed > num_blocks
-    if result.num_preemptions == 0:
-        seen: set[tuple[str, int]] = set()
-        for req_id, start, end in result.computed:
-            for pos in range(start, end):
-                assert (req_id, pos) not in seen, f"{req_id} position {pos} computed twice"
-                seen.add((req_id, pos))
+    check_against_reference(result, executor.fake, specs, cfg["block_size"], num_blocks)
+    check_computed_once(result)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -370,11 +352,4 @@ def test_slo_run_equals_unconstrained_run(specs, cfg, data):
     roomy = run(roomy_sched, FakeExecutor(VOCAB, eos_token_id=EOS, eos_one_in=24), specs)
     scheduler = build_slo(cfg, num_blocks)
     tight = run(scheduler, TimedExecutor(scheduler), specs)
-    for s in specs:
-        if tight.finish_reasons[s.req_id] == "error":
-            got = tight.outputs[s.req_id]
-            assert got == roomy.outputs[s.req_id][: len(got)]
-        else:
-            assert tight.outputs[s.req_id] == roomy.outputs[s.req_id]
-            assert tight.finish_reasons[s.req_id] == roomy.finish_reasons[s.req_id]
-
+    check_matches_roomy(tight, roomy, specs)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 from rich.console import Console
 
@@ -18,42 +20,41 @@ from cadence.sim.report import comparison_table, summaries_as_dicts
 from cadence.sim.trace_fit import fit_trace
 from cadence.sim.workload import doc_burst
 
+T = TypeVar("T")
+
+
+def _parse(text: str, convert: Callable[[str], T], expected: str) -> T:
+    try:
+        return convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
 
 def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    values = _parse(text, lambda t: [int(v) for v in t.split(",") if v.strip()],
+                    "comma-separated integers")
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
     return values
 
 
 def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    values = _parse(text, lambda t: [float(v) for v in t.split(",") if v.strip()],
+                    "comma-separated numbers")
     if not values or min(values) <= 0:
         raise argparse.ArgumentTypeError(f"expected numbers > 0, got {text!r}")
     return values
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    value = _parse(text, int, "an integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
 
 
 def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    value = _parse(text, float, "a number")
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
