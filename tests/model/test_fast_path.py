@@ -18,6 +18,8 @@ from cadence.model.attention import paged_attention, write_kv
 from cadence.model.attention_cpu import KERNEL_MAX_CHUNK, paged_attention_cpu
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
+from cadence.model.prefill_attention import (MIN_CHUNK, blocked_causal_attention,
+                                             paged_attention_cpu_prefill)
 from cadence.model.rope import apply_rope, rope_cos_sin
 
 KERNELS = load_cpu_kernels()
@@ -206,3 +208,46 @@ def test_model_fast_forward_matches_reference_forward(request, arch, dtype):
         spans = [(s + n, 1) for s, n in spans]  # then two decode steps
     atol, rtol = (1e-4, 1e-4) if dtype == torch.float32 else (5e-2, 5e-2)
     torch.testing.assert_close(torch.cat(outputs[1]), torch.cat(outputs[0]), atol=atol, rtol=rtol)
+
+
+# Long bf16 prefill chunks: blocked causal attention (plain bf16 matmuls, GQA heads grouped).
+LONG_SPANS = {
+    "from zero": [(0, MIN_CHUNK + 261)],  # not a multiple of the query block
+    "over cache": [(203, MIN_CHUNK + 77)],  # a chunk continuing a cached context
+    "mixed": [(40, 1), (0, MIN_CHUNK + 5), (9, 1), (50, 7), (300, MIN_CHUNK), (17, 45)],
+}
+
+
+@pytest.mark.parametrize("dim, heads, kv_heads", [(64, 9, 3), (64, 4, 4), (64, 10, 2)])
+@pytest.mark.parametrize("case", sorted(LONG_SPANS))
+def test_long_bf16_prefill_matches_reference(dim, heads, kv_heads, case):
+    q, k, v, k_cache, v_cache, meta = random_batch(
+        hash((case, heads)) % 1000, LONG_SPANS[case], heads, kv_heads, dim, 16, torch.bfloat16)
+    scale = dim ** -0.5
+    ref_k, ref_v = k_cache.float(), v_cache.float()
+    expected = paged_attention(q.float(), k.float(), v.float(), ref_k, ref_v, meta, scale)
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    got = paged_attention_cpu_prefill(KERNELS, q.contiguous(), k, v, k_cache, v_cache, meta, scale)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, ctx, block", [(23, 23, 7), (23, 61, 7), (5, 5, 8), (40, 40, 40),
+                                           (1, 9, 4), (100, 133, 16)])
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (4, 4), (6, 1)])
+def test_blocked_causal_attention_matches_sdpa(dtype, n, ctx, block, heads, kv_heads):
+    """Small blocks: several blocks, a partial last one, queries offset over earlier keys."""
+    gen = torch.Generator().manual_seed(n * ctx + block)
+    q = torch.randn(n, heads, 64, generator=gen)
+    keys = torch.randn(ctx, kv_heads, 64, generator=gen)
+    values = torch.randn(ctx, kv_heads, 64, generator=gen)
+    q_pos = torch.arange(ctx - n, ctx)
+    mask = torch.arange(ctx)[None, :] <= q_pos[:, None]
+    expected = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+        attn_mask=mask, scale=0.125, enable_gqa=True)[0].transpose(0, 1)
+    got = blocked_causal_attention(q.to(dtype), keys.to(dtype), values.to(dtype), 0.125, block)
+    assert got.dtype == dtype and got.shape == q.shape
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), expected, atol=atol, rtol=rtol)

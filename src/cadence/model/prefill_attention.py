@@ -1,0 +1,110 @@
+"""Blocked causal attention for long bf16 prefill chunks on CPU, in plain bf16 matmuls.
+
+torch's CPU flash attention reaches well under half the bf16 GEMM rate for a long causal prompt;
+this runs the same attention as a few large matmuls instead. The query heads that share a KV head
+are stacked into the matmul's row dimension (GQA: one matmul serves the whole group), queries are
+cut into blocks, and each block multiplies only the causal prefix of the keys (fully masked key
+columns are never computed). Only the last `block` key columns of a block need a mask. Scores
+come out of the matmul in bf16 (fp32 accumulation, one rounding); softmax computes in fp32
+internally and rounds the probabilities to bf16 for the value matmul, as flash attention does.
+Measured on a 2-core AVX512-BF16 CPU (SmolLM2-135M shapes, 2048 tokens): ~1.4-1.7x faster than
+SDPA for the attention alone. Any dtype works (the tests run it in fp32 too); only bf16 uses it.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from cadence.model.attention_cpu import (KERNEL_MAX_CHUNK, _sdpa_causal, _sdpa_over_cache,
+                                         paged_attention_cpu)
+from cadence.model.attention_metadata import AttentionMetadata
+
+# Query rows per block (per head): big enough for GEMM efficiency, small enough that one score
+# block ([group * block, context] bf16) stays near the L2 cache.
+QUERY_BLOCK = 192
+# bf16 prefill chunks with at least this many new tokens take the blocked path (shorter ones
+# measured no faster than SDPA).
+MIN_CHUNK = 256
+
+
+def _takes_blocked(q: torch.Tensor, n_new: int) -> bool:
+    return q.dtype == torch.bfloat16 and q.device.type == "cpu" and n_new >= MIN_CHUNK
+
+
+def paged_attention_cpu_prefill(kernels: ModuleType, q: torch.Tensor, k_new: torch.Tensor,
+                                v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """paged_attention_cpu (same arguments and result), with long bf16 prefill chunks through
+    blocked_causal_attention; everything else as paged_attention_cpu does it."""
+    qs, starts, lens = meta.query_start_loc_host, meta.start_pos_host, meta.seq_lens_host
+    if not any(_takes_blocked(q, qs[i + 1] - qs[i]) for i in meta.prefill_seqs):
+        return paged_attention_cpu(kernels, q, k_new, v_new, k_cache, v_cache, meta, scale)
+    out = torch.empty_like(q)
+    if meta.decode_seqs:
+        rows = meta.decode_rows
+        out[rows] = kernels.paged_attention(q[rows], k_cache, v_cache, meta.block_tables,
+                                            meta.decode_seq_index, meta.decode_ctx_lens, scale)
+    for i in meta.prefill_seqs:
+        q_start, q_end = qs[i], qs[i + 1]
+        start_pos, seq_len = starts[i], lens[i]
+        n_new = q_end - q_start
+        if _takes_blocked(q, n_new):
+            if start_pos == 0:
+                keys, values = k_new[q_start:q_end], v_new[q_start:q_end]
+            else:
+                blocks = meta.block_tables[i, : meta.num_blocks_host[i]]
+                keys = k_cache[blocks].flatten(0, 1)[:seq_len]  # [seq_len, Hkv, D]
+                values = v_cache[blocks].flatten(0, 1)[:seq_len]
+            out[q_start:q_end] = blocked_causal_attention(q[q_start:q_end], keys, values, scale,
+                                                             QUERY_BLOCK)
+        elif start_pos == 0:
+            out[q_start:q_end] = _sdpa_causal(q[q_start:q_end], k_new[q_start:q_end],
+                                              v_new[q_start:q_end], scale)
+        elif n_new <= KERNEL_MAX_CHUNK:
+            ctx = torch.arange(start_pos + 1, seq_len + 1, dtype=torch.int64)
+            seq = torch.full((n_new,), i, dtype=torch.int64)
+            out[q_start:q_end] = kernels.paged_attention(
+                q[q_start:q_end].contiguous(), k_cache, v_cache, meta.block_tables, seq, ctx, scale)
+        else:
+            out[q_start:q_end] = _sdpa_over_cache(q[q_start:q_end], k_cache, v_cache, meta, i,
+                                                  scale)
+    return out
+
+
+def blocked_causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                             scale: float, block: int = QUERY_BLOCK) -> torch.Tensor:
+    """q: [n, Hq, D]; keys, values: [L, Hkv, D], the whole context (L >= n) whose last n
+    positions are the queries' own (query j sits at position L - n + j and sees keys <= it).
+    Returns [n, Hq, D] in q's dtype.
+    """
+    n, num_heads, dim = q.shape
+    ctx_len, num_kv_heads = keys.shape[:2]
+    group = num_heads // num_kv_heads
+    start_pos = ctx_len - n
+    # [n, Hkv, G, D] -> [Hkv, n, G, D] -> [Hkv, n*G, D]: row m is query m // G of the group.
+    qh = q.reshape(n, num_kv_heads, group, dim).transpose(0, 1).reshape(num_kv_heads, n * group,
+                                                                       dim)
+    qh = qh * scale  # exact in bf16 for power-of-two scales (head_dim 64: 1/8)
+    kh = keys.transpose(0, 1).contiguous()  # [Hkv, L, D]
+    vh = values.transpose(0, 1).contiguous()  # [Hkv, L, D]
+    out = torch.empty(num_kv_heads, n * group, dim, dtype=q.dtype)
+    # Within a block, row m (query r0 + m // G) may not see diagonal column c > m // G.
+    block = min(block, n)
+    diag_mask = torch.arange(block)[None, :] > torch.arange(block).repeat_interleave(group)[:, None]
+    # As an additive 0 / -inf bias: add_ vectorizes far better than masked_fill_ here.
+    diag_bias = torch.zeros(diag_mask.shape, dtype=q.dtype).masked_fill_(diag_mask, float("-inf"))
+    for h in range(num_kv_heads):
+        q_h, k_h, v_h, out_h = qh[h], kh[h], vh[h], out[h]
+        for r0 in range(0, n, block):
+            r1 = min(r0 + block, n)
+            k_end = start_pos + r1  # keys [0, k_end) are visible to some row of this block
+            scores = torch.mm(q_h[r0 * group:r1 * group], k_h[:k_end].t())  # [M, k_end]
+            # Only the last r1 - r0 columns (the block's own positions) can be masked.
+            rows = (r1 - r0) * group
+            scores[:, start_pos + r0:].add_(diag_bias[:rows, :r1 - r0])
+            probs = torch.softmax(scores, dim=-1)
+            torch.mm(probs, v_h[:k_end], out=out_h[r0 * group:r1 * group])
+    # [Hkv, n, G, D] -> [n, Hkv, G, D] -> [n, Hq, D]
+    return out.view(num_kv_heads, n, group, dim).transpose(0, 1).reshape(n, num_heads, dim)
