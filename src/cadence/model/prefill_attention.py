@@ -24,9 +24,10 @@ from cadence.model.attention_metadata import AttentionMetadata
 # Query rows per block (per head): big enough for GEMM efficiency, small enough that one score
 # block ([group * block, context] bf16) stays near the L2 cache.
 QUERY_BLOCK = 192
-# bf16 prefill chunks with at least this many new tokens take the blocked path (shorter ones
-# measured no faster than SDPA).
-MIN_CHUNK = 256
+# bf16 prefill chunks with at least this many new tokens take the blocked path. Whole-prefill
+# A/B runs gained ~10-15% at 1024 and 2048 tokens; at 512 the result flipped from run to run
+# (attention is a small share there), so shorter chunks stay on SDPA.
+MIN_CHUNK = 1024
 
 
 def _takes_blocked(q: torch.Tensor, n_new: int) -> bool:
