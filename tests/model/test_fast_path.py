@@ -18,8 +18,7 @@ from cadence.model.attention import paged_attention, write_kv
 from cadence.model.attention_cpu import KERNEL_MAX_CHUNK, paged_attention_cpu
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
-from cadence.model.prefill_attention import (MIN_CHUNK, blocked_causal_attention,
-                                             paged_attention_cpu_prefill)
+from cadence.model.prefill_attention import MIN_CHUNK, blocked_causal_attention
 from cadence.model.rope import apply_rope, rope_cos_sin
 
 KERNELS = load_cpu_kernels()
@@ -227,7 +226,7 @@ def test_long_bf16_prefill_matches_reference(dim, heads, kv_heads, case):
     ref_k, ref_v = k_cache.float(), v_cache.float()
     expected = paged_attention(q.float(), k.float(), v.float(), ref_k, ref_v, meta, scale)
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-    got = paged_attention_cpu_prefill(KERNELS, q.contiguous(), k, v, k_cache, v_cache, meta, scale)
+    got = paged_attention_cpu(KERNELS, q.contiguous(), k, v, k_cache, v_cache, meta, scale)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
 

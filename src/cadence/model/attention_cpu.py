@@ -5,7 +5,7 @@ K/V straight from the paged cache through the block tables: nothing is gathered 
 one call serves the whole batch, so no Python work grows with the batch size. Prefill chunks that
 start at position 0 attend only over their own new keys/values, which are already at hand, so
 they use torch's SDPA (a flash-attention kernel built on GEMMs) on those without touching the
-cache; long chunks that continue a context gather it once and use SDPA with an offset mask.
+cache (long bf16 chunks: cadence.model.prefill_attention's blocked matmuls instead); long chunks that continue a context gather it once and use SDPA with an offset mask.
 
 The caller has already written this step's K/V into the cache (kernels.rope_write_kv).
 """
@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from cadence.model.attention_metadata import AttentionMetadata
+from cadence.model.prefill_attention import blocked_over_context, takes_blocked
 
 # A continuing prefill chunk with at most this many new tokens runs through the kernel (one query
 # row each, over its own context) rather than gather + SDPA.
@@ -47,7 +48,11 @@ def paged_attention_cpu(kernels: ModuleType, q: torch.Tensor, k_new: torch.Tenso
         q_start, q_end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
         start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
         n_new = q_end - q_start
-        if start_pos == 0:
+        if takes_blocked(q, n_new):  # long bf16 chunk: plain-matmul blocked attention
+            out[q_start:q_end] = blocked_over_context(q[q_start:q_end], k_new[q_start:q_end],
+                                                      v_new[q_start:q_end], k_cache, v_cache,
+                                                      meta, i, scale)
+        elif start_pos == 0:
             out[q_start:q_end] = _sdpa_causal(q[q_start:q_end], k_new[q_start:q_end],
                                               v_new[q_start:q_end], scale)
         elif n_new <= KERNEL_MAX_CHUNK:

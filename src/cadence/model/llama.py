@@ -22,11 +22,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.model.attention import paged_attention
+from cadence.model.attention_cpu import paged_attention_cpu
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.config import ModelConfig
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 from cadence.model.kv_cache import KVCache
-from cadence.model.prefill_attention import paged_attention_cpu_prefill
 from cadence.model.rope import apply_rope, rope_cos_sin
 
 # bf16 GEMMs with at most this many rows use the AVX512-BF16 kernel (memory-bound decode); larger
@@ -150,7 +150,7 @@ class LlamaAttention(_FusedProjections):
                               k_cache, v_cache, meta.slot_mapping)
         q = qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim).contiguous()
         kv_new = qkv[:, self.q_size:].view(num_tokens, 2, self.num_kv_heads, self.head_dim)
-        attn = paged_attention_cpu_prefill(kernels, q, kv_new[:, 0], kv_new[:, 1], k_cache,
+        attn = paged_attention_cpu(kernels, q, kv_new[:, 0], kv_new[:, 1], k_cache,
                                            v_cache, meta, self.scale)  # [T, Hq, D]
         return fused_linear(attn.reshape(num_tokens, -1), self.o_proj.weight, None, kernels)
 

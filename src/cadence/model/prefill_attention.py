@@ -13,12 +13,8 @@ SDPA for the attention alone. Any dtype works (the tests run it in fp32 too); on
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 
-from cadence.model.attention_cpu import (KERNEL_MAX_CHUNK, _sdpa_causal, _sdpa_over_cache,
-                                         paged_attention_cpu)
 from cadence.model.attention_metadata import AttentionMetadata
 
 # Query rows per block (per head): big enough for GEMM efficiency, small enough that one score
@@ -30,48 +26,25 @@ QUERY_BLOCK = 192
 MIN_CHUNK = 1024
 
 
-def _takes_blocked(q: torch.Tensor, n_new: int) -> bool:
+def takes_blocked(q: torch.Tensor, n_new: int) -> bool:
+    """Whether a prefill chunk of n_new tokens with queries q goes through the blocked path."""
     return q.dtype == torch.bfloat16 and q.device.type == "cpu" and n_new >= MIN_CHUNK
 
 
-def paged_attention_cpu_prefill(kernels: ModuleType, q: torch.Tensor, k_new: torch.Tensor,
-                                v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """paged_attention_cpu (same arguments and result), with long bf16 prefill chunks through
-    blocked_causal_attention; everything else as paged_attention_cpu does it."""
-    qs, starts, lens = meta.query_start_loc_host, meta.start_pos_host, meta.seq_lens_host
-    if not any(_takes_blocked(q, qs[i + 1] - qs[i]) for i in meta.prefill_seqs):
-        return paged_attention_cpu(kernels, q, k_new, v_new, k_cache, v_cache, meta, scale)
-    out = torch.empty_like(q)
-    if meta.decode_seqs:
-        rows = meta.decode_rows
-        out[rows] = kernels.paged_attention(q[rows], k_cache, v_cache, meta.block_tables,
-                                            meta.decode_seq_index, meta.decode_ctx_lens, scale)
-    for i in meta.prefill_seqs:
-        q_start, q_end = qs[i], qs[i + 1]
-        start_pos, seq_len = starts[i], lens[i]
-        n_new = q_end - q_start
-        if _takes_blocked(q, n_new):
-            if start_pos == 0:
-                keys, values = k_new[q_start:q_end], v_new[q_start:q_end]
-            else:
-                blocks = meta.block_tables[i, : meta.num_blocks_host[i]]
-                keys = k_cache[blocks].flatten(0, 1)[:seq_len]  # [seq_len, Hkv, D]
-                values = v_cache[blocks].flatten(0, 1)[:seq_len]
-            out[q_start:q_end] = blocked_causal_attention(q[q_start:q_end], keys, values, scale,
-                                                             QUERY_BLOCK)
-        elif start_pos == 0:
-            out[q_start:q_end] = _sdpa_causal(q[q_start:q_end], k_new[q_start:q_end],
-                                              v_new[q_start:q_end], scale)
-        elif n_new <= KERNEL_MAX_CHUNK:
-            ctx = torch.arange(start_pos + 1, seq_len + 1, dtype=torch.int64)
-            seq = torch.full((n_new,), i, dtype=torch.int64)
-            out[q_start:q_end] = kernels.paged_attention(
-                q[q_start:q_end].contiguous(), k_cache, v_cache, meta.block_tables, seq, ctx, scale)
-        else:
-            out[q_start:q_end] = _sdpa_over_cache(q[q_start:q_end], k_cache, v_cache, meta, i,
-                                                  scale)
-    return out
+def blocked_over_context(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                         i: int, scale: float) -> torch.Tensor:
+    """Sequence i's prefill chunk (q, k_new, v_new: its rows only) through
+    blocked_causal_attention, over its own new keys when it starts at position 0, else over its
+    whole context read once from the cache."""
+    start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
+    if start_pos == 0:
+        keys, values = k_new, v_new
+    else:
+        blocks = meta.block_tables[i, : meta.num_blocks_host[i]]
+        keys = k_cache[blocks].flatten(0, 1)[:seq_len]  # [seq_len, Hkv, D]
+        values = v_cache[blocks].flatten(0, 1)[:seq_len]
+    return blocked_causal_attention(q, keys, values, scale, QUERY_BLOCK)
 
 
 def blocked_causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
