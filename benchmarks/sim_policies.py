@@ -70,17 +70,7 @@ def run_real(workload: Workload, configs: list[SchedulerConfig], trace_dir: Path
                 time.sleep(max(0.0, pending[0].arrival_s - (time.monotonic() - t0)))
         engine.close()
         timelines = {t.req_id: t for t in engine.telemetry.finished_timelines()}
-        steps = [
-            SimStep(
-                step_id=r.step_id,
-                t_start=r.t_start,
-                duration_s=r.duration_s,
-                num_prefill_tokens=r.num_prefill_tokens,
-                num_decode_tokens=r.num_decode_tokens,
-                num_seqs=r.num_seqs,
-            )
-            for r in engine.telemetry.steps
-        ]
+        steps = [SimStep.from_record(r) for r in engine.telemetry.steps]
         result = SimResult(workload, sched, cache, "real engine", timelines, steps)
         summaries.append(dataclasses.replace(summarize(result), label="REAL " + describe(result)))
         traces.append(trace)

@@ -26,6 +26,7 @@ from cadence.sim.sim_executor import HashSampler
 from cadence.sim.workload import Workload, prompt_token_ids
 from cadence.telemetry.recorder import TelemetryRecorder
 from cadence.telemetry.request_timeline import RequestTimeline
+from cadence.telemetry.step_trace import StepRecord
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,19 @@ class SimStep:
     num_decode_tokens: int
     num_seqs: int
     predicted_s: float | None = None
+
+    @classmethod
+    def from_record(cls, record: StepRecord, predicted_s: float | None = None) -> SimStep:
+        """The step as telemetry recorded it (simulated or real engine), plus a forecast."""
+        return cls(
+            step_id=record.step_id,
+            t_start=record.t_start,
+            duration_s=record.duration_s,
+            num_prefill_tokens=record.num_prefill_tokens,
+            num_decode_tokens=record.num_decode_tokens,
+            num_seqs=record.num_seqs,
+            predicted_s=predicted_s,
+        )
 
 
 @dataclass
@@ -122,16 +136,6 @@ def simulate(
         updates = scheduler.update(plan, out)
         scheduler.observe_step(plan, duration)
         telemetry.record_step(plan, out, updates, t_start, clock.now, scheduler.stats())
-        steps.append(
-            SimStep(
-                step_id=plan.step_id,
-                t_start=t_start,
-                duration_s=duration,
-                num_prefill_tokens=plan.num_prefill_tokens,
-                num_decode_tokens=plan.num_decode_tokens,
-                num_seqs=len(plan.chunks),
-                predicted_s=predicted,
-            )
-        )
+        steps.append(SimStep.from_record(telemetry.steps[-1], predicted))
     timelines = {t.req_id: t for t in telemetry.finished_timelines()}
     return SimResult(workload, sched, cache, cost_model.name, timelines, steps)
