@@ -1,7 +1,7 @@
-"""Build (once) and load the C++ CPU kernels in cpu_kernels.cpp.
+"""Build (once) and load the C++ CPU kernels (the *.cpp and *.h files beside this module).
 
 The extension is compiled with torch.utils.cpp_extension.load into a per-user cache directory
-(``$CADENCE_KERNEL_CACHE`` or ``~/.cache/cadence/kernels``), keyed by the source hash and the
+(``$CADENCE_KERNEL_CACHE`` or ``~/.cache/cadence/kernels``), keyed by the hash of all its sources and the
 torch version, so the first process pays the compile (~1 minute on 2 cores) and later ones just
 load the .so. Any failure (no compiler, no headers, a build error) logs one warning and returns
 None: callers then use the pure-torch path. ``CADENCE_CPU_KERNELS=0`` turns the kernels off.
@@ -20,7 +20,13 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+KERNEL_DIR = Path(__file__).parent
+
+
+def kernel_sources() -> list[Path]:
+    """The extension's files: every .cpp is compiled, the .h files are included by them."""
+    return sorted(KERNEL_DIR.glob("*.cpp")) + sorted(KERNEL_DIR.glob("*.h"))
+
 ENV_SWITCH = "CADENCE_CPU_KERNELS"
 ENV_CACHE = "CADENCE_KERNEL_CACHE"
 
@@ -47,20 +53,24 @@ def load_cpu_kernels() -> ModuleType | None:
     try:
         from torch.utils import cpp_extension
 
-        source = SOURCE.read_bytes()
-        key = hashlib.sha256(source + torch.__version__.encode()).hexdigest()[:16]
+        sources = {path.name: path.read_bytes() for path in kernel_sources()}
+        digest = hashlib.sha256(torch.__version__.encode())
+        for name, text in sources.items():
+            digest.update(name.encode() + b"\0" + text)
+        key = digest.hexdigest()[:16]
         build_dir = kernel_cache_dir() / key
         build_dir.mkdir(parents=True, exist_ok=True)
-        # Compile a copy kept next to the build: ninja rebuilds when the source path changes,
+        # Compile copies kept next to the build: ninja rebuilds when a source path changes,
         # and checkouts in different places (worktrees, CI copies) share this cache.
-        local_source = build_dir / SOURCE.name
-        if not local_source.exists() or local_source.read_bytes() != source:
-            staging = build_dir / f".{SOURCE.name}.{os.getpid()}"
-            staging.write_bytes(source)
-            os.replace(staging, local_source)
+        for name, text in sources.items():
+            local = build_dir / name
+            if not local.exists() or local.read_bytes() != text:
+                staging = build_dir / f".{name}.{os.getpid()}"
+                staging.write_bytes(text)
+                os.replace(staging, local)
         return cpp_extension.load(
             name=f"cadence_cpu_kernels_{key}",
-            sources=[str(local_source)],
+            sources=[str(build_dir / name) for name in sources if name.endswith(".cpp")],
             build_directory=str(build_dir),
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],

@@ -1,0 +1,28 @@
+// Python bindings of the CPU kernels for the decode/prefill fast path (all files in this folder
+// are compiled once into one extension by cadence.model.kernels.cpu_ops).
+//
+// Every kernel works on float32 and bfloat16 tensors (templated on the storage type, computing in
+// float32) and parallelises with at::parallel_for, so it follows torch.set_num_threads.
+//
+//  paged_attention   one query row per token, attending over its own context [0, ctx_len) read
+//                    straight from the paged cache through its block table: no gather, no copy.
+//  rope_write_kv     rotate q and k of a fused qkv projection in place (HF rotate_half layout)
+//                    and store k, v at their cache slots.
+//  add_rms_norm      residual += x (in the model dtype), out = rms_norm(residual) * weight.
+//  rms_norm          out = rms_norm(x) * weight.
+//  silu_mul          out = silu(gate) * up of a fused gate/up projection.
+//  linear_bf16       y = x @ w.T for bf16 with few rows (decode), with AVX512-BF16 dot products;
+//                    torch's bf16 GEMM is several times slower than memory bandwidth there.
+#include <torch/extension.h>
+
+#include "ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_attention", &cadence_kernels::paged_attention, "paged attention over block tables (no gather)");
+  m.def("rope_write_kv", &cadence_kernels::rope_write_kv, "rotary embedding in place + cache write");
+  m.def("rms_norm", &cadence_kernels::rms_norm, "RMS norm");
+  m.def("add_rms_norm", &cadence_kernels::add_rms_norm, "residual add + RMS norm");
+  m.def("silu_mul", &cadence_kernels::silu_mul, "silu(gate) * up");
+  m.def("linear_bf16", &cadence_kernels::linear_bf16, "bf16 x @ w.T for few rows");
+  m.def("has_avx512bf16", &cadence_kernels::has_avx512bf16, "whether linear_bf16 is compiled in");
+}

@@ -1,0 +1,283 @@
+// paged_attention: one query row per token over its own context [0, ctx_len), read straight
+// from the paged cache through its block table (no gather, no copy).
+#include "common.h"
+#include "ops.h"
+
+namespace cadence_kernels {
+
+#if defined(__AVX512F__)
+
+template <typename T>
+inline void prefetch_block_rows(const T* base, int32_t block, int64_t block_size,
+                                int64_t token_stride, int64_t row_bytes) {
+  const char* start = reinterpret_cast<const char*>(base + static_cast<int64_t>(block) * block_size * token_stride);
+  for (int64_t off = 0; off < block_size; ++off)
+    for (int64_t byte = 0; byte < row_bytes; byte += 64)
+      _mm_prefetch(start + off * token_stride * sizeof(T) + byte, _MM_HINT_T0);
+}
+
+// One (query row, KV head) item with head_dim = 16 * C: G query heads over ctx positions.
+// Loops run per query head (g outer) so the accumulators stay in registers; the sequence's K/V
+// for this head is read from memory on g = 0 and from cache after.
+template <typename T, int C>
+void attend_item_avx512(const float* qf, int64_t G, const T* kbase, const T* vbase,
+                        const int32_t* table, int64_t block_size, int64_t ctx,
+                        int64_t token_stride, float* scores, float* acc_out) {
+  constexpr int64_t D = 16 * C;
+  const int64_t nblocks = (ctx + block_size - 1) / block_size;
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 qv[C];
+    for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(qf + g * D + 16 * c);
+    float* s = scores + g * ctx;
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const T* kblock = kbase + static_cast<int64_t>(table[b]) * block_size * token_stride;
+      const int64_t count = std::min<int64_t>(block_size, ctx - b * block_size);
+      // Blocks are scattered, so the hardware prefetcher cannot run ahead across them: fetch
+      // the next block's K and V rows of this head while computing on this one (first pass).
+      if (g == 0 && b + 1 < nblocks) {
+        prefetch_block_rows(kbase, table[b + 1], block_size, token_stride, D * sizeof(T));
+        prefetch_block_rows(vbase, table[b + 1], block_size, token_stride, D * sizeof(T));
+      }
+      for (int64_t off = 0; off < count; ++off) {
+        const T* krow = kblock + off * token_stride;
+        __m512 dot = _mm512_mul_ps(qv[0], load16(krow));
+        for (int c = 1; c < C; ++c) dot = _mm512_fmadd_ps(qv[c], load16(krow + 16 * c), dot);
+        s[b * block_size + off] = _mm512_reduce_add_ps(dot);
+      }
+    }
+    softmax_inplace(s, ctx);
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const T* vblock = vbase + static_cast<int64_t>(table[b]) * block_size * token_stride;
+      const int64_t count = std::min<int64_t>(block_size, ctx - b * block_size);
+      for (int64_t off = 0; off < count; ++off) {
+        const T* vrow = vblock + off * token_stride;
+        const __m512 p = _mm512_set1_ps(s[b * block_size + off]);
+        for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(p, load16(vrow + 16 * c), acc[c]);
+      }
+    }
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc_out + g * D + 16 * c, acc[c]);
+  }
+}
+
+// Same as attend_item_avx512 with the G query heads of one KV head known at compile time: one
+// pass over K and one over V serve all of them (accumulators for every head in registers).
+template <typename T, int C, int G>
+void attend_item_grouped(const float* qf, const T* kbase, const T* vbase, const int32_t* table,
+                         int64_t block_size, int64_t ctx, int64_t token_stride, float* scores,
+                         float* acc_out) {
+  constexpr int64_t D = 16 * C;
+  const int64_t nblocks = (ctx + block_size - 1) / block_size;
+  __m512 qv[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) qv[g][c] = _mm512_loadu_ps(qf + g * D + 16 * c);
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const T* kblock = kbase + static_cast<int64_t>(table[b]) * block_size * token_stride;
+    const int64_t count = std::min<int64_t>(block_size, ctx - b * block_size);
+    if (b + 1 < nblocks) {
+      prefetch_block_rows(kbase, table[b + 1], block_size, token_stride, D * sizeof(T));
+      prefetch_block_rows(vbase, table[b + 1], block_size, token_stride, D * sizeof(T));
+    }
+    for (int64_t off = 0; off < count; ++off) {
+      const T* krow = kblock + off * token_stride;
+      __m512 kv[C];
+      for (int c = 0; c < C; ++c) kv[c] = load16(krow + 16 * c);
+      for (int g = 0; g < G; ++g) {
+        __m512 dot = _mm512_mul_ps(qv[g][0], kv[0]);
+        for (int c = 1; c < C; ++c) dot = _mm512_fmadd_ps(qv[g][c], kv[c], dot);
+        scores[g * ctx + b * block_size + off] = _mm512_reduce_add_ps(dot);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) softmax_inplace(scores + g * ctx, ctx);
+  __m512 acc[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const T* vblock = vbase + static_cast<int64_t>(table[b]) * block_size * token_stride;
+    const int64_t count = std::min<int64_t>(block_size, ctx - b * block_size);
+    for (int64_t off = 0; off < count; ++off) {
+      const T* vrow = vblock + off * token_stride;
+      const int64_t pos = b * block_size + off;
+      for (int c = 0; c < C; ++c) {
+        const __m512 v = load16(vrow + 16 * c);
+        for (int g = 0; g < G; ++g)
+          acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g * ctx + pos]), v, acc[g][c]);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc_out + g * D + 16 * c, acc[g][c]);
+}
+
+// head_dim 64 (C = 4) with 1-4 query heads per KV head takes the grouped kernel; false otherwise.
+template <typename T>
+bool attend_grouped_d64(int64_t G, const float* qf, const T* kb, const T* vb, const int32_t* table,
+                        int64_t block_size, int64_t ctx, int64_t token_stride, float* scores,
+                        float* acc) {
+  switch (G) {
+    case 1: attend_item_grouped<T, 4, 1>(qf, kb, vb, table, block_size, ctx, token_stride, scores, acc); return true;
+    case 2: attend_item_grouped<T, 4, 2>(qf, kb, vb, table, block_size, ctx, token_stride, scores, acc); return true;
+    case 3: attend_item_grouped<T, 4, 3>(qf, kb, vb, table, block_size, ctx, token_stride, scores, acc); return true;
+    case 4: attend_item_grouped<T, 4, 4>(qf, kb, vb, table, block_size, ctx, token_stride, scores, acc); return true;
+    default: return false;
+  }
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// paged_attention
+constexpr int64_t PARALLEL_MIN_POSITIONS = 32768;  // (position, KV head) pairs
+// q: [N, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables: [S, max_blocks]
+// int32; row_seq: [N] int64 (which block-table row each query uses); ctx_lens: [N] int64 (query
+// row n attends over positions [0, ctx_lens[n])). Returns [N, Hq, D] in q's dtype.
+template <typename T>
+void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
+                          const at::Tensor& v_cache, const at::Tensor& block_tables,
+                          const at::Tensor& row_seq, const at::Tensor& ctx_lens,
+                          double scale, at::Tensor& out) {
+  const int64_t N = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t block_size = k_cache.size(1), Hkv = k_cache.size(2);
+  const int64_t G = Hq / Hkv;
+  const int64_t max_blocks = block_tables.size(1);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
+  const int32_t* bt = block_tables.data_ptr<int32_t>();
+  const int64_t* seq = row_seq.data_ptr<int64_t>();
+  const int64_t* lens = ctx_lens.data_ptr<int64_t>();
+  T* op = out.data_ptr<T>();
+  const float fscale = static_cast<float>(scale);
+  const int64_t token_stride = Hkv * D;  // elements between consecutive positions of one head
+
+  // One work item = one query row and one KV head (its G query heads share every K/V load).
+  // Small batches run on the calling thread: waking the other OpenMP thread (it sleeps under
+  // OMP_WAIT_POLICY=PASSIVE) costs more than their work.
+  int64_t total_positions = 0;
+  for (int64_t n = 0; n < N; ++n) total_positions += lens[n];
+  const int64_t grain = total_positions * Hkv < PARALLEL_MIN_POSITIONS ? N * Hkv + 1 : 1;
+  at::parallel_for(0, N * Hkv, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(G * D), acc(G * D), scores;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t n = item / Hkv, h = item % Hkv;
+      const int64_t ctx = lens[n];
+      const int32_t* table = bt + seq[n] * max_blocks;
+      scores.assign(G * ctx, 0.f);
+      for (int64_t g = 0; g < G; ++g) {
+        const T* src = qp + (n * Hq + h * G + g) * D;
+        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_float(src[d]) * fscale;
+      }
+#if defined(__AVX512F__)
+      if (D == 64 || D == 128) {
+        const T* kb = kp + h * D;
+        const T* vb = vp + h * D;
+        if (D == 64 && attend_grouped_d64<T>(G, qf.data(), kb, vb, table, block_size, ctx,
+                                             token_stride, scores.data(), acc.data())) {
+          // done by the grouped kernel
+        } else if (D == 64)
+          attend_item_avx512<T, 4>(qf.data(), G, kb, vb, table, block_size, ctx, token_stride,
+                                   scores.data(), acc.data());
+        else
+          attend_item_avx512<T, 8>(qf.data(), G, kb, vb, table, block_size, ctx, token_stride,
+                                   scores.data(), acc.data());
+        for (int64_t g = 0; g < G; ++g) {
+          T* dst = op + (n * Hq + h * G + g) * D;
+          for (int64_t d = 0; d < D; ++d) dst[d] = from_float<T>(acc[g * D + d]);
+        }
+        continue;
+      }
+#endif
+      // scores[g, pos] = q_g . k_pos
+      for (int64_t pos = 0; pos < ctx; ++pos) {
+        const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+        const T* krow = kp + slot * token_stride + h * D;
+        for (int64_t g = 0; g < G; ++g) {
+          const float* qg = qf.data() + g * D;
+          float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_float(krow[d]);
+          scores[g * ctx + pos] = dot;
+        }
+      }
+      // softmax over positions, per query head
+      for (int64_t g = 0; g < G; ++g) {
+        float* s = scores.data() + g * ctx;
+        float mx = -INFINITY;
+        for (int64_t pos = 0; pos < ctx; ++pos) mx = s[pos] > mx ? s[pos] : mx;
+        float sum = 0.f;
+        for (int64_t pos = 0; pos < ctx; ++pos) {
+          s[pos] = std::exp(s[pos] - mx);
+          sum += s[pos];
+        }
+        const float inv = 1.f / sum;
+        for (int64_t pos = 0; pos < ctx; ++pos) s[pos] *= inv;
+      }
+      // acc[g] = sum_pos p[g, pos] * v_pos
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t pos = 0; pos < ctx; ++pos) {
+        const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+        const T* vrow = vp + slot * token_stride + h * D;
+        for (int64_t g = 0; g < G; ++g) {
+          const float p = scores[g * ctx + pos];
+          float* a = acc.data() + g * D;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) a[d] += p * to_float(vrow[d]);
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        T* dst = op + (n * Hq + h * G + g) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = from_float<T>(acc[g * D + d]);
+      }
+    }
+  });
+}
+
+at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                              at::Tensor block_tables, at::Tensor row_seq,
+                              at::Tensor ctx_lens, double scale) {
+  check_cpu_contiguous(q, "q");
+  check_cpu_contiguous(k_cache, "k_cache");
+  check_cpu_contiguous(v_cache, "v_cache");
+  check_cpu_contiguous(block_tables, "block_tables");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "paged_attention: q [N, Hq, D], caches [blocks, block_size, Hkv, D]");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
+              "paged_attention: q and caches must share a dtype");
+  TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(2) == 0,
+              "paged_attention: head_dim mismatch or Hq not a multiple of Hkv");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt, "block_tables must be int32");
+  auto seq = row_seq.to(at::kLong).contiguous();
+  auto lens = ctx_lens.to(at::kLong).contiguous();
+  TORCH_CHECK(seq.numel() == q.size(0) && lens.numel() == q.size(0),
+              "paged_attention: one row_seq / ctx_len per query row");
+  // Every block id a row can read must lie in the pool: a bad table must fail, not read
+  // arbitrary memory.
+  {
+    const int64_t rows = block_tables.size(0), width = block_tables.size(1);
+    const int64_t pool = k_cache.size(0), block_size = k_cache.size(1);
+    const int32_t* bt = block_tables.data_ptr<int32_t>();
+    const int64_t* sp = seq.data_ptr<int64_t>();
+    const int64_t* lp = lens.data_ptr<int64_t>();
+    for (int64_t n = 0; n < seq.numel(); ++n) {
+      TORCH_CHECK(sp[n] >= 0 && sp[n] < rows, "paged_attention: row_seq ", sp[n], " outside block_tables");
+      TORCH_CHECK(lp[n] > 0 && lp[n] <= width * block_size, "paged_attention: ctx_len ", lp[n],
+                  " outside (0, ", width * block_size, "]");
+      const int64_t used = (lp[n] + block_size - 1) / block_size;
+      for (int64_t b = 0; b < used; ++b)
+        TORCH_CHECK(bt[sp[n] * width + b] >= 0 && bt[sp[n] * width + b] < pool,
+                    "paged_attention: block id ", bt[sp[n] * width + b], " outside pool of ", pool);
+    }
+  }
+  auto out = at::empty_like(q);
+  if (q.scalar_type() == at::kFloat) {
+    paged_attention_impl<float>(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
+  } else if (q.scalar_type() == at::kBFloat16) {
+    paged_attention_impl<c10::BFloat16>(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
+  } else {
+    TORCH_CHECK(false, "paged_attention: float32 or bfloat16 only");
+  }
+  return out;
+}
+
+}  // namespace cadence_kernels

@@ -1,0 +1,83 @@
+// rope_write_kv: rotate q and k of a fused qkv projection in place (HF rotate_half layout) and
+// store k, v at their cache slots.
+#include "common.h"
+#include "ops.h"
+
+namespace cadence_kernels {
+
+// ---------------------------------------------------------------------------------------------
+// rope_write_kv
+// qkv: [T, (Hq + 2 Hkv) * D] (q heads, then k heads, then v heads), rotated in place;
+// cos, sin: [T, D] float32; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; slots: [T] int64.
+template <typename T>
+void rope_write_kv_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                        int64_t Hq, int64_t Hkv, at::Tensor& k_cache, at::Tensor& v_cache,
+                        const at::Tensor& slots) {
+  const int64_t T_ = qkv.size(0), D = k_cache.size(3), half = D / 2;
+  const int64_t width = (Hq + 2 * Hkv) * D;
+  T* x = qkv.data_ptr<T>();
+  const float* c = cos.data_ptr<float>();
+  const float* s = sin.data_ptr<float>();
+  T* kc = k_cache.data_ptr<T>();
+  T* vc = v_cache.data_ptr<T>();
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  at::parallel_for(0, T_, row_grain(T_, width), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* ct = c + t * D;
+      const float* st = s + t * D;
+      T* row = x + t * width;
+      for (int64_t head = 0; head < Hq + Hkv; ++head) {
+        T* v = row + head * D;
+        // x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]; each product and the sum
+        // rounded to T as the eager path does.
+        for (int64_t d = 0; d < half; ++d) {
+          const float a = to_float(v[d]), b = to_float(v[d + half]);
+          const float lo = round_to<T>(round_to<T>(a * round_to<T>(ct[d])) +
+                                       round_to<T>(-b * round_to<T>(st[d])));
+          const float hi = round_to<T>(round_to<T>(b * round_to<T>(ct[d + half])) +
+                                       round_to<T>(a * round_to<T>(st[d + half])));
+          v[d] = from_float<T>(lo);
+          v[d + half] = from_float<T>(hi);
+        }
+      }
+      const int64_t slot = sl[t];
+      std::memcpy(kc + slot * Hkv * D, row + Hq * D, sizeof(T) * Hkv * D);
+      std::memcpy(vc + slot * Hkv * D, row + (Hq + Hkv) * D, sizeof(T) * Hkv * D);
+    }
+  });
+}
+
+void rope_write_kv(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t num_heads,
+                   int64_t num_kv_heads, at::Tensor k_cache, at::Tensor v_cache,
+                   at::Tensor slots) {
+  check_cpu_contiguous(qkv, "qkv");
+  check_cpu_contiguous(k_cache, "k_cache");
+  check_cpu_contiguous(v_cache, "v_cache");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
+              "rope_write_kv: cos/sin must be float32");
+  auto c = cos.contiguous(), s = sin.contiguous();
+  auto sl = slots.to(at::kLong).contiguous();
+  const int64_t D = k_cache.size(3);
+  TORCH_CHECK(qkv.size(1) == (num_heads + 2 * num_kv_heads) * D && c.size(1) == D &&
+                  c.size(0) == qkv.size(0) && sl.numel() == qkv.size(0) &&
+                  k_cache.size(2) == num_kv_heads,
+              "rope_write_kv: shape mismatch");
+  TORCH_CHECK(qkv.scalar_type() == k_cache.scalar_type() && v_cache.sizes() == k_cache.sizes() &&
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              "rope_write_kv: qkv and caches must share dtype and shape");
+  {
+    const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+    const int64_t* sp = sl.data_ptr<int64_t>();
+    for (int64_t t = 0; t < sl.numel(); ++t)
+      TORCH_CHECK(sp[t] >= 0 && sp[t] < num_slots, "rope_write_kv: slot ", sp[t], " outside cache of ", num_slots);
+  }
+  if (qkv.scalar_type() == at::kFloat) {
+    rope_write_kv_impl<float>(qkv, c, s, num_heads, num_kv_heads, k_cache, v_cache, sl);
+  } else if (qkv.scalar_type() == at::kBFloat16) {
+    rope_write_kv_impl<c10::BFloat16>(qkv, c, s, num_heads, num_kv_heads, k_cache, v_cache, sl);
+  } else {
+    TORCH_CHECK(false, "rope_write_kv: float32 or bfloat16 only");
+  }
+}
+
+}  // namespace cadence_kernels
