@@ -2,6 +2,7 @@
 // eager torch path rounds them.
 #include "common.h"
 #include "ops.h"
+#include "rows.h"
 
 namespace cadence_kernels {
 
@@ -11,41 +12,8 @@ namespace cadence_kernels {
 template <typename T>
 void rms_norm_rows(T* resid, const T* add, const T* w, T* out, int64_t rows, int64_t H, float eps) {
   at::parallel_for(0, rows, row_grain(rows, H), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      T* x = resid + r * H;
-      const T* a = add == nullptr ? nullptr : add + r * H;
-      T* y = out + r * H;
-      float ss = 0.f;
-      int64_t i = 0;
-#if defined(__AVX512F__)
-      __m512 ssv = _mm512_setzero_ps();
-      for (; i + 16 <= H; i += 16) {
-        __m512 v = load16(x + i);
-        if (a != nullptr) {
-          v = round16(x, _mm512_add_ps(v, load16(a + i)));
-          store16(x + i, v);
-        }
-        ssv = _mm512_fmadd_ps(v, v, ssv);
-      }
-      ss = _mm512_reduce_add_ps(ssv);
-#endif
-      for (; i < H; ++i) {
-        float v = to_float(x[i]);
-        if (a != nullptr) {
-          v = round_to<T>(v + to_float(a[i]));
-          x[i] = from_float<T>(v);
-        }
-        ss += v * v;
-      }
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(H) + eps);
-      i = 0;
-#if defined(__AVX512F__)
-      const __m512 invv = _mm512_set1_ps(inv);
-      for (; i + 16 <= H; i += 16)
-        store16(y + i, _mm512_mul_ps(load16(w + i), round16(y, _mm512_mul_ps(load16(x + i), invv))));
-#endif
-      for (; i < H; ++i) y[i] = from_float<T>(to_float(w[i]) * round_to<T>(to_float(x[i]) * inv));
-    }
+    for (int64_t r = begin; r < end; ++r)
+      rms_norm_row<T>(resid + r * H, add == nullptr ? nullptr : add + r * H, w, out + r * H, H, eps);
   });
 }
 
@@ -95,25 +63,7 @@ at::Tensor add_rms_norm(at::Tensor residual, at::Tensor x, at::Tensor w, double 
 template <typename T>
 void silu_mul_impl(const T* gu, T* out, int64_t rows, int64_t I) {
   at::parallel_for(0, rows, row_grain(rows, 2 * I), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* g = gu + r * 2 * I;
-      const T* u = g + I;
-      T* y = out + r * I;
-      int64_t i = 0;
-#if defined(__AVX512F__)
-      for (; i + 16 <= I; i += 16) {
-        const __m512 a = load16(g + i);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), a));  // exp(-a)
-        const __m512 act = round16(y, _mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
-        store16(y + i, _mm512_mul_ps(act, load16(u + i)));
-      }
-#endif
-      for (; i < I; ++i) {
-        const float a = to_float(g[i]);
-        const float act = round_to<T>(a / (1.f + std::exp(-a)));
-        y[i] = from_float<T>(act * to_float(u[i]));
-      }
-    }
+    for (int64_t r = begin; r < end; ++r) silu_mul_row<T>(gu + r * 2 * I, gu + r * 2 * I + I, out + r * I, I);
   });
 }
 

@@ -2,6 +2,7 @@
 // store k, v at their cache slots.
 #include "common.h"
 #include "ops.h"
+#include "rows.h"
 
 namespace cadence_kernels {
 
@@ -13,7 +14,7 @@ template <typename T>
 void rope_write_kv_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                         int64_t Hq, int64_t Hkv, at::Tensor& k_cache, at::Tensor& v_cache,
                         const at::Tensor& slots) {
-  const int64_t T_ = qkv.size(0), D = k_cache.size(3), half = D / 2;
+  const int64_t T_ = qkv.size(0), D = k_cache.size(3);
   const int64_t width = (Hq + 2 * Hkv) * D;
   T* x = qkv.data_ptr<T>();
   const float* c = cos.data_ptr<float>();
@@ -22,28 +23,9 @@ void rope_write_kv_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
   T* vc = v_cache.data_ptr<T>();
   const int64_t* sl = slots.data_ptr<int64_t>();
   at::parallel_for(0, T_, row_grain(T_, width), [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float* ct = c + t * D;
-      const float* st = s + t * D;
-      T* row = x + t * width;
-      for (int64_t head = 0; head < Hq + Hkv; ++head) {
-        T* v = row + head * D;
-        // x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]; each product and the sum
-        // rounded to T as the eager path does.
-        for (int64_t d = 0; d < half; ++d) {
-          const float a = to_float(v[d]), b = to_float(v[d + half]);
-          const float lo = round_to<T>(round_to<T>(a * round_to<T>(ct[d])) +
-                                       round_to<T>(-b * round_to<T>(st[d])));
-          const float hi = round_to<T>(round_to<T>(b * round_to<T>(ct[d + half])) +
-                                       round_to<T>(a * round_to<T>(st[d + half])));
-          v[d] = from_float<T>(lo);
-          v[d + half] = from_float<T>(hi);
-        }
-      }
-      const int64_t slot = sl[t];
-      std::memcpy(kc + slot * Hkv * D, row + Hq * D, sizeof(T) * Hkv * D);
-      std::memcpy(vc + slot * Hkv * D, row + (Hq + Hkv) * D, sizeof(T) * Hkv * D);
-    }
+    for (int64_t t = begin; t < end; ++t)
+      rope_write_row<T>(x + t * width, c + t * D, s + t * D, Hq, Hkv, D, kc + sl[t] * Hkv * D,
+                        vc + sl[t] * Hkv * D);
   });
 }
 

@@ -1,0 +1,189 @@
+// Decode attention for bf16 caches: one query row (all its heads) over a span of its context,
+// read straight from the paged cache. Used by paged_attention (decodes and short chunks) and by
+// the fused decode stack.
+//
+// Why it is shaped this way:
+//  * The cache is [blocks, block_size, Hkv, D]: the K (or V) row of one position holds all KV
+//    heads side by side (Hkv * D * 2 bytes, 384 B for SmolLM2). Reading one head at a time pulls
+//    its neighbours' cache lines in too (adjacent-line prefetch) and wastes up to Hkv times the
+//    bandwidth, so every loop here consumes all heads of a 16-position group while it sits in L1.
+//  * q . k uses AVX512-BF16 dot products on the bf16 rows (no conversion), 16 positions at a
+//    time, with one transposing reduction for the 16 sums instead of 16 horizontal reductions.
+//  * p . v accumulates in float32 (V converted once per group into an L1 buffer).
+//  * A span returns unnormalised partials (max, sum of exp, weighted sum) so that one long
+//    context can be split across threads (flash-decoding) and merged after.
+#pragma once
+
+#include "common.h"
+
+namespace cadence_kernels {
+
+#if CADENCE_HAVE_AVX512BF16
+
+// Sums of 16 vectors: lane i of the result is the horizontal sum of v[i].
+inline __m512 transpose_sum16(__m512 v[16]) {
+  __m512 x[8], y[4], z[2];
+  for (int i = 0; i < 8; ++i)
+    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  // x[i], per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] (a = v[2i], b = v[2i+1]).
+  for (int i = 0; i < 4; ++i) {
+    const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(x[2 * i]), _mm512_castps_pd(x[2 * i + 1]));
+    const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(x[2 * i]), _mm512_castps_pd(x[2 * i + 1]));
+    y[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+  }
+  // y[i], per 128-bit lane L: the lane-L sums of v[4i .. 4i+3].
+  for (int i = 0; i < 2; ++i)
+    z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88), _mm512_shuffle_f32x4(z[0], z[1], 0xdd));
+}
+
+// Partial attention state of one span for all Hq heads of a query row.
+struct SpanPartial {
+  float* max;  // [Hq] running max of the scaled scores
+  float* sum;  // [Hq] sum of exp(score - max)
+  float* acc;  // [Hq, D] sum of exp(score - max) * v
+};
+
+// Query row q [Hq, D] (bf16 bits) over context positions [p0, p1) of the sequence whose block
+// table is `table`. kc, vc: the layer's caches as bf16 bits, [blocks, block_size, Hkv, D].
+// scratch: at least Hq * 16 + 16 * D floats. Writes `out` (unnormalised, see SpanPartial).
+template <int D>
+void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t* kc,
+                      const uint16_t* vc, const int32_t* table, int64_t block_size, int64_t p0,
+                      int64_t p1, float scale, float* scratch, SpanPartial out) {
+  static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
+  constexpr int QC = D / 32;  // bf16 pairs: 32 elements per register
+  constexpr int VC = D / 16;  // float32: 16 elements per register
+  const int64_t G = Hq / Hkv;
+  const int64_t token_stride = Hkv * D;
+  float* scores = scratch;          // [Hq, 16] scores of the current group
+  float* vbuf = scratch + Hq * 16;  // [16, D] one head's V rows of the group, float32
+  for (int64_t h = 0; h < Hq; ++h) {
+    out.max[h] = -INFINITY;
+    out.sum[h] = 0.f;
+  }
+  std::memset(out.acc, 0, sizeof(float) * Hq * D);
+  const uint16_t* krows[16];
+  const uint16_t* vrows[16];
+  const int64_t row_bytes = token_stride * 2;
+  auto slot_of = [&](int64_t pos) {
+    return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+  };
+  // Blocks are scattered and each group reads 16 short rows, which the hardware prefetcher
+  // does not follow: fetch the group PREFETCH_GROUPS ahead while computing this one.
+  constexpr int64_t PREFETCH_GROUPS = 2;
+  auto prefetch_group = [&](int64_t start) {
+    const int64_t stop = std::min<int64_t>(p1, start + 16);
+    for (int64_t pos = start; pos < stop; ++pos) {
+      const char* krow = reinterpret_cast<const char*>(kc + slot_of(pos) * token_stride);
+      const char* vrow = reinterpret_cast<const char*>(vc + slot_of(pos) * token_stride);
+      for (int64_t byte = 0; byte < row_bytes; byte += 64) {
+        _mm_prefetch(krow + byte, _MM_HINT_T0);
+        _mm_prefetch(vrow + byte, _MM_HINT_T0);
+      }
+    }
+  };
+  for (int64_t ahead = 0; ahead < PREFETCH_GROUPS; ++ahead) prefetch_group(p0 + 16 * ahead);
+  for (int64_t g0 = p0; g0 < p1; g0 += 16) {
+    const int count = static_cast<int>(std::min<int64_t>(16, p1 - g0));
+    if (g0 + 16 * PREFETCH_GROUPS < p1) prefetch_group(g0 + 16 * PREFETCH_GROUPS);
+    for (int j = 0; j < count; ++j) {
+      const int64_t slot = slot_of(g0 + j);
+      krows[j] = kc + slot * token_stride;
+      vrows[j] = vc + slot * token_stride;
+    }
+    const __mmask16 valid = count == 16 ? (__mmask16)0xffff : (__mmask16)((1u << count) - 1);
+    // Scores: every query head over the group's positions (K rows stay in L1 across heads).
+    for (int64_t kh = 0; kh < Hkv; ++kh) {
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t head = kh * G + g;
+        __m512bh qv[QC];
+        for (int c = 0; c < QC; ++c)
+          qv[c] = (__m512bh)_mm512_loadu_si512(q + head * D + 32 * c);
+        __m512 dots[16];
+        for (int j = 0; j < 16; ++j) {
+          if (j < count) {
+            const uint16_t* krow = krows[j] + kh * D;
+            __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(krow));
+            for (int c = 1; c < QC; ++c)
+              a = _mm512_dpbf16_ps(a, qv[c], (__m512bh)_mm512_loadu_si512(krow + 32 * c));
+            dots[j] = a;
+          } else {
+            dots[j] = _mm512_setzero_ps();
+          }
+        }
+        const __m512 s = _mm512_mul_ps(transpose_sum16(dots), _mm512_set1_ps(scale));
+        // Online softmax: rescale this head's running state when its max grows.
+        const float group_max = _mm512_mask_reduce_max_ps(valid, s);
+        const float old_max = out.max[head];
+        const float new_max = group_max > old_max ? group_max : old_max;
+        const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_max))));
+        _mm512_storeu_ps(scores + head * 16, p);
+        const float correction = old_max == -INFINITY ? 0.f : std::exp(old_max - new_max);
+        out.sum[head] = out.sum[head] * correction + _mm512_reduce_add_ps(p);
+        out.max[head] = new_max;
+        if (correction != 1.f) {
+          const __m512 cv = _mm512_set1_ps(correction);
+          float* a = out.acc + head * D;
+          for (int c = 0; c < VC; ++c) _mm512_storeu_ps(a + 16 * c, _mm512_mul_ps(cv, _mm512_loadu_ps(a + 16 * c)));
+        }
+      }
+    }
+    // Values: per KV head, convert its V rows once, then accumulate each of its query heads.
+    for (int64_t kh = 0; kh < Hkv; ++kh) {
+      for (int j = 0; j < count; ++j)
+        for (int c = 0; c < VC; ++c)
+          _mm512_storeu_ps(vbuf + j * D + 16 * c, load16(reinterpret_cast<const c10::BFloat16*>(vrows[j] + kh * D + 16 * c)));
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t head = kh * G + g;
+        float* a = out.acc + head * D;
+        __m512 acc[VC];
+        for (int c = 0; c < VC; ++c) acc[c] = _mm512_loadu_ps(a + 16 * c);
+        const float* ph = scores + head * 16;
+        for (int j = 0; j < count; ++j) {
+          const __m512 pj = _mm512_set1_ps(ph[j]);
+          for (int c = 0; c < VC; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vbuf + j * D + 16 * c), acc[c]);
+        }
+        for (int c = 0; c < VC; ++c) _mm512_storeu_ps(a + 16 * c, acc[c]);
+      }
+    }
+  }
+}
+
+// Merges `parts` span partials of one query row and writes the normalised output row
+// [Hq, D] as bf16 bits.
+inline void merge_spans_bf16(const SpanPartial* parts, int64_t num_parts, int64_t Hq, int64_t D,
+                             uint16_t* dst) {
+  for (int64_t h = 0; h < Hq; ++h) {
+    float m = -INFINITY;
+    for (int64_t s = 0; s < num_parts; ++s) m = std::max(m, parts[s].max[h]);
+    float total = 0.f;
+    float weight[64];  // at most 64 spans per row (the callers split far less)
+    for (int64_t s = 0; s < num_parts; ++s) {
+      weight[s] = parts[s].max[h] == -INFINITY ? 0.f : std::exp(parts[s].max[h] - m);
+      total += weight[s] * parts[s].sum[h];
+    }
+    const float inv = 1.f / total;
+    for (int64_t d = 0; d < D; d += 16) {
+      __m512 o = _mm512_setzero_ps();
+      for (int64_t s = 0; s < num_parts; ++s)
+        o = _mm512_fmadd_ps(_mm512_set1_ps(weight[s] * inv), _mm512_loadu_ps(parts[s].acc + h * D + d), o);
+      store16(reinterpret_cast<c10::BFloat16*>(dst + h * D + d), o);
+    }
+  }
+}
+
+// Whether attend_span_bf16 serves this head_dim.
+inline bool decode_attention_supports(int64_t D) { return D == 64 || D == 128; }
+
+template <typename Fn>
+inline void dispatch_head_dim(int64_t D, Fn&& fn) {
+  if (D == 64) fn(std::integral_constant<int, 64>{});
+  else fn(std::integral_constant<int, 128>{});
+}
+
+#endif  // CADENCE_HAVE_AVX512BF16
+
+}  // namespace cadence_kernels

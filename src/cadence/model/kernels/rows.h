@@ -1,0 +1,88 @@
+// Per-row bodies of the elementwise kernels (RMS norm, silu * up, rope + cache write), shared by
+// the standalone kernels (norms.cpp, rope.cpp: rows spread over threads) and the fused decode
+// stack (decode_stack.cpp: rows of one thread's share), so both round exactly alike.
+#pragma once
+
+#include "common.h"
+
+namespace cadence_kernels {
+
+// One row of RMS norm (HF Llama semantics: normalise in float32, cast to the dtype, then times
+// the weight): x (optional add) += add rounded to T; y = weight * T(norm(x)) rounded to T.
+template <typename T>
+inline void rms_norm_row(T* x, const T* a, const T* w, T* y, int64_t H, float eps) {
+  float ss = 0.f;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512 ssv = _mm512_setzero_ps();
+  for (; i + 16 <= H; i += 16) {
+    __m512 v = load16(x + i);
+    if (a != nullptr) {
+      v = round16(x, _mm512_add_ps(v, load16(a + i)));
+      store16(x + i, v);
+    }
+    ssv = _mm512_fmadd_ps(v, v, ssv);
+  }
+  ss = _mm512_reduce_add_ps(ssv);
+#endif
+  for (; i < H; ++i) {
+    float v = to_float(x[i]);
+    if (a != nullptr) {
+      v = round_to<T>(v + to_float(a[i]));
+      x[i] = from_float<T>(v);
+    }
+    ss += v * v;
+  }
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(H) + eps);
+  i = 0;
+#if defined(__AVX512F__)
+  const __m512 invv = _mm512_set1_ps(inv);
+  for (; i + 16 <= H; i += 16)
+    store16(y + i, _mm512_mul_ps(load16(w + i), round16(y, _mm512_mul_ps(load16(x + i), invv))));
+#endif
+  for (; i < H; ++i) y[i] = from_float<T>(to_float(w[i]) * round_to<T>(to_float(x[i]) * inv));
+}
+
+// One row of silu(gate) * up, rounded as eager torch: y[i] = T(T(silu(g[i])) * u[i]).
+template <typename T>
+inline void silu_mul_row(const T* g, const T* u, T* y, int64_t I) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= I; i += 16) {
+    const __m512 a = load16(g + i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), a));  // exp(-a)
+    const __m512 act = round16(y, _mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
+    store16(y + i, _mm512_mul_ps(act, load16(u + i)));
+  }
+#endif
+  for (; i < I; ++i) {
+    const float a = to_float(g[i]);
+    const float act = round_to<T>(a / (1.f + std::exp(-a)));
+    y[i] = from_float<T>(act * to_float(u[i]));
+  }
+}
+
+// One token of rope + cache write: row = [q heads | k heads | v heads] (each D wide) rotated in
+// place (q and k: x * cos + rotate_half(x) * sin, each product and the sum rounded to T as the
+// eager path does); then k and v are copied to the cache slot (kc, vc point at the slot's row).
+template <typename T>
+inline void rope_write_row(T* row, const float* ct, const float* st, int64_t Hq, int64_t Hkv,
+                           int64_t D, T* kc_slot, T* vc_slot) {
+  const int64_t half = D / 2;
+  for (int64_t head = 0; head < Hq + Hkv; ++head) {
+    T* v = row + head * D;
+    for (int64_t d = 0; d < half; ++d) {
+      const float a = to_float(v[d]), b = to_float(v[d + half]);
+      const float lo = round_to<T>(round_to<T>(a * round_to<T>(ct[d])) +
+                                   round_to<T>(-b * round_to<T>(st[d])));
+      const float hi = round_to<T>(round_to<T>(b * round_to<T>(ct[d + half])) +
+                                   round_to<T>(a * round_to<T>(st[d + half])));
+      v[d] = from_float<T>(lo);
+      v[d + half] = from_float<T>(hi);
+    }
+  }
+  std::memcpy(kc_slot, row + Hq * D, sizeof(T) * Hkv * D);
+  std::memcpy(vc_slot, row + (Hq + Hkv) * D, sizeof(T) * Hkv * D);
+}
+
+}  // namespace cadence_kernels
