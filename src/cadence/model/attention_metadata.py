@@ -56,6 +56,22 @@ class AttentionMetadata:
         positions = torch.arange(width, device=self.block_tables.device)
         return positions[None, :] < self.decode_ctx_lens[:, None]
 
+    @cached_property
+    def row_seq_index(self) -> torch.Tensor:
+        """[T] int64, block_tables row (sequence) of every new token (the fused decode stack)."""
+        counts = [b - a for a, b in zip(self.query_start_loc_host, self.query_start_loc_host[1:])]
+        return torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+
+    @cached_property
+    def row_ctx_lens(self) -> torch.Tensor:
+        """[T] int64, positions each new token attends over: its own position + 1 (causal)."""
+        return self.positions.cpu() + 1
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The longest chunk of new tokens of any sequence in this step."""
+        return max(b - a for a, b in zip(self.query_start_loc_host, self.query_start_loc_host[1:]))
+
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_host)

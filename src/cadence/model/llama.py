@@ -25,6 +25,7 @@ from cadence.model.attention import paged_attention
 from cadence.model.attention_cpu import paged_attention_cpu
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.config import ModelConfig
+from cadence.model.fused_decode import build_decode_stack, takes_stack
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 from cadence.model.kv_cache import KVCache
 from cadence.model.rope import apply_rope, rope_cos_sin
@@ -223,6 +224,16 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        # The fused decode stack and packed LM head (CPU bf16 fast path) hold packed copies of
+        # the weights: built on first use, dropped when weights are loaded again.
+        self._decode_stack = None
+        self._packed_lm_head = None
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.drop_packed_weights())
+
+    def drop_packed_weights(self) -> None:
+        """Forget the packed weight copies (call after changing weights in place)."""
+        self._decode_stack = None
+        self._packed_lm_head = None
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with the LM head when the config says so (call after load)."""
@@ -250,6 +261,14 @@ class LlamaForCausalLM(nn.Module):
                      kv: KVCache, kernels: ModuleType) -> torch.Tensor:
         cos32, sin32 = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
                                     torch.float32)  # [T, D] each
+        if takes_stack(x, meta):
+            if self._decode_stack is None:
+                self._decode_stack = build_decode_stack(self, kernels) or False
+            if self._decode_stack:
+                scale = self.config.head_dim ** -0.5
+                return self._decode_stack.forward(x.contiguous(), cos32, sin32, kv.storage,
+                                                  meta.slot_mapping, meta.block_tables,
+                                                  meta.row_seq_index, meta.row_ctx_lens, scale)
         layers = self.model.layers
         residual = x.contiguous()  # [T, H], updated in place by every layer
         normed = kernels.rms_norm(residual, layers[0].input_layernorm.weight,

@@ -15,6 +15,7 @@
 //                    torch's bf16 GEMM is several times slower than memory bandwidth there.
 #include <torch/extension.h>
 
+#include "decode_stack.h"
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -24,5 +25,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &cadence_kernels::add_rms_norm, "residual add + RMS norm");
   m.def("silu_mul", &cadence_kernels::silu_mul, "silu(gate) * up");
   m.def("linear_bf16", &cadence_kernels::linear_bf16, "bf16 x @ w.T for few rows");
+  m.def("pack_linear_bf16", &cadence_kernels::pack_linear_bf16, "pack a bf16 [N, K] weight for linear_packed_bf16");
+  m.def("linear_packed_bf16", &cadence_kernels::linear_packed_bf16, "bf16 x @ w.T on a packed weight");
+  py::class_<cadence_kernels::DecodeStack>(m, "DecodeStack",
+                                           "every decoder layer of a bf16 model for a small batch in one call")
+      .def(py::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<at::Tensor>&, at::Tensor, int64_t, int64_t, double>(),
+           py::arg("qkv"), py::arg("qkv_bias"), py::arg("o"), py::arg("gate_up"), py::arg("down"),
+           py::arg("input_norm"), py::arg("post_norm"), py::arg("final_norm"), py::arg("num_heads"),
+           py::arg("num_kv_heads"), py::arg("eps"))
+      .def("forward", &cadence_kernels::DecodeStack::forward, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_layers", &cadence_kernels::DecodeStack::num_layers);
   m.def("has_avx512bf16", &cadence_kernels::has_avx512bf16, "whether linear_bf16 is compiled in");
 }

@@ -1,0 +1,322 @@
+// DecodeStack (see decode_stack.h): the whole decoder for a small batch in one parallel region.
+//
+// Phases of a layer, with a team barrier after each one that the next reads across threads:
+//   1. qkv = normed @ Wqkv (+ bias)            column blocks split over threads
+//   2. rope q, k in place; store k, v in cache  rows split over threads
+//   3. attention                                (row, context span) items split by cost; rows
+//                                               cut into spans are merged after one more barrier
+//   4. o = attn @ Wo                            column blocks
+//   5. residual += o; normed = norm(residual)   every thread on its own copy (no barrier needed)
+//   6. act = silu(gate) * up                    gate/up block pairs (packed interleaved)
+//   7. d = act @ Wdown                          column blocks
+//   8. residual += d; normed = norm(residual)   every thread on its own copy
+// Each thread keeps a private residual and normed copy: the norms are tiny next to the GEMMs
+// and recomputing them saves two barriers a layer. Rounding follows the eager bf16 path (every
+// op's output rounded to bf16) through the same row helpers as the standalone kernels.
+#include "decode_stack.h"
+
+#include <omp.h>
+#include <sched.h>
+
+#include <atomic>
+
+#include "common.h"
+#include "decode_attention.h"
+#include "ops.h"
+#include "packed_gemm.h"
+#include "rows.h"
+
+namespace cadence_kernels {
+
+namespace {
+
+// Sense-reversing team barrier. Spins briefly (the partner is usually microseconds away), then
+// yields the core, so that a partner descheduled by a busy neighbour gets to run.
+class TeamBarrier {
+ public:
+  explicit TeamBarrier(int team) : team_(team) {}
+  void wait() {
+    const int generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) == team_ - 1) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins) {
+      if (spins < SPIN_LIMIT) _mm_pause();
+      else sched_yield();
+    }
+  }
+
+ private:
+  static constexpr int SPIN_LIMIT = 2000;
+  const int team_;
+  std::atomic<int> arrived_{0};
+  std::atomic<int> generation_{0};
+};
+
+// A span shorter than this is not worth a thread of its own (merging costs more).
+constexpr int64_t MIN_SPAN = 256;
+
+const uint16_t* bits(const at::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>());
+}
+
+at::Tensor pack_checked(const at::Tensor& w, int64_t rows, int64_t cols, bool interleave,
+                        const char* name) {
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.size(0) == rows &&
+                  w.size(1) == cols,
+              "DecodeStack: ", name, " must be bfloat16 [", rows, ", ", cols, "]");
+  return pack_linear_bf16(w.contiguous(), interleave);
+}
+
+}  // namespace
+
+DecodeStack::DecodeStack(const std::vector<at::Tensor>& qkv, const std::vector<at::Tensor>& qkv_bias,
+                         const std::vector<at::Tensor>& o, const std::vector<at::Tensor>& gate_up,
+                         const std::vector<at::Tensor>& down, const std::vector<at::Tensor>& input_norm,
+                         const std::vector<at::Tensor>& post_norm, at::Tensor final_norm,
+                         int64_t num_heads, int64_t num_kv_heads, double eps)
+    : final_norm_(final_norm.contiguous()), heads_(num_heads), kv_heads_(num_kv_heads), eps_(eps) {
+#if CADENCE_HAVE_AVX512BF16
+  const size_t L = qkv.size();
+  TORCH_CHECK(L > 0 && o.size() == L && gate_up.size() == L && down.size() == L &&
+                  input_norm.size() == L && post_norm.size() == L &&
+                  (qkv_bias.empty() || qkv_bias.size() == L),
+              "DecodeStack: one weight of each kind per layer");
+  hidden_ = final_norm_.numel();
+  TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+              "DecodeStack: num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(o[0].dim() == 2 && o[0].size(1) % num_heads == 0, "DecodeStack: o [H, Hq*D]");
+  head_dim_ = o[0].size(1) / num_heads;
+  TORCH_CHECK(decode_attention_supports(head_dim_), "DecodeStack: head_dim 64 or 128 only, got ", head_dim_);
+  intermediate_ = down[0].size(1);
+  TORCH_CHECK(intermediate_ % 32 == 0 && hidden_ % 2 == 0, "DecodeStack: intermediate size must be a multiple of 32");
+  const int64_t qkv_rows = (num_heads + 2 * num_kv_heads) * head_dim_;
+  TORCH_CHECK(final_norm_.scalar_type() == at::kBFloat16, "DecodeStack: bfloat16 weights only");
+  for (size_t l = 0; l < L; ++l) {
+    Layer layer;
+    layer.qkv = pack_checked(qkv[l], qkv_rows, hidden_, false, "qkv");
+    if (!qkv_bias.empty() && qkv_bias[l].defined() && qkv_bias[l].numel() > 0) {
+      TORCH_CHECK(qkv_bias[l].numel() == qkv_rows && qkv_bias[l].scalar_type() == at::kBFloat16,
+                  "DecodeStack: qkv bias [", qkv_rows, "] bfloat16");
+      layer.qkv_bias = qkv_bias[l].contiguous();
+    }
+    layer.o = pack_checked(o[l], hidden_, num_heads * head_dim_, false, "o");
+    layer.gate_up = pack_checked(gate_up[l], 2 * intermediate_, hidden_, true, "gate_up");
+    layer.down = pack_checked(down[l], hidden_, intermediate_, false, "down");
+    layer.input_norm = input_norm[l].contiguous();
+    layer.post_norm = post_norm[l].contiguous();
+    TORCH_CHECK(layer.input_norm.numel() == hidden_ && layer.post_norm.numel() == hidden_ &&
+                    layer.input_norm.scalar_type() == at::kBFloat16 &&
+                    layer.post_norm.scalar_type() == at::kBFloat16,
+                "DecodeStack: norm weights [H] bfloat16");
+    layers_.push_back(std::move(layer));
+  }
+#else
+  TORCH_CHECK(false, "DecodeStack: built without AVX512-BF16");
+#endif
+}
+
+at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                at::Tensor kv, const at::Tensor& slots,
+                                const at::Tensor& block_tables, const at::Tensor& row_seq,
+                                const at::Tensor& ctx_lens, double scale) const {
+#if CADENCE_HAVE_AVX512BF16
+  const int64_t T = x.size(0), H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
+  const int64_t I = intermediate_, L = num_layers();
+  const int64_t qkv_width = (Hq + 2 * Hkv) * D;
+  check_cpu_contiguous(x, "x");
+  check_cpu_contiguous(kv, "kv");
+  check_cpu_contiguous(block_tables, "block_tables");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.size(1) == H, "DecodeStack: x [T, H] bfloat16");
+  TORCH_CHECK(kv.scalar_type() == at::kBFloat16 && kv.dim() == 6 && kv.size(0) == L && kv.size(1) == 2 &&
+                  kv.size(4) == Hkv && kv.size(5) == D,
+              "DecodeStack: kv [layers, 2, blocks, block_size, Hkv, D] bfloat16");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.size(0) == T &&
+                  cos.size(1) == D && sin.sizes() == cos.sizes(),
+              "DecodeStack: cos, sin [T, D] float32");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt, "DecodeStack: block_tables int32");
+  auto c = cos.contiguous(), s = sin.contiguous();
+  auto sl = slots.to(at::kLong).contiguous();
+  auto seq = row_seq.to(at::kLong).contiguous();
+  auto lens = ctx_lens.to(at::kLong).contiguous();
+  TORCH_CHECK(sl.numel() == T && seq.numel() == T && lens.numel() == T, "DecodeStack: one slot, row_seq and ctx_len per row");
+  const int64_t blocks = kv.size(2), block_size = kv.size(3), max_blocks = block_tables.size(1);
+  const int64_t* slp = sl.data_ptr<int64_t>();
+  const int64_t* seqp = seq.data_ptr<int64_t>();
+  const int64_t* lenp = lens.data_ptr<int64_t>();
+  const int32_t* btp = block_tables.data_ptr<int32_t>();
+  // Bounds: a bad slot, table or length must fail here, not read or write arbitrary memory.
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(slp[t] >= 0 && slp[t] < blocks * block_size, "DecodeStack: slot ", slp[t], " outside the cache");
+    TORCH_CHECK(seqp[t] >= 0 && seqp[t] < block_tables.size(0), "DecodeStack: row_seq outside block_tables");
+    TORCH_CHECK(lenp[t] > 0 && lenp[t] <= max_blocks * block_size, "DecodeStack: ctx_len ", lenp[t], " outside the table");
+    for (int64_t b = 0; b < (lenp[t] + block_size - 1) / block_size; ++b) {
+      const int32_t id = btp[seqp[t] * max_blocks + b];
+      TORCH_CHECK(id >= 0 && id < blocks, "DecodeStack: block id ", id, " outside pool of ", blocks);
+    }
+  }
+  const int64_t layer_stride = 2 * blocks * block_size * Hkv * D;  // bf16 elements per layer
+  uint16_t* kvp = reinterpret_cast<uint16_t*>(kv.data_ptr<c10::BFloat16>());
+  const float* cp = c.data_ptr<float>();
+  const float* sp = s.data_ptr<float>();
+
+  // Shared activations (bf16 bits).
+  std::vector<uint16_t> qkv_buf(T * qkv_width), attn_buf(T * Hq * D), o_buf(T * H), act_buf(T * I),
+      down_buf(T * H);
+  auto out = at::empty({T, H}, x.options());
+
+  const int team = std::max(1, at::get_num_threads());
+  // Attention items: (row, span [p0, p1)). Rows are cut into spans only when there are fewer
+  // rows than threads and the contexts are long.
+  std::vector<int64_t> item_row, item_p0, item_p1, row_first(T + 1);
+  for (int64_t t = 0; t < T; ++t) {
+    row_first[t] = static_cast<int64_t>(item_row.size());
+    int64_t spans = 1;
+    if (T < team) spans = std::max<int64_t>(1, std::min<int64_t>((team + T - 1) / T, lenp[t] / MIN_SPAN));
+    const int64_t span = ((lenp[t] + spans - 1) / spans + 15) / 16 * 16;
+    for (int64_t p0 = 0; p0 < lenp[t]; p0 += span) {
+      item_row.push_back(t);
+      item_p0.push_back(p0);
+      item_p1.push_back(std::min(lenp[t], p0 + span));
+    }
+  }
+  row_first[T] = static_cast<int64_t>(item_row.size());
+  const int64_t items = row_first[T];
+  const bool split = items > T;
+  // Owner thread of each item: contiguous ranges of near-equal context cost.
+  std::vector<int> item_owner(items);
+  {
+    int64_t total = 0;
+    for (int64_t i = 0; i < items; ++i) total += item_p1[i] - item_p0[i];
+    int64_t before = 0;
+    for (int64_t i = 0; i < items; ++i) {
+      const int64_t cost = item_p1[i] - item_p0[i];
+      item_owner[i] = static_cast<int>(std::min<int64_t>(team - 1, (2 * before + cost) * team / (2 * total)));
+      before += cost;
+    }
+  }
+  const int64_t part_floats = Hq * (2 + D);
+  std::vector<float> partials(items * part_floats);
+  auto part = [&](int64_t i) {
+    float* base = partials.data() + i * part_floats;
+    return SpanPartial{base, base + Hq, base + 2 * Hq};
+  };
+  const float fscale = static_cast<float>(scale);
+  const float eps = static_cast<float>(eps_);
+  TeamBarrier barrier(team);
+  std::atomic<int> actual_team{0};
+
+#pragma omp parallel num_threads(team)
+  {
+    // The runtime may grant fewer threads (nested call): then run everything on one.
+    if (omp_get_thread_num() == 0) actual_team.store(omp_get_num_threads());
+#pragma omp barrier
+    const bool full_team = actual_team.load() == team;
+    const int tid = full_team ? omp_get_thread_num() : 0;
+    const int nth = full_team ? team : 1;
+    if (full_team || omp_get_thread_num() == 0) {
+      auto sync = [&]() {
+        if (full_team) barrier.wait();
+      };
+      std::vector<c10::BFloat16> residual(T * H), normed(T * H);
+      std::vector<float> scratch(Hq * 16 + 16 * D);
+      std::memcpy(residual.data(), x.data_ptr<c10::BFloat16>(), sizeof(uint16_t) * T * H);
+      for (int64_t t = 0; t < T; ++t)
+        rms_norm_row<c10::BFloat16>(residual.data() + t * H, nullptr,
+                                    layers_[0].input_norm.data_ptr<c10::BFloat16>(), normed.data() + t * H, H, eps);
+      const uint16_t* normed_bits = reinterpret_cast<const uint16_t*>(normed.data());
+      auto gemm = [&](const uint16_t* in, int64_t K, const at::Tensor& packed, int64_t N,
+                      const uint16_t* bias, uint16_t* dst) {
+        const auto [b0, b1] = thread_share(packed_blocks(N), tid, nth);
+        packed_gemm_blocks(in, K, T, bits(packed), K, b0, b1,
+                           [&](int64_t m0, int mr, int64_t bb, int nb, __m512 acc[GEMM_MR][GEMM_NB]) {
+                             store_tile_bf16(acc, m0, mr, bb, nb, N, bias, dst, N);
+                           });
+      };
+      for (int64_t l = 0; l < L; ++l) {
+        const Layer& w = layers_[l];
+        uint16_t* kc = kvp + l * layer_stride;
+        uint16_t* vc = kc + layer_stride / 2;
+        // 1. qkv projection.
+        gemm(normed_bits, H, w.qkv, qkv_width, w.qkv_bias.defined() ? bits(w.qkv_bias) : nullptr, qkv_buf.data());
+        sync();
+        // 2. rope + cache write.
+        {
+          const auto [r0, r1] = thread_share(T, tid, nth);
+          for (int64_t t = r0; t < r1; ++t)
+            rope_write_row<c10::BFloat16>(reinterpret_cast<c10::BFloat16*>(qkv_buf.data() + t * qkv_width),
+                                          cp + t * D, sp + t * D, Hq, Hkv, D,
+                                          reinterpret_cast<c10::BFloat16*>(kc + slp[t] * Hkv * D),
+                                          reinterpret_cast<c10::BFloat16*>(vc + slp[t] * Hkv * D));
+        }
+        sync();
+        // 3. attention.
+        for (int64_t i = 0; i < items; ++i) {
+          if (full_team && item_owner[i] != tid) continue;
+          const int64_t t = item_row[i];
+          dispatch_head_dim(D, [&](auto dim) {
+            attend_span_bf16<decltype(dim)::value>(qkv_buf.data() + t * qkv_width, Hq, Hkv, kc, vc,
+                                                   btp + seqp[t] * max_blocks, block_size, item_p0[i],
+                                                   item_p1[i], fscale, scratch.data(), part(i));
+          });
+          if (!split) {
+            const SpanPartial p = part(i);
+            merge_spans_bf16(&p, 1, Hq, D, attn_buf.data() + t * Hq * D);
+          }
+        }
+        if (split) {
+          sync();
+          const auto [r0, r1] = thread_share(T, tid, nth);
+          std::vector<SpanPartial> parts;
+          for (int64_t t = r0; t < r1; ++t) {
+            parts.clear();
+            for (int64_t i = row_first[t]; i < row_first[t + 1]; ++i) parts.push_back(part(i));
+            merge_spans_bf16(parts.data(), static_cast<int64_t>(parts.size()), Hq, D, attn_buf.data() + t * Hq * D);
+          }
+        }
+        sync();
+        // 4. output projection; 5. residual + post-attention norm (own copy).
+        gemm(attn_buf.data(), Hq * D, w.o, H, nullptr, o_buf.data());
+        sync();
+        for (int64_t t = 0; t < T; ++t)
+          rms_norm_row<c10::BFloat16>(residual.data() + t * H, reinterpret_cast<const c10::BFloat16*>(o_buf.data()) + t * H,
+                                      w.post_norm.data_ptr<c10::BFloat16>(), normed.data() + t * H, H, eps);
+        // 6. gate/up with silu * up on the fly: packed block 2j is gate columns [16j, 16j+16),
+        //    2j+1 the matching up columns; a thread's range holds whole pairs.
+        {
+          const auto [p0, p1] = thread_share(packed_blocks(2 * I) / 2, tid, nth);
+          packed_gemm_blocks(normed_bits, H, T, bits(w.gate_up), H, 2 * p0, 2 * p1,
+                             [&](int64_t m0, int mr, int64_t bb, int nb, __m512 acc[GEMM_MR][GEMM_NB]) {
+                               for (int b = 0; b + 1 < nb; b += 2) {
+                                 const int64_t col = (bb + b) / 2 * PACK_COLS;
+                                 for (int r = 0; r < mr; ++r) {
+                                   alignas(64) c10::BFloat16 g[16], u[16];
+                                   store16(g, acc[r][b]);
+                                   store16(u, acc[r][b + 1]);
+                                   silu_mul_row<c10::BFloat16>(g, u, reinterpret_cast<c10::BFloat16*>(act_buf.data() + (m0 + r) * I + col), 16);
+                                 }
+                               }
+                             });
+        }
+        sync();
+        // 7. down projection; 8. residual + next layer's input norm (or the final norm).
+        gemm(act_buf.data(), I, w.down, H, nullptr, down_buf.data());
+        sync();
+        const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
+        for (int64_t t = 0; t < T; ++t)
+          rms_norm_row<c10::BFloat16>(residual.data() + t * H, reinterpret_cast<const c10::BFloat16*>(down_buf.data()) + t * H,
+                                      next_norm.data_ptr<c10::BFloat16>(), normed.data() + t * H, H, eps);
+      }
+      if (tid == 0) std::memcpy(out.data_ptr<c10::BFloat16>(), normed.data(), sizeof(uint16_t) * T * H);
+    }
+  }
+  return out;
+#else
+  TORCH_CHECK(false, "DecodeStack: built without AVX512-BF16");
+  return x;
+#endif
+}
+
+}  // namespace cadence_kernels

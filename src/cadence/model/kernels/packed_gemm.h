@@ -1,0 +1,111 @@
+// bf16 GEMM on weights pre-packed for AVX512-BF16 dot products: y[M, N] = x[M, K] @ w[N, K]^T.
+//
+// Packed layout (pack_weight_bf16): the N output columns are cut into blocks of 16; block b holds
+// its 16 columns' weights k-pair by k-pair, [K/2][16][2] bf16, so one 64-byte load feeds one
+// _mm512_dpbf16_ps for 16 outputs and a block streams front to back (18 KB for K = 576). The last
+// block is zero-padded. Rows of x are broadcast a k-pair at a time.
+//
+// A call computes a range of blocks for all M rows: 4 blocks (64 columns) at a time, 6 rows at a
+// time (24 accumulators + 4 weight registers), the 4-block weight panel staying in L2 while the
+// row tiles walk over it. One pass reads each weight once from memory, whatever M is: the same
+// kernel is bandwidth-bound at M = 1 and compute-bound at M = 32..64, where torch's bf16 GEMM
+// runs at half the machine's rate. The summation order of a row never depends on M or on the
+// thread split, so results do not change with the batch.
+#pragma once
+
+#include "common.h"
+
+namespace cadence_kernels {
+
+#if CADENCE_HAVE_AVX512BF16
+
+constexpr int64_t PACK_COLS = 16;  // output columns per packed block
+constexpr int GEMM_MR = 6;         // rows per register tile
+constexpr int GEMM_NB = 4;         // blocks per register tile
+
+inline int64_t packed_blocks(int64_t N) { return (N + PACK_COLS - 1) / PACK_COLS; }
+
+// Register tile: rows [0, MR) of x (row stride ldx, bf16 bits) times NB packed blocks starting at
+// wb (each K/2 * 32 bf16 apart) -> acc[MR][NB] float32 sums over all K (K even).
+template <int MR, int NB>
+inline void gemm_tile(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K,
+                      __m512 acc[GEMM_MR][GEMM_NB]) {
+  const int64_t block_stride = K * PACK_COLS;  // bf16 elements per packed block
+  for (int m = 0; m < MR; ++m)
+    for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
+  const int64_t pairs = K / 2;
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    __m512bh w[NB];
+    for (int b = 0; b < NB; ++b)
+      w[b] = (__m512bh)_mm512_loadu_si512(wb + b * block_stride + kp * 2 * PACK_COLS);
+    for (int m = 0; m < MR; ++m) {
+      int32_t pair;
+      std::memcpy(&pair, x + m * ldx + 2 * kp, sizeof(pair));
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+      for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_dpbf16_ps(acc[m][b], xv, w[b]);
+    }
+  }
+}
+
+// Calls epilogue(row, first_block, nb, acc) for every register tile covering rows [0, M) and
+// blocks [block_begin, block_end): acc[r][b] holds the float32 sums of row `row + r`, columns
+// (first_block + b) * 16 + [0, 16).
+template <typename Epilogue>
+void packed_gemm_blocks(const uint16_t* x, int64_t ldx, int64_t M, const uint16_t* packed,
+                        int64_t K, int64_t block_begin, int64_t block_end, Epilogue&& epilogue) {
+  __m512 acc[GEMM_MR][GEMM_NB];
+  const int64_t block_stride = K * PACK_COLS;
+  for (int64_t b0 = block_begin; b0 < block_end; b0 += GEMM_NB) {
+    const int nb = static_cast<int>(std::min<int64_t>(GEMM_NB, block_end - b0));
+    const uint16_t* wb = packed + b0 * block_stride;
+    for (int64_t m0 = 0; m0 < M; m0 += GEMM_MR) {
+      const int mr = static_cast<int>(std::min<int64_t>(GEMM_MR, M - m0));
+      const uint16_t* xm = x + m0 * ldx;
+#define CADENCE_TILE(MR_, NB_) gemm_tile<MR_, NB_>(xm, ldx, wb, K, acc)
+#define CADENCE_TILE_ROWS(NB_)                  \
+  switch (mr) {                                 \
+    case 1: CADENCE_TILE(1, NB_); break;        \
+    case 2: CADENCE_TILE(2, NB_); break;        \
+    case 3: CADENCE_TILE(3, NB_); break;        \
+    case 4: CADENCE_TILE(4, NB_); break;        \
+    case 5: CADENCE_TILE(5, NB_); break;        \
+    default: CADENCE_TILE(6, NB_); break;       \
+  }
+      switch (nb) {
+        case 1: CADENCE_TILE_ROWS(1); break;
+        case 2: CADENCE_TILE_ROWS(2); break;
+        case 3: CADENCE_TILE_ROWS(3); break;
+        default: CADENCE_TILE_ROWS(4); break;
+      }
+#undef CADENCE_TILE_ROWS
+#undef CADENCE_TILE
+      epilogue(m0, mr, b0, nb, acc);
+    }
+  }
+}
+
+// The usual epilogue: out[row, col] = bf16(acc + bias[col]) for the columns < N.
+inline void store_tile_bf16(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, int64_t b0, int nb,
+                            int64_t N, const uint16_t* bias, uint16_t* out, int64_t ldo) {
+  for (int b = 0; b < nb; ++b) {
+    const int64_t col = (b0 + b) * PACK_COLS;
+    const int64_t left = N - col;
+    const __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    const __m512 bv = bias == nullptr
+        ? _mm512_setzero_ps()
+        : load16_masked(reinterpret_cast<const c10::BFloat16*>(bias + col), mask);
+    for (int r = 0; r < mr; ++r) {
+      const __m256bh v = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bv));
+      _mm256_mask_storeu_epi16(out + (m0 + r) * ldo + col, mask, (__m256i)v);
+    }
+  }
+}
+
+// [first, last) of `total` items for thread `tid` of `team`, in contiguous, near-equal shares.
+inline std::pair<int64_t, int64_t> thread_share(int64_t total, int tid, int team) {
+  return {total * tid / team, total * (tid + 1) / team};
+}
+
+#endif  // CADENCE_HAVE_AVX512BF16
+
+}  // namespace cadence_kernels
