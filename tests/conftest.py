@@ -82,15 +82,18 @@ def _randomize(model) -> None:
                 param.copy_(0.1 * torch.randn_like(param))
 
 
-def build_tiny_checkpoint(out_dir: str, architecture: str, tie_word_embeddings: bool) -> str:
+def build_tiny_checkpoint(out_dir: str, architecture: str, tie_word_embeddings: bool,
+                          hidden_size: int = 64, intermediate_size: int = 128, num_heads: int = 4,
+                          num_kv_heads: int = 2) -> str:
     """A 2-layer random transformers model ('llama' | 'qwen2' | 'mistral') in out_dir."""
     import torch
     import transformers
 
     vocab = build_tiny_tokenizer(out_dir)
     common = dict(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        vocab_size=vocab, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=2, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        max_position_embeddings=512,
         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tie_word_embeddings,
         initializer_range=0.1, eos_token_id=2, bos_token_id=None, pad_token_id=0,
     )
@@ -122,6 +125,25 @@ def tiny_llama_dir(tmp_path_factory) -> str:
 def tiny_qwen2_dir(tmp_path_factory) -> str:
     """Folder with a tiny random Qwen2ForCausalLM (q/k/v bias, tied head) and its tokenizer."""
     return build_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_qwen2")), "qwen2", True)
+
+
+# head_dim 64 with 3 query heads per KV head (SmolLM2's attention shape, small): the shape the
+# fused CPU decode stack serves (it needs head_dim 64 or 128).
+D64_SHAPE = dict(hidden_size=192, intermediate_size=256, num_heads=3, num_kv_heads=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_d64_dir(tmp_path_factory) -> str:
+    """A tiny random Llama with head_dim 64 (3 query heads on 1 KV head)."""
+    return build_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_llama_d64")), "llama", False,
+                                 **D64_SHAPE)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_d64_dir(tmp_path_factory) -> str:
+    """A tiny random Qwen2 (q/k/v bias, tied head) with head_dim 64."""
+    return build_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_qwen2_d64")), "qwen2", True,
+                                 **D64_SHAPE)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@
 #include <sched.h>
 
 #include <atomic>
+#include <chrono>
 
 #include "common.h"
 #include "decode_attention.h"
@@ -35,17 +36,20 @@ namespace {
 class TeamBarrier {
  public:
   explicit TeamBarrier(int team) : team_(team) {}
-  void wait() {
+  // Returns the nanoseconds this thread waited (0 for the last to arrive).
+  int64_t wait() {
     const int generation = generation_.load(std::memory_order_acquire);
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) == team_ - 1) {
       arrived_.store(0, std::memory_order_relaxed);
       generation_.fetch_add(1, std::memory_order_release);
-      return;
+      return 0;
     }
+    const auto start = std::chrono::steady_clock::now();
     for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins) {
       if (spins < SPIN_LIMIT) _mm_pause();
       else sched_yield();
     }
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   }
 
  private:
@@ -167,7 +171,14 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
       down_buf(T * H);
   auto out = at::empty({T, H}, x.options());
 
-  const int team = std::max(1, at::get_num_threads());
+  // Team size: all threads, unless recent steps showed the team waiting on a descheduled
+  // partner (a busy neighbour core): then one thread for a while, and a new probe after.
+  const int threads = std::max(1, at::get_num_threads());
+  const int solo_left = solo_steps_left_.load(std::memory_order_relaxed);
+  const int team = solo_left > 0 ? 1 : threads;
+  if (solo_left > 0) solo_steps_left_.store(solo_left - 1, std::memory_order_relaxed);
+  const auto started = std::chrono::steady_clock::now();
+  std::atomic<int64_t> waited_ns{0};
   // Attention items: (row, span [p0, p1)). Rows are cut into spans only when there are fewer
   // rows than threads and the contexts are long.
   std::vector<int64_t> item_row, item_p0, item_p1, row_first(T + 1);
@@ -217,8 +228,9 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
     const int tid = full_team ? omp_get_thread_num() : 0;
     const int nth = full_team ? team : 1;
     if (full_team || omp_get_thread_num() == 0) {
+      int64_t my_wait = 0;
       auto sync = [&]() {
-        if (full_team) barrier.wait();
+        if (full_team && team > 1) my_wait += barrier.wait();
       };
       std::vector<c10::BFloat16> residual(T * H), normed(T * H);
       std::vector<float> scratch(Hq * 16 + 16 * D);
@@ -310,7 +322,15 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
                                       next_norm.data_ptr<c10::BFloat16>(), normed.data() + t * H, H, eps);
       }
       if (tid == 0) std::memcpy(out.data_ptr<c10::BFloat16>(), normed.data(), sizeof(uint16_t) * T * H);
+      waited_ns.fetch_add(my_wait);
     }
+  }
+  if (team > 1) {
+    const int64_t wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now() - started).count();
+    // Waiting more than a quarter of the step (over all threads) means a partner kept losing
+    // its core: a healthy team waits microseconds per barrier.
+    if (waited_ns.load() * 4 > wall_ns * team) solo_steps_left_.store(SOLO_STEPS, std::memory_order_relaxed);
   }
   return out;
 #else

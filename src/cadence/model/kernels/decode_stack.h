@@ -7,11 +7,14 @@
 // team stays awake for the whole forward: every GEMM is split over all threads by column blocks
 // (packed weights, packed_gemm.h), attention by (row, context span), and the threads meet at a
 // spinning barrier that yields the core after a short spin, so a descheduled partner does not
-// stall the other.
+// stall the other for long; if a step still spends a quarter of its time waiting (a neighbour
+// process holds a core), the next SOLO_STEPS steps run on one thread, then the team is tried
+// again.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <vector>
 
 namespace cadence_kernels {
@@ -47,6 +50,9 @@ class DecodeStack {
   at::Tensor final_norm_;
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   double eps_;
+  // Steps left to run on one thread after the team was seen waiting on a descheduled partner.
+  static constexpr int SOLO_STEPS = 64;
+  mutable std::atomic<int> solo_steps_left_{0};
 };
 
 }  // namespace cadence_kernels
