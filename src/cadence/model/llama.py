@@ -281,4 +281,11 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden_size] (only the rows to sample) -> logits [S, vocab_size] float32."""
         kernels = cpu_kernels_for(hidden)
+        if kernels is not None and hidden.dtype == torch.bfloat16 and kernels.has_avx512bf16():
+            # The LM head is the largest GEMM of a decode step: packed once, it streams at
+            # memory speed for one row and runs the dot-product units for a whole batch.
+            if self._packed_lm_head is None:
+                self._packed_lm_head = kernels.pack_linear_bf16(self.lm_head.weight.detach(), False)
+            return kernels.linear_packed_bf16(hidden.contiguous(), self._packed_lm_head,
+                                              self.config.vocab_size, None).float()
         return fused_linear(hidden, self.lm_head.weight, None, kernels).float()
