@@ -27,7 +27,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_bf16", &cadence_kernels::linear_bf16, "bf16 x @ w.T for few rows");
   m.def("pack_linear_bf16", &cadence_kernels::pack_linear_bf16, "pack a bf16 [N, K] weight for linear_packed_bf16");
   m.def("linear_packed_bf16", &cadence_kernels::linear_packed_bf16, "bf16 x @ w.T on a packed weight");
-  py::class_<cadence_kernels::DecodeStack>(m, "DecodeStack",
+  py::class_<cadence_kernels::DecodeStack>(m, "DecodeStack", py::module_local(),
                                            "every decoder layer of a bf16 model for a small batch in one call")
       .def(py::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
                     const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
@@ -37,6 +37,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("input_norm"), py::arg("post_norm"), py::arg("final_norm"), py::arg("num_heads"),
            py::arg("num_kv_heads"), py::arg("eps"))
       .def("forward", &cadence_kernels::DecodeStack::forward, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("num_layers", &cadence_kernels::DecodeStack::num_layers);
+      .def_property_readonly("num_layers", &cadence_kernels::DecodeStack::num_layers)
+      .def("phase_seconds", &cadence_kernels::DecodeStack::phase_seconds,
+           "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm)")
+      .def_property_readonly("last_team", &cadence_kernels::DecodeStack::last_team);
   m.def("has_avx512bf16", &cadence_kernels::has_avx512bf16, "whether linear_bf16 is compiled in");
 }

@@ -46,9 +46,16 @@ struct SpanPartial {
   float* acc;  // [Hq, D] sum of exp(score - max) * v
 };
 
+// Scratch floats attend_span_bf16 needs for a span of `span` positions.
+inline int64_t attend_scratch_floats(int64_t Hq, int64_t D, int64_t span) {
+  return Hq * ((span + 15) / 16 * 16) + 16 * D;
+}
+
 // Query row q [Hq, D] (bf16 bits) over context positions [p0, p1) of the sequence whose block
 // table is `table`. kc, vc: the layer's caches as bf16 bits, [blocks, block_size, Hkv, D].
-// scratch: at least Hq * 16 + 16 * D floats. Writes `out` (unnormalised, see SpanPartial).
+// scratch: attend_scratch_floats(Hq, D, p1 - p0) floats. Writes `out` (unnormalised, see
+// SpanPartial). Three passes: all scores of the span (L2-resident), one max / exp / sum per
+// head, then the values: no per-group rescaling and one scalar exp per head.
 template <int D>
 void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t* kc,
                       const uint16_t* vc, const int32_t* table, int64_t block_size, int64_t p0,
@@ -58,54 +65,44 @@ void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t
   constexpr int VC = D / 16;  // float32: 16 elements per register
   const int64_t G = Hq / Hkv;
   const int64_t token_stride = Hkv * D;
-  float* scores = scratch;          // [Hq, 16] scores of the current group
-  float* vbuf = scratch + Hq * 16;  // [16, D] one head's V rows of the group, float32
-  for (int64_t h = 0; h < Hq; ++h) {
-    out.max[h] = -INFINITY;
-    out.sum[h] = 0.f;
-  }
-  std::memset(out.acc, 0, sizeof(float) * Hq * D);
-  const uint16_t* krows[16];
-  const uint16_t* vrows[16];
+  const int64_t span = p1 - p0;
+  const int64_t padded = (span + 15) / 16 * 16;
+  float* scores = scratch;               // [Hq, padded]
+  float* vbuf = scratch + Hq * padded;   // [16, D] one KV head's V rows of a group, float32
   const int64_t row_bytes = token_stride * 2;
   auto slot_of = [&](int64_t pos) {
     return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
   };
-  // Blocks are scattered and each group reads 16 short rows, which the hardware prefetcher
-  // does not follow: fetch the group PREFETCH_GROUPS ahead while computing this one.
+  // Blocks are scattered and a group reads 16 short rows the hardware prefetcher does not
+  // follow: fetch the rows PREFETCH_GROUPS groups ahead while computing this one.
   constexpr int64_t PREFETCH_GROUPS = 2;
-  auto prefetch_group = [&](int64_t start) {
+  auto prefetch_rows = [&](const uint16_t* base, int64_t start) {
     const int64_t stop = std::min<int64_t>(p1, start + 16);
     for (int64_t pos = start; pos < stop; ++pos) {
-      const char* krow = reinterpret_cast<const char*>(kc + slot_of(pos) * token_stride);
-      const char* vrow = reinterpret_cast<const char*>(vc + slot_of(pos) * token_stride);
-      for (int64_t byte = 0; byte < row_bytes; byte += 64) {
-        _mm_prefetch(krow + byte, _MM_HINT_T0);
-        _mm_prefetch(vrow + byte, _MM_HINT_T0);
-      }
+      const char* row = reinterpret_cast<const char*>(base + slot_of(pos) * token_stride);
+      for (int64_t byte = 0; byte < row_bytes; byte += 64) _mm_prefetch(row + byte, _MM_HINT_T0);
     }
   };
-  for (int64_t ahead = 0; ahead < PREFETCH_GROUPS; ++ahead) prefetch_group(p0 + 16 * ahead);
+  const uint16_t* rows[16];
+  auto group_rows = [&](const uint16_t* base, int64_t g0, int count) {
+    for (int j = 0; j < count; ++j) rows[j] = base + slot_of(g0 + j) * token_stride;
+  };
+
+  // Pass 1: scores[head, pos - p0] = scale * q_head . k_pos.
+  for (int64_t ahead = 0; ahead < PREFETCH_GROUPS; ++ahead) prefetch_rows(kc, p0 + 16 * ahead);
   for (int64_t g0 = p0; g0 < p1; g0 += 16) {
     const int count = static_cast<int>(std::min<int64_t>(16, p1 - g0));
-    if (g0 + 16 * PREFETCH_GROUPS < p1) prefetch_group(g0 + 16 * PREFETCH_GROUPS);
-    for (int j = 0; j < count; ++j) {
-      const int64_t slot = slot_of(g0 + j);
-      krows[j] = kc + slot * token_stride;
-      vrows[j] = vc + slot * token_stride;
-    }
-    const __mmask16 valid = count == 16 ? (__mmask16)0xffff : (__mmask16)((1u << count) - 1);
-    // Scores: every query head over the group's positions (K rows stay in L1 across heads).
+    if (g0 + 16 * PREFETCH_GROUPS < p1) prefetch_rows(kc, g0 + 16 * PREFETCH_GROUPS);
+    group_rows(kc, g0, count);
     for (int64_t kh = 0; kh < Hkv; ++kh) {
       for (int64_t g = 0; g < G; ++g) {
         const int64_t head = kh * G + g;
         __m512bh qv[QC];
-        for (int c = 0; c < QC; ++c)
-          qv[c] = (__m512bh)_mm512_loadu_si512(q + head * D + 32 * c);
+        for (int c = 0; c < QC; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q + head * D + 32 * c);
         __m512 dots[16];
         for (int j = 0; j < 16; ++j) {
           if (j < count) {
-            const uint16_t* krow = krows[j] + kh * D;
+            const uint16_t* krow = rows[j] + kh * D;
             __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(krow));
             for (int c = 1; c < QC; ++c)
               a = _mm512_dpbf16_ps(a, qv[c], (__m512bh)_mm512_loadu_si512(krow + 32 * c));
@@ -114,34 +111,48 @@ void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t
             dots[j] = _mm512_setzero_ps();
           }
         }
-        const __m512 s = _mm512_mul_ps(transpose_sum16(dots), _mm512_set1_ps(scale));
-        // Online softmax: rescale this head's running state when its max grows.
-        const float group_max = _mm512_mask_reduce_max_ps(valid, s);
-        const float old_max = out.max[head];
-        const float new_max = group_max > old_max ? group_max : old_max;
-        const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, _mm512_set1_ps(new_max))));
-        _mm512_storeu_ps(scores + head * 16, p);
-        const float correction = old_max == -INFINITY ? 0.f : std::exp(old_max - new_max);
-        out.sum[head] = out.sum[head] * correction + _mm512_reduce_add_ps(p);
-        out.max[head] = new_max;
-        if (correction != 1.f) {
-          const __m512 cv = _mm512_set1_ps(correction);
-          float* a = out.acc + head * D;
-          for (int c = 0; c < VC; ++c) _mm512_storeu_ps(a + 16 * c, _mm512_mul_ps(cv, _mm512_loadu_ps(a + 16 * c)));
-        }
+        // Lanes past `count` hold 0 here; pass 2 only reads [0, span).
+        _mm512_storeu_ps(scores + head * padded + (g0 - p0),
+                         _mm512_mul_ps(transpose_sum16(dots), _mm512_set1_ps(scale)));
       }
     }
-    // Values: per KV head, convert its V rows once, then accumulate each of its query heads.
+  }
+  // Pass 2: per head, p = exp(s - max) in place; max and sum kept for the merge.
+  for (int64_t head = 0; head < Hq; ++head) {
+    float* s = scores + head * padded;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 16 <= span; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + i));
+    float m = _mm512_reduce_max_ps(mx);
+    for (; i < span; ++i) m = s[i] > m ? s[i] : m;
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    for (i = 0; i < padded; i += 16) {
+      const __mmask16 live = span - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (span - i)) - 1);
+      const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + i), mv)));
+      _mm512_storeu_ps(s + i, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    out.max[head] = m;
+    out.sum[head] = _mm512_reduce_add_ps(sum);
+  }
+  // Pass 3: acc[head] = sum_pos p[head, pos] * v_pos, V rows converted once per group and head.
+  std::memset(out.acc, 0, sizeof(float) * Hq * D);
+  for (int64_t ahead = 0; ahead < PREFETCH_GROUPS; ++ahead) prefetch_rows(vc, p0 + 16 * ahead);
+  for (int64_t g0 = p0; g0 < p1; g0 += 16) {
+    const int count = static_cast<int>(std::min<int64_t>(16, p1 - g0));
+    if (g0 + 16 * PREFETCH_GROUPS < p1) prefetch_rows(vc, g0 + 16 * PREFETCH_GROUPS);
+    group_rows(vc, g0, count);
     for (int64_t kh = 0; kh < Hkv; ++kh) {
       for (int j = 0; j < count; ++j)
         for (int c = 0; c < VC; ++c)
-          _mm512_storeu_ps(vbuf + j * D + 16 * c, load16(reinterpret_cast<const c10::BFloat16*>(vrows[j] + kh * D + 16 * c)));
+          _mm512_storeu_ps(vbuf + j * D + 16 * c, load16(reinterpret_cast<const c10::BFloat16*>(rows[j] + kh * D + 16 * c)));
       for (int64_t g = 0; g < G; ++g) {
         const int64_t head = kh * G + g;
         float* a = out.acc + head * D;
         __m512 acc[VC];
         for (int c = 0; c < VC; ++c) acc[c] = _mm512_loadu_ps(a + 16 * c);
-        const float* ph = scores + head * 16;
+        const float* ph = scores + head * padded + (g0 - p0);
         for (int j = 0; j < count; ++j) {
           const __m512 pj = _mm512_set1_ps(ph[j]);
           for (int c = 0; c < VC; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vbuf + j * D + 16 * c), acc[c]);

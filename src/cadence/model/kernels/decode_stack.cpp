@@ -19,7 +19,9 @@
 #include <sched.h>
 
 #include <atomic>
+#include <array>
 #include <chrono>
+#include <mutex>
 
 #include "common.h"
 #include "decode_attention.h"
@@ -229,11 +231,20 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
     const int nth = full_team ? team : 1;
     if (full_team || omp_get_thread_num() == 0) {
       int64_t my_wait = 0;
+      // Thread 0 accounts wall time to phases (diagnostics: phase_seconds()).
+      std::array<int64_t, NUM_PHASES> phase_ns{};
+      auto mark = std::chrono::steady_clock::now();
+      auto lap = [&](int phase) {
+        if (tid != 0) return;
+        const auto now = std::chrono::steady_clock::now();
+        phase_ns[phase] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark).count();
+        mark = now;
+      };
       auto sync = [&]() {
         if (full_team && team > 1) my_wait += barrier.wait();
       };
       std::vector<c10::BFloat16> residual(T * H), normed(T * H);
-      std::vector<float> scratch(Hq * 16 + 16 * D);
+      std::vector<float> scratch;
       std::memcpy(residual.data(), x.data_ptr<c10::BFloat16>(), sizeof(uint16_t) * T * H);
       for (int64_t t = 0; t < T; ++t)
         rms_norm_row<c10::BFloat16>(residual.data() + t * H, nullptr,
@@ -254,6 +265,7 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
         // 1. qkv projection.
         gemm(normed_bits, H, w.qkv, qkv_width, w.qkv_bias.defined() ? bits(w.qkv_bias) : nullptr, qkv_buf.data());
         sync();
+        lap(0);
         // 2. rope + cache write.
         {
           const auto [r0, r1] = thread_share(T, tid, nth);
@@ -264,10 +276,12 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
                                           reinterpret_cast<c10::BFloat16*>(vc + slp[t] * Hkv * D));
         }
         sync();
+        lap(1);
         // 3. attention.
         for (int64_t i = 0; i < items; ++i) {
           if (full_team && item_owner[i] != tid) continue;
           const int64_t t = item_row[i];
+          scratch.resize(attend_scratch_floats(Hq, D, item_p1[i] - item_p0[i]));
           dispatch_head_dim(D, [&](auto dim) {
             attend_span_bf16<decltype(dim)::value>(qkv_buf.data() + t * qkv_width, Hq, Hkv, kc, vc,
                                                    btp + seqp[t] * max_blocks, block_size, item_p0[i],
@@ -289,12 +303,15 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
           }
         }
         sync();
+        lap(2);
         // 4. output projection; 5. residual + post-attention norm (own copy).
         gemm(attn_buf.data(), Hq * D, w.o, H, nullptr, o_buf.data());
         sync();
+        lap(3);
         for (int64_t t = 0; t < T; ++t)
           rms_norm_row<c10::BFloat16>(residual.data() + t * H, reinterpret_cast<const c10::BFloat16*>(o_buf.data()) + t * H,
                                       w.post_norm.data_ptr<c10::BFloat16>(), normed.data() + t * H, H, eps);
+        lap(4);
         // 6. gate/up with silu * up on the fly: packed block 2j is gate columns [16j, 16j+16),
         //    2j+1 the matching up columns; a thread's range holds whole pairs.
         {
@@ -313,16 +330,24 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
                              });
         }
         sync();
+        lap(5);
         // 7. down projection; 8. residual + next layer's input norm (or the final norm).
         gemm(act_buf.data(), I, w.down, H, nullptr, down_buf.data());
         sync();
+        lap(6);
         const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
         for (int64_t t = 0; t < T; ++t)
           rms_norm_row<c10::BFloat16>(residual.data() + t * H, reinterpret_cast<const c10::BFloat16*>(down_buf.data()) + t * H,
                                       next_norm.data_ptr<c10::BFloat16>(), normed.data() + t * H, H, eps);
+        lap(7);
       }
       if (tid == 0) std::memcpy(out.data_ptr<c10::BFloat16>(), normed.data(), sizeof(uint16_t) * T * H);
       waited_ns.fetch_add(my_wait);
+      if (tid == 0) {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        for (int p = 0; p < NUM_PHASES; ++p) last_phase_ns_[p] = phase_ns[p];
+        last_team_ = nth;
+      }
     }
   }
   if (team > 1) {
@@ -337,6 +362,22 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
   TORCH_CHECK(false, "DecodeStack: built without AVX512-BF16");
   return x;
 #endif
+}
+
+}  // namespace cadence_kernels
+
+namespace cadence_kernels {
+
+std::vector<double> DecodeStack::phase_seconds() const {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  std::vector<double> out;
+  for (int p = 0; p < NUM_PHASES; ++p) out.push_back(last_phase_ns_[p] * 1e-9);
+  return out;
+}
+
+int DecodeStack::last_team() const {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  return last_team_;
 }
 
 }  // namespace cadence_kernels

@@ -14,7 +14,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <atomic>
+#include <mutex>
 #include <vector>
 
 namespace cadence_kernels {
@@ -41,6 +43,13 @@ class DecodeStack {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
+  // Diagnostics of the last forward: thread 0's wall seconds per phase (qkv, rope, attention,
+  // o, norm, gate/up, down, norm; barrier waits count to the phase before them), and the number
+  // of threads it ran on (1 while in solo mode after a busy-neighbour step).
+  static constexpr int NUM_PHASES = 8;
+  std::vector<double> phase_seconds() const;
+  int last_team() const;
+
  private:
   struct Layer {
     at::Tensor qkv, qkv_bias, o, gate_up, down;  // packed weights (bias plain, may be undefined)
@@ -53,6 +62,9 @@ class DecodeStack {
   // Steps left to run on one thread after the team was seen waiting on a descheduled partner.
   static constexpr int SOLO_STEPS = 64;
   mutable std::atomic<int> solo_steps_left_{0};
+  mutable std::mutex stats_mutex_;
+  mutable std::array<int64_t, NUM_PHASES> last_phase_ns_{};
+  mutable int last_team_ = 0;
 };
 
 }  // namespace cadence_kernels

@@ -283,9 +283,10 @@ void paged_attention_bf16(const at::Tensor& q, const at::Tensor& k_cache, const 
   };
   const float fscale = static_cast<float>(scale);
   at::parallel_for(0, items, parallel ? 1 : items + 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(Hq * 16 + 16 * D);
+    std::vector<float> scratch;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t n = item_row[i];
+      scratch.resize(attend_scratch_floats(Hq, D, item_p1[i] - item_p0[i]));
       dispatch_head_dim(D, [&](auto dim) {
         attend_span_bf16<decltype(dim)::value>(qp + n * Hq * D, Hq, Hkv, kp, vp, bt + seq[n] * max_blocks,
                                                block_size, item_p0[i], item_p1[i], fscale,
