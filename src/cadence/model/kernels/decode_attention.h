@@ -9,7 +9,8 @@
 //    bandwidth, so every loop here consumes all heads of a 16-position group while it sits in L1.
 //  * q . k uses AVX512-BF16 dot products on the bf16 rows (no conversion), 16 positions at a
 //    time, with one transposing reduction for the 16 sums instead of 16 horizontal reductions.
-//  * p . v accumulates in float32 (V converted once per group into an L1 buffer).
+//  * p . v also uses bf16 dot products, over pairs of positions (p rounded to bf16, as flash
+//    attention does; float32 accumulation).
 //  * A span returns unnormalised partials (max, sum of exp, weighted sum) so that one long
 //    context can be split across threads (flash-decoding) and merged after.
 #pragma once
@@ -48,7 +49,7 @@ struct SpanPartial {
 
 // Scratch floats attend_span_bf16 needs for a span of `span` positions.
 inline int64_t attend_scratch_floats(int64_t Hq, int64_t D, int64_t span) {
-  return Hq * ((span + 15) / 16 * 16) + 16 * D;
+  return Hq * ((span + 15) / 16 * 16) + Hq * 8;
 }
 
 // Query row q [Hq, D] (bf16 bits) over context positions [p0, p1) of the sequence whose block
@@ -68,7 +69,6 @@ void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t
   const int64_t span = p1 - p0;
   const int64_t padded = (span + 15) / 16 * 16;
   float* scores = scratch;               // [Hq, padded]
-  float* vbuf = scratch + Hq * padded;   // [16, D] one KV head's V rows of a group, float32
   const int64_t row_bytes = token_stride * 2;
   auto slot_of = [&](int64_t pos) {
     return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
@@ -136,30 +136,58 @@ void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t
     out.max[head] = m;
     out.sum[head] = _mm512_reduce_add_ps(sum);
   }
-  // Pass 3: acc[head] = sum_pos p[head, pos] * v_pos, V rows converted once per group and head.
+  // Pass 3: acc[head] = sum_pos p[head, pos] * v_pos with bf16 dot products over position pairs:
+  // p rounded to bf16 (as flash attention does), two V rows interleaved element by element
+  // (unpacklo/hi), so one _mm512_dpbf16_ps adds two positions for 16 dims. The interleave
+  // permutes dims inside each 128-bit lane; accumulators stay permuted until the end.
+  // acc layout per head: [QC][2][16] floats: chunk c, lo/hi half, lane 4L+t = dim 32c+8L+4h+t.
   std::memset(out.acc, 0, sizeof(float) * Hq * D);
+  uint32_t* pairs = reinterpret_cast<uint32_t*>(scores + Hq * padded);  // [Hq][8] bf16 pairs of p
+  alignas(64) uint16_t zero_row[D] = {};
+  __m512i vpair[8][2 * QC];
   for (int64_t ahead = 0; ahead < PREFETCH_GROUPS; ++ahead) prefetch_rows(vc, p0 + 16 * ahead);
   for (int64_t g0 = p0; g0 < p1; g0 += 16) {
     const int count = static_cast<int>(std::min<int64_t>(16, p1 - g0));
     if (g0 + 16 * PREFETCH_GROUPS < p1) prefetch_rows(vc, g0 + 16 * PREFETCH_GROUPS);
     group_rows(vc, g0, count);
+    const int npairs = (count + 1) / 2;
+    // Lanes past `count` of a score row are 0 (pass 2), so the padding row adds nothing.
+    for (int64_t head = 0; head < Hq; ++head)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + head * 8),
+                         (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(scores + head * padded + (g0 - p0))));
     for (int64_t kh = 0; kh < Hkv; ++kh) {
-      for (int j = 0; j < count; ++j)
-        for (int c = 0; c < VC; ++c)
-          _mm512_storeu_ps(vbuf + j * D + 16 * c, load16(reinterpret_cast<const c10::BFloat16*>(rows[j] + kh * D + 16 * c)));
+      for (int i = 0; i < npairs; ++i) {
+        const uint16_t* r0 = rows[2 * i] + kh * D;
+        const uint16_t* r1 = 2 * i + 1 < count ? rows[2 * i + 1] + kh * D : zero_row;
+        for (int c = 0; c < QC; ++c) {
+          const __m512i a = _mm512_loadu_si512(r0 + 32 * c);
+          const __m512i b = _mm512_loadu_si512(r1 + 32 * c);
+          vpair[i][2 * c] = _mm512_unpacklo_epi16(a, b);
+          vpair[i][2 * c + 1] = _mm512_unpackhi_epi16(a, b);
+        }
+      }
       for (int64_t g = 0; g < G; ++g) {
         const int64_t head = kh * G + g;
         float* a = out.acc + head * D;
-        __m512 acc[VC];
-        for (int c = 0; c < VC; ++c) acc[c] = _mm512_loadu_ps(a + 16 * c);
-        const float* ph = scores + head * padded + (g0 - p0);
-        for (int j = 0; j < count; ++j) {
-          const __m512 pj = _mm512_set1_ps(ph[j]);
-          for (int c = 0; c < VC; ++c) acc[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vbuf + j * D + 16 * c), acc[c]);
+        __m512 acc[2 * QC];
+        for (int c = 0; c < 2 * QC; ++c) acc[c] = _mm512_loadu_ps(a + 16 * c);
+        for (int i = 0; i < npairs; ++i) {
+          const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pairs[head * 8 + i]));
+          for (int c = 0; c < 2 * QC; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)vpair[i][c], pp);
         }
-        for (int c = 0; c < VC; ++c) _mm512_storeu_ps(a + 16 * c, acc[c]);
+        for (int c = 0; c < 2 * QC; ++c) _mm512_storeu_ps(a + 16 * c, acc[c]);
       }
     }
+  }
+  // Undo the interleave's permutation: permuted lane (c, half, 4L+t) -> dim 32c + 8L + 4half + t.
+  for (int64_t head = 0; head < Hq; ++head) {
+    float* a = out.acc + head * D;
+    alignas(64) float tmp[D];
+    for (int c = 0; c < QC; ++c)
+      for (int half = 0; half < 2; ++half)
+        for (int L = 0; L < 4; ++L)
+          for (int t = 0; t < 4; ++t) tmp[32 * c + 8 * L + 4 * half + t] = a[32 * c + 16 * half + 4 * L + t];
+    std::memcpy(a, tmp, sizeof(tmp));
   }
 }
 
