@@ -18,7 +18,12 @@ from cadence.model.attention import paged_attention, write_kv
 from cadence.model.attention_cpu import KERNEL_MAX_CHUNK, paged_attention_cpu
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
-from cadence.model.prefill_attention import MIN_CHUNK, blocked_causal_attention
+from cadence.model.prefill_attention import (
+    MIN_CHUNK,
+    blocked_causal_attention,
+    causal_prefill_attention,
+    prefill_kernel,
+)
 from cadence.model.rope import apply_rope, rope_cos_sin
 
 KERNELS = load_cpu_kernels()
@@ -217,7 +222,9 @@ LONG_SPANS = {
 }
 
 
-@pytest.mark.parametrize("dim, heads, kv_heads", [(64, 9, 3), (64, 4, 4), (64, 10, 2)])
+# head_dim 64 and 128 take the C++ kernel (where built), 32 the blocked matmuls.
+@pytest.mark.parametrize("dim, heads, kv_heads", [(64, 9, 3), (64, 4, 4), (64, 10, 2), (128, 8, 2),
+                                                  (32, 4, 2)])
 @pytest.mark.parametrize("case", sorted(LONG_SPANS))
 def test_long_bf16_prefill_matches_reference(dim, heads, kv_heads, case):
     q, k, v, k_cache, v_cache, meta = random_batch(
@@ -250,3 +257,132 @@ def test_blocked_causal_attention_matches_sdpa(dtype, n, ctx, block, heads, kv_h
     assert got.dtype == dtype and got.shape == q.shape
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), expected, atol=atol, rtol=rtol)
+
+
+# The C++ causal prefill kernel (kernels/prefill_attention.cpp) against an fp32 reference.
+needs_prefill_kernel = pytest.mark.skipif(
+    prefill_kernel(torch.zeros(1, 1, 64, dtype=torch.bfloat16), KERNELS) is None,
+    reason="prefill kernel not built (no AVX512-BF16)")
+
+
+def offset_causal_sdpa(q, keys, values, scale):
+    """fp32 reference: query j at position L - n + j sees keys [0, L - n + j]."""
+    n, ctx = q.shape[0], keys.shape[0]
+    mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+    return F.scaled_dot_product_attention(
+        q.float().transpose(0, 1)[None], keys.float().transpose(0, 1)[None],
+        values.float().transpose(0, 1)[None], attn_mask=mask, scale=scale,
+        enable_gqa=True)[0].transpose(0, 1)
+
+
+def scatter_to_cache(x, block_size, gen):
+    """x [L, Hkv, D] into a cache [num_blocks, block_size, Hkv, D] through a shuffled block
+    table (one spare block): (cache, table int32)."""
+    count = -(-x.shape[0] // block_size)
+    table = torch.randperm(count + 1, generator=gen)[:count].to(torch.int32)
+    cache = torch.randn(count + 1, block_size, *x.shape[1:], generator=gen).to(x.dtype)
+    slots = (table[:, None].long() * block_size + torch.arange(block_size)).flatten()[:x.shape[0]]
+    cache.view(-1, *x.shape[1:])[slots] = x
+    return cache, table
+
+
+@needs_prefill_kernel
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (4, 4), (8, 2), (6, 1)])  # groups 3, 1, 4, 6
+@pytest.mark.parametrize("n, ctx", [(1, 1), (1, 40), (5, 5), (23, 61), (100, 133), (257, 257),
+                                    (64, 700), (300, 811)])
+def test_prefill_kernel_matches_fp32_reference(dim, heads, kv_heads, n, ctx):
+    """Whole prompts (n == ctx) and chunks continuing a context (n < ctx), lengths on and off the
+    kernel's 12-row tiles and 64-key blocks; the paged form (block table) gives the same bits."""
+    gen = torch.Generator().manual_seed(n * 1000 + ctx + dim + heads)
+    q = torch.randn(n, heads, dim, generator=gen).bfloat16()
+    keys = torch.randn(ctx, kv_heads, dim, generator=gen).bfloat16()
+    values = torch.randn(ctx, kv_heads, dim, generator=gen).bfloat16()
+    scale = dim ** -0.5
+    got = KERNELS.prefill_attention(q, keys, values, scale, None, -1)
+    assert got.dtype == torch.bfloat16 and got.shape == q.shape
+    torch.testing.assert_close(got.float(), offset_causal_sdpa(q, keys, values, scale),
+                               atol=2e-2, rtol=2e-2)
+    k_cache, table = scatter_to_cache(keys, 16, gen)
+    v_cache = torch.randn(k_cache.shape, generator=gen).bfloat16()
+    v_cache.view(-1, kv_heads, dim)[
+        (table[:, None].long() * 16 + torch.arange(16)).flatten()[:ctx]] = values
+    paged = KERNELS.prefill_attention(q, k_cache, v_cache, scale, table, ctx)
+    assert torch.equal(paged, got)
+
+
+@needs_prefill_kernel
+def test_prefill_kernel_strided_inputs_and_threads():
+    """q, k, v as views of one fused qkv projection (the model's layout) give the bits of
+    contiguous copies, with one thread or two (each work item is computed by one thread)."""
+    gen = torch.Generator().manual_seed(7)
+    n, heads, kv_heads, dim = 333, 9, 3, 64
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * dim, generator=gen).bfloat16()
+    q = qkv[:, :heads * dim].view(n, heads, dim)
+    k = qkv[:, heads * dim:(heads + kv_heads) * dim].view(n, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim:].view(n, kv_heads, dim)
+    expected = KERNELS.prefill_attention(q.contiguous(), k.contiguous(), v.contiguous(), 0.125,
+                                         None, -1)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert torch.equal(KERNELS.prefill_attention(q, k, v, 0.125, None, -1), expected)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_prefill_kernel
+@pytest.mark.parametrize("n, ctx", [(200, 200), (130, 900)])
+def test_prefill_kernel_peaked_and_growing_scores(n, ctx):
+    """Large scores whose maximum keeps growing along the keys: the online softmax's running
+    max moves (rescaling the partial sums) many times, and the weights are near one-hot."""
+    gen = torch.Generator().manual_seed(n)
+    heads, kv_heads, dim = 6, 2, 64
+    direction = torch.randn(dim, generator=gen)
+    q = (torch.randn(n, heads, dim, generator=gen) + 3 * direction).bfloat16()
+    growth = torch.linspace(0.1, 4.0, ctx)[:, None, None]
+    keys = (growth * (torch.randn(ctx, kv_heads, dim, generator=gen) + direction)).bfloat16()
+    values = torch.randn(ctx, kv_heads, dim, generator=gen).bfloat16()
+    got = KERNELS.prefill_attention(q, keys, values, 0.125, None, -1)
+    expected = offset_causal_sdpa(q, keys, values, 0.125)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+def test_causal_prefill_attention_falls_back_without_kernel():
+    """No kernels (or a head_dim the kernel does not serve): the blocked matmuls, same result."""
+    gen = torch.Generator().manual_seed(3)
+    for dim in (64, 48):
+        q = torch.randn(40, 4, dim, generator=gen).bfloat16()
+        keys = torch.randn(70, 2, dim, generator=gen).bfloat16()
+        values = torch.randn(70, 2, dim, generator=gen).bfloat16()
+        expected = blocked_causal_attention(q, keys, values, 0.25)
+        assert torch.equal(causal_prefill_attention(q, keys, values, 0.25, None), expected)
+        if dim == 48:
+            assert prefill_kernel(q, KERNELS) is None
+            assert torch.equal(causal_prefill_attention(q, keys, values, 0.25, KERNELS), expected)
+
+
+@needs_prefill_kernel
+def test_prefill_kernel_rejects_bad_input():
+    bf = torch.bfloat16
+    q, kv = torch.zeros(4, 4, 64, dtype=bf), torch.zeros(8, 2, 64, dtype=bf)
+    cache, table = torch.zeros(3, 4, 2, 64, dtype=bf), torch.tensor([2, 0], dtype=torch.int32)
+    cases = [
+        ("bfloat16", (q.float(), kv, kv, 1.0, None, -1)),
+        ("head_dim 64 or 128", (q[..., :32], kv[..., :32], kv[..., :32], 1.0, None, -1)),
+        ("differ in head_dim", (q, kv[..., :32], kv[..., :32], 1.0, None, -1)),
+        ("multiple of KV heads", (torch.zeros(4, 3, 64, dtype=bf), kv, kv, 1.0, None, -1)),
+        ("shorter than the chunk", (torch.zeros(9, 4, 64, dtype=bf), kv, kv, 1.0, None, -1)),
+        ("differ in shape", (q, kv, kv[:7], 1.0, None, -1)),
+        ("q \\[n, Hq, D\\]", (q[0], kv, kv, 1.0, None, -1)),
+        ("ctx_len", (q, kv, kv, 1.0, None, 5)),
+        ("out of range", (q, cache, cache, 1.0, torch.tensor([2, 3], dtype=torch.int32), 8)),
+        ("shorter than ctx_len", (q, cache, cache, 1.0, table, 9)),
+        ("1-D int32", (q, cache, cache, 1.0, table.long(), 8)),
+        ("caches", (q, kv, kv, 1.0, table, 8)),
+    ]
+    for match, args in cases:
+        with pytest.raises(RuntimeError, match=match):
+            KERNELS.prefill_attention(*args)

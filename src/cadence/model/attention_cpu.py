@@ -2,10 +2,13 @@
 
 Decodes (and short prefill chunks that continue a cached context) go to one C++ call that reads
 K/V straight from the paged cache through the block tables: nothing is gathered or copied, and
-one call serves the whole batch, so no Python work grows with the batch size. Prefill chunks that
-start at position 0 attend only over their own new keys/values, which are already at hand, so
-they use torch's SDPA (a flash-attention kernel built on GEMMs) on those without touching the
-cache (long bf16 chunks: cadence.model.prefill_attention's blocked matmuls instead); long chunks that continue a context gather it once and use SDPA with an offset mask.
+one call serves the whole batch, so no Python work grows with the batch size. bf16 prefill
+chunks (from position 0, or continuing a context with at least KERNEL_MIN_CONTINUING new tokens)
+go to the C++ causal flash-attention kernel (cadence.model.prefill_attention), which reads a cached
+context through the block table. Other prefill chunks that start at position 0 attend only over
+their own new keys/values, which are already at hand, so they use torch's SDPA on those without
+touching the cache (long bf16 chunks without the kernel: blocked matmuls); long chunks that
+continue a context gather it once and use SDPA with an offset mask.
 
 The caller has already written this step's K/V into the cache (kernels.rope_write_kv).
 """
@@ -48,10 +51,10 @@ def paged_attention_cpu(kernels: ModuleType, q: torch.Tensor, k_new: torch.Tenso
         q_start, q_end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
         start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
         n_new = q_end - q_start
-        if takes_blocked(q, n_new):  # long bf16 chunk: plain-matmul blocked attention
+        if takes_blocked(q, n_new, start_pos, kernels):  # bf16: C++ flash kernel / blocked matmuls
             out[q_start:q_end] = blocked_over_context(q[q_start:q_end], k_new[q_start:q_end],
                                                       v_new[q_start:q_end], k_cache, v_cache,
-                                                      meta, i, scale)
+                                                      meta, i, scale, kernels)
         elif start_pos == 0:
             out[q_start:q_end] = _sdpa_causal(q[q_start:q_end], k_new[q_start:q_end],
                                               v_new[q_start:q_end], scale)

@@ -1,17 +1,29 @@
-"""Blocked causal attention for long bf16 prefill chunks on CPU, in plain bf16 matmuls.
+"""Causal attention of bf16 prefill chunks on CPU: a C++ flash-attention kernel, or blocked matmuls.
 
-torch's CPU flash attention reaches well under half the bf16 GEMM rate for a long causal prompt;
-this runs the same attention as a few large matmuls instead. The query heads that share a KV head
-are stacked into the matmul's row dimension (GQA: one matmul serves the whole group), queries are
-cut into blocks, and each block multiplies only the causal prefix of the keys (fully masked key
-columns are never computed). Only the last `block` key columns of a block need a mask. Scores
-come out of the matmul in bf16 (fp32 accumulation, one rounding); softmax computes in fp32
-internally and rounds the probabilities to bf16 for the value matmul, as flash attention does.
-Measured on a 2-core AVX512-BF16 CPU (SmolLM2-135M shapes, 2048 tokens): ~1.4-1.7x faster than
-SDPA for the attention alone. Any dtype works (the tests run it in fp32 too); only bf16 uses it.
+With the compiled kernels (AVX512-BF16 built in, head_dim 64 or 128), bf16 prefill chunks go to
+kernels.prefill_attention (kernels/prefill_attention.cpp: vdpbf16ps tiles, online softmax, causal
+key blocks only), chunks that continue a cached context reading it through the block table.
+Measured on the 2-core AVX512-BF16 CPU (SmolLM2-135M shapes; benchmarks/prefill_attention_bench.py):
+~180 GFLOP/s per core (causal half counted), ~350 with both cores free at 2048 tokens, 2.2-2.7x
+the blocked matmuls below at 256-2048 tokens over a 2048 context, 3x SDPA; faster than SDPA
+from one token on.
+
+Without the kernel (not built, other head dims), long bf16 chunks take blocked_causal_attention,
+also the kernel's reference in the tests. torch's CPU flash attention reaches well under half
+the bf16 GEMM rate for a long causal prompt; this runs the same attention as a few large
+matmuls instead. The query heads that share a KV head are stacked into the matmul's row
+dimension (GQA: one matmul serves the whole group), queries are cut into blocks, and each block
+multiplies only the causal prefix of the keys (fully masked key columns are never computed).
+Only the last `block` key columns of a block need a mask. Scores come out of the matmul in bf16
+(fp32 accumulation, one rounding); softmax computes in fp32 internally and rounds the
+probabilities to bf16 for the value matmul, as flash attention does. ~1.2-1.7x faster than SDPA
+for the attention alone at 2048 tokens. Any dtype works (the tests run it in fp32 too); only
+bf16 uses it.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import torch
 
@@ -20,30 +32,68 @@ from cadence.model.attention_metadata import AttentionMetadata
 # Query rows per block (per head): big enough for GEMM efficiency, small enough that one score
 # block ([group * block, context] bf16) stays near the L2 cache.
 QUERY_BLOCK = 192
-# bf16 prefill chunks with at least this many new tokens take the blocked path. Whole-prefill
+# Without the kernel, bf16 prefill chunks with at least this many new tokens take the blocked
+# matmuls (blocked_causal_attention), shorter ones SDPA. Whole-prefill
 # A/B runs gained ~10-15% at 1024 and 2048 tokens; at 512 the result flipped from run to run
 # (attention is a small share there), so shorter chunks stay on SDPA.
 MIN_CHUNK = 1024
+# With the C++ kernel: every bf16 chunk from position 0 takes it (faster than SDPA from 1 token
+# on), and chunks continuing a cached context from this many new tokens on (below, the paged
+# decode kernel's one row per token wins; both read the cache through the block table).
+KERNEL_MIN_CONTINUING = 3
+KERNEL_HEAD_DIMS = (64, 128)
 
 
-def takes_blocked(q: torch.Tensor, n_new: int) -> bool:
-    """Whether a prefill chunk of n_new tokens with queries q goes through the blocked path."""
-    return q.dtype == torch.bfloat16 and q.device.type == "cpu" and n_new >= MIN_CHUNK
+def prefill_kernel(q: torch.Tensor, kernels: ModuleType | None) -> ModuleType | None:
+    """`kernels` if its prefill_attention serves queries q (bf16 on CPU, head_dim 64 or 128,
+    AVX512-BF16 compiled in), else None."""
+    if (kernels is None or q.dtype != torch.bfloat16 or q.device.type != "cpu"
+            or q.shape[-1] not in KERNEL_HEAD_DIMS or not hasattr(kernels, "prefill_attention")
+            or not kernels.has_avx512bf16()):
+        return None
+    return kernels
+
+
+def takes_blocked(q: torch.Tensor, n_new: int, start_pos: int = 0,
+                  kernels: ModuleType | None = None) -> bool:
+    """Whether a prefill chunk of n_new tokens from start_pos with queries q goes through
+    blocked_over_context (the C++ kernel when it serves q, else the blocked matmuls)."""
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu":
+        return False
+    if prefill_kernel(q, kernels) is not None:
+        return start_pos == 0 or n_new >= KERNEL_MIN_CONTINUING
+    return n_new >= MIN_CHUNK
 
 
 def blocked_over_context(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                         i: int, scale: float) -> torch.Tensor:
-    """Sequence i's prefill chunk (q, k_new, v_new: its rows only) through
-    blocked_causal_attention, over its own new keys when it starts at position 0, else over its
-    whole context read once from the cache."""
+                         i: int, scale: float, kernels: ModuleType | None = None) -> torch.Tensor:
+    """Sequence i's prefill chunk (q, k_new, v_new: its rows only) over its own new keys when it
+    starts at position 0, else over its whole context in the cache: through the C++ kernel when
+    it serves q (reading the cache through the block table), else blocked_causal_attention
+    (the context gathered once)."""
     start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
+    kernel = prefill_kernel(q, kernels)
+    if kernel is not None:
+        if start_pos == 0:
+            return kernel.prefill_attention(q, k_new, v_new, scale, None, -1)
+        return kernel.prefill_attention(q, k_cache, v_cache, scale, meta.block_tables[i], seq_len)
     if start_pos == 0:
         keys, values = k_new, v_new
     else:
         blocks = meta.block_tables[i, : meta.num_blocks_host[i]]
         keys = k_cache[blocks].flatten(0, 1)[:seq_len]  # [seq_len, Hkv, D]
         values = v_cache[blocks].flatten(0, 1)[:seq_len]
+    return blocked_causal_attention(q, keys, values, scale, QUERY_BLOCK)
+
+
+def causal_prefill_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                             scale: float, kernels: ModuleType | None = None) -> torch.Tensor:
+    """q: [n, Hq, D]; keys, values: [L, Hkv, D] (L >= n, query j at position L - n + j) ->
+    [n, Hq, D]: the C++ kernel when it serves q, else blocked_causal_attention."""
+    kernel = prefill_kernel(q, kernels)
+    if kernel is not None:
+        return kernel.prefill_attention(q, keys, values, scale, None, -1)
     return blocked_causal_attention(q, keys, values, scale, QUERY_BLOCK)
 
 

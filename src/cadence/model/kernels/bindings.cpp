@@ -13,6 +13,12 @@
 //  silu_mul          out = silu(gate) * up of a fused gate/up projection.
 //  linear_bf16       y = x @ w.T for bf16 with few rows (decode), with AVX512-BF16 dot products;
 //                    torch's bf16 GEMM is several times slower than memory bandwidth there.
+//  prefill_attention causal bf16 flash attention of a prefill chunk over its context (packed
+//                    key blocks, online softmax, causal blocks only; prefill_attention.cpp).
+//  pack_linear_bf16 / linear_packed_bf16
+//                    bf16 GEMM on weights packed once for AVX512-BF16 (packed_gemm.h): the LM
+//                    head and, inside DecodeStack, every projection.
+//  DecodeStack       every decoder layer of a small bf16 batch in one call (decode_stack.cpp).
 #include <torch/extension.h>
 
 #include "decode_stack.h"
@@ -25,6 +31,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &cadence_kernels::add_rms_norm, "residual add + RMS norm");
   m.def("silu_mul", &cadence_kernels::silu_mul, "silu(gate) * up");
   m.def("linear_bf16", &cadence_kernels::linear_bf16, "bf16 x @ w.T for few rows");
+  m.def("prefill_attention", &cadence_kernels::prefill_attention, "causal bf16 flash attention of a prefill chunk over its context");
   m.def("pack_linear_bf16", &cadence_kernels::pack_linear_bf16, "pack a bf16 [N, K] weight for linear_packed_bf16");
   m.def("linear_packed_bf16", &cadence_kernels::linear_packed_bf16, "bf16 x @ w.T on a packed weight");
   py::class_<cadence_kernels::DecodeStack>(m, "DecodeStack", py::module_local(),

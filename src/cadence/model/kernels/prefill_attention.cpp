@@ -1,43 +1,62 @@
 // prefill_attention: causal flash attention of a bf16 prefill chunk over its context, with
 // AVX512-BF16 dot products (vdpbf16ps) and an online softmax in float32.
 //
-// q [n, Hq, D] attends over keys/values [L, Hkv, D] (L >= n): query j sits at position
-// L - n + j and sees keys [0, L - n + j]. The G = Hq / Hkv query heads that share a KV head are
-// stacked as rows (row m = query m / G, head m % G), so one pass over a KV head's keys serves
-// the whole group. Work items are (KV head, tile of TILE_ROWS rows); each item walks the key
-// blocks at or below its causal diagonal only (the diagonal blocks masked per row):
-//   scores  S[rows][32 keys] = Q K^T   (K packed per block as [D/2][32 keys][2]: one 64-byte
-//                                        load per key half, q pairs broadcast)
-//   online softmax in f32: running max m and sum l per row, alpha = exp(m_old - m_new) rescales
-//                          the output accumulators; P rounded to bf16 (as flash attention does)
-//   O[rows][D] += P V                  (V packed per block as [16 key pairs][D][2]: P pairs
-//                                        broadcast, f32 accumulators in L1 across blocks)
-// Items are handed out dynamically, costliest (latest rows) first, so a thread slowed by a
-// busy neighbour takes fewer of them.
+// q [n, Hq, D] attends over a context of L >= n positions: keys/values [L, Hkv, D], or the
+// paged caches [num_blocks, block_size, Hkv, D] read through one sequence's block table (no
+// gather). Query j sits at position L - n + j and sees keys [0, L - n + j]. The G = Hq / Hkv
+// query heads that share a KV head are stacked as rows (row m = query m / G, head m % G), so one
+// pass over a KV head's keys serves the whole group. First each KV head's keys and values are
+// packed once, per 64-key block, into the layouts the dot products want; then work items
+// (KV head, tile of TILE_ROWS rows) walk the key blocks at or below their causal diagonal only
+// (diagonal blocks masked per row, 32-key halves past the last row skipped):
+//   scores  S[rows][64 keys] = Q K^T   (K block as [D/2][64 keys] dim pairs: 64-byte loads of
+//                                        16 keys, q pairs broadcast; 12 x 32 keys per pass)
+//   online softmax in f32, base 2: running max m and sum l per row; the max moves only when a
+//                          score passes it by 2^8 (lazy rescaling: alpha and the O rescale are
+//                          rare); weights rounded to bf16 for P V, as flash attention does
+//   O[rows][D] += P V                  (V block as [32 key pairs][D]: P pairs broadcast, 6 rows
+//                                        x 64 dims of f32 accumulators per pass, O in L1)
+// One core runs vdpbf16ps at ~220 GFLOP/s on Zen4; this reaches ~180 (the causal half counted)
+// at 2048 tokens, the rest going to the softmax.
+// Items are handed out dynamically, costliest (latest rows) first, so a thread slowed by a busy
+// neighbour takes fewer of them; small problems run on the calling thread.
 #include "common.h"
 #include "ops.h"
 
 #include <atomic>
+#include <memory>
 
 namespace cadence_kernels {
 
 #if CADENCE_HAVE_AVX512BF16
 namespace {
 
-constexpr int64_t KEY_BLOCK = 32;  // keys per block: two zmm of scores per row
-constexpr int TILE_ROWS = 12;      // rows per item: 24 score accumulators in Q K^T
+constexpr int64_t KEY_BLOCK = 64;  // keys per block: four zmm of scores per row
+constexpr int64_t QK_KEYS = 32;    // keys per Q K^T pass: 12 rows x 2 zmm accumulators
+constexpr int TILE_ROWS = 12;      // rows per item
 constexpr int PV_ROWS = 6;         // rows per P V pass: 6 x 4 zmm accumulators (64 dims)
+constexpr double SERIAL_MAX_FLOPS = 2e7;  // ~0.1 ms on one core
+constexpr float LAZY_MAX_LOG2 = 8.f;  // softmax weights stay <= 2^8 between max updates
 
-// Packs KV head h's keys and values, key block b, into the dot-product layouts (zero padding
-// past the last key). kp: [D/2][32] uint32 (a key's dim pair per lane); vp: [16][D] uint32 (a
-// dim's key pair per lane).
-inline void pack_block(const uint16_t* keys, const uint16_t* values, int64_t ks0, int64_t vs0,
-                       int64_t L, int64_t D, int64_t b, uint32_t* kp, uint16_t* vp) {
-  const int64_t k0 = b * KEY_BLOCK;
-  const int64_t count = std::min<int64_t>(KEY_BLOCK, L - k0);
+// 2^x for softmax weights that are rounded to bf16 next: 2^floor(x) (vscalefps floors its
+// exponent) times a cubic in x - floor(x) (vreduceps), relative error 7.5e-5, 25x below bf16's
+// rounding. -inf lanes come out NaN: the caller masks them.
+inline __m512 exp2_bf16_accuracy(__m512 x) {
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF);  // x - floor(x), in [0, 1)
+  __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(0.078027293f), f, _mm512_set1_ps(0.22606325f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.69583488f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.99992514f));
+  return _mm512_scalef_ps(y, x);
+}
+
+// Packs one key block (count <= KEY_BLOCK keys; zero padding past them) of one KV head into the
+// dot-product layouts. krow[i], vrow[i]: key i's K and V rows. kp: [D/2][KEY_BLOCK] uint32 (a
+// key's dim pair per lane); vp: [KEY_BLOCK/2][D] uint32 (a dim's key pair per lane).
+inline void pack_block(const uint16_t* const* krow, const uint16_t* const* vrow, int64_t count,
+                       int64_t D, uint32_t* kp, uint16_t* vp) {
   for (int64_t key = 0; key < KEY_BLOCK; ++key) {
     if (key < count) {
-      const uint16_t* row = keys + (k0 + key) * ks0;
+      const uint16_t* row = krow[key];
       for (int64_t d2 = 0; d2 < D / 2; ++d2) {
         uint32_t pair;
         std::memcpy(&pair, row + 2 * d2, sizeof(pair));
@@ -57,17 +76,18 @@ inline void pack_block(const uint16_t* keys, const uint16_t* values, int64_t ks0
     const int64_t ka = 2 * kp2, kb = ka + 1;
     uint16_t* dst = vp + kp2 * D * 2;
     for (int64_t d = 0; d < D; d += 32) {
-      const __m512i a = ka < count ? _mm512_loadu_si512(values + (k0 + ka) * vs0 + d) : _mm512_setzero_si512();
-      const __m512i c = kb < count ? _mm512_loadu_si512(values + (k0 + kb) * vs0 + d) : _mm512_setzero_si512();
+      const __m512i a = ka < count ? _mm512_loadu_si512(vrow[ka] + d) : _mm512_setzero_si512();
+      const __m512i c = kb < count ? _mm512_loadu_si512(vrow[kb] + d) : _mm512_setzero_si512();
       _mm512_storeu_si512(dst + 2 * d, _mm512_permutex2var_epi16(a, lo, c));
       _mm512_storeu_si512(dst + 2 * d + 32, _mm512_permutex2var_epi16(a, hi, c));
     }
   }
 }
 
-// S[r][0..31] = q_r . k for the block's 32 keys (raw scores, unscaled). qt: [TILE_ROWS][D] bf16.
+// S[r][0..31] = q_r . k for 32 keys of a block (raw scores, unscaled); S rows KEY_BLOCK apart.
+// qt: [TILE_ROWS][D] bf16; kp: the block's [D/2][KEY_BLOCK] pairs, from the first of the keys.
 template <int D>
-inline void qk_block(const uint16_t* qt, const uint32_t* kp, float* S) {
+inline void qk_keys(const uint16_t* qt, const uint32_t* kp, float* S) {
   __m512 acc[TILE_ROWS][2];
   for (int r = 0; r < TILE_ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int d2 = 0; d2 < D / 2; ++d2) {
@@ -87,16 +107,19 @@ inline void qk_block(const uint16_t* qt, const uint32_t* kp, float* S) {
   }
 }
 
-// O[r][dims] = O[r][dims] * alpha[r] + P[r] V over the block's 16 key pairs, for PV_ROWS rows
-// and the 64 dims at d0. P: [rows][16] uint32 (bf16 key pairs); vp: [16][D] uint32.
+// O[r][dims] = O[r][dims] * alpha[r] (alpha null: 1) + P[r] V over the block's key pairs, for PV_ROWS rows and
+// the 64 dims at d0. P: [rows][KEY_BLOCK / 2] uint32 (bf16 key pairs); vp: [KEY_BLOCK / 2][D].
 template <int D>
-inline void pv_block(const uint32_t* P, const uint32_t* vp, const float* alpha, float* O, int d0) {
+inline void pv_block(const uint32_t* P, const uint32_t* vp, const float* alpha, float* O, int d0,
+                     int pairs) {
   __m512 acc[PV_ROWS][4];
-  for (int r = 0; r < PV_ROWS; ++r) {
-    const __m512 a = _mm512_set1_ps(alpha[r]);
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_mul_ps(_mm512_load_ps(O + r * D + d0 + 16 * j), a);
+  for (int r = 0; r < PV_ROWS; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_load_ps(O + r * D + d0 + 16 * j);
+  if (alpha != nullptr) {
+    for (int r = 0; r < PV_ROWS; ++r)
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_mul_ps(acc[r][j], _mm512_set1_ps(alpha[r]));
   }
-  for (int kp = 0; kp < KEY_BLOCK / 2; ++kp) {
+  for (int kp = 0; kp < pairs; ++kp) {
     const uint32_t* v = vp + kp * D + d0;
     const __m512bh v0 = (__m512bh)_mm512_loadu_si512(v);
     const __m512bh v1 = (__m512bh)_mm512_loadu_si512(v + 16);
@@ -122,8 +145,8 @@ struct Problem {
   const uint16_t* q;
   int64_t qs0, qs1;
   uint16_t* out;  // [n, Hq, D] contiguous
-  const uint32_t* kpack;  // [Hkv][blocks][D/2][32]
-  const uint32_t* vpack;  // [Hkv][blocks][16][D]
+  const uint32_t* kpack;  // [Hkv][blocks][D/2][KEY_BLOCK]
+  const uint32_t* vpack;  // [Hkv][blocks][KEY_BLOCK/2][D]
   int64_t n, Hq, G, start, blocks;
   float scale;
 };
@@ -131,13 +154,14 @@ struct Problem {
 // One work item: KV head h, rows [m0, m0 + TILE_ROWS) of its n * G stacked rows.
 template <int D>
 void attend_tile(const Problem& p, int64_t h, int64_t m0) {
+  constexpr int C = KEY_BLOCK / 16;  // zmm of scores per row and block
   alignas(64) uint16_t qt[TILE_ROWS * D];
   alignas(64) float S[TILE_ROWS * KEY_BLOCK];
   alignas(64) uint32_t P[TILE_ROWS * KEY_BLOCK / 2];
   alignas(64) float O[TILE_ROWS * D];
   alignas(64) float lsum[TILE_ROWS * 16];
   alignas(64) float m_run[16], m_blk[16], alpha[16];
-  __mmask16 mask0[TILE_ROWS], mask1[TILE_ROWS];
+  __mmask16 mask[TILE_ROWS][C];
   int64_t pos[TILE_ROWS];
 
   const int64_t rows = std::min<int64_t>(TILE_ROWS, p.n * p.G - m0);
@@ -150,11 +174,14 @@ void attend_tile(const Problem& p, int64_t h, int64_t m0) {
   }
   std::fill(O, O + TILE_ROWS * D, 0.f);
   std::fill(lsum, lsum + TILE_ROWS * 16, 0.f);
-  std::fill(m_run, m_run + 16, -1e30f);  // finite: alpha = exp(-huge) = 0 on the first block
-  std::fill(m_blk, m_blk + 16, -1e30f);
+  std::fill(m_run, m_run + 16, -1e30f);  // finite: alpha = 2^(-huge) = 0 on the first block
+  std::fill(m_blk, m_blk + 16, -1e30f);  // rows that keep their max this block: no change
   const int64_t first_pos = pos[0], last_pos = pos[rows - 1];
   const int64_t nblocks = last_pos / KEY_BLOCK + 1;
-  const __m512 vscale = _mm512_set1_ps(p.scale);
+  // Softmax in base 2: p = 2^((s - m) * scale * log2(e)).
+  const float c2 = p.scale * 1.4426950408889634f;
+  const __m512 vc2 = _mm512_set1_ps(c2);
+  const float lazy_margin = LAZY_MAX_LOG2 / c2;  // in raw score units
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
   const int64_t block_words = KEY_BLOCK / 2 * D;
   const uint32_t* kbase = p.kpack + h * p.blocks * block_words;
@@ -162,41 +189,61 @@ void attend_tile(const Problem& p, int64_t h, int64_t m0) {
 
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t k0 = b * KEY_BLOCK;
-    qk_block<D>(qt, kbase + b * block_words, S);
+    const uint32_t* kp = kbase + b * block_words;
+    // Keys [k0, k_used) can be visible to a row of this tile (the rest of a diagonal block is
+    // masked): skip the Q K^T and P V work of whole 32-key halves past it.
+    const int64_t halves = std::min<int64_t>(KEY_BLOCK, last_pos + 1 - k0) > QK_KEYS ? 2 : 1;
+    for (int64_t half = 0; half < halves; ++half) qk_keys<D>(qt, kp + half * QK_KEYS, S + half * QK_KEYS);
     const bool diagonal = k0 + KEY_BLOCK - 1 > first_pos;
+    bool rescale = false;
     for (int r = 0; r < TILE_ROWS; ++r) {
-      __m512 s0 = _mm512_load_ps(S + r * KEY_BLOCK), s1 = _mm512_load_ps(S + r * KEY_BLOCK + 16);
+      __m512 s[C];
+      for (int c = 0; c < C; ++c) s[c] = _mm512_load_ps(S + r * KEY_BLOCK + 16 * c);
       if (diagonal) {
         const int64_t visible = pos[r] - k0 + 1;
-        mask0[r] = first_lanes(visible);
-        mask1[r] = first_lanes(visible - 16);
-        s0 = _mm512_mask_mov_ps(neg_inf, mask0[r], s0);
-        s1 = _mm512_mask_mov_ps(neg_inf, mask1[r], s1);
+        for (int c = 0; c < C; ++c) {
+          mask[r][c] = first_lanes(visible - 16 * c);
+          s[c] = _mm512_mask_mov_ps(neg_inf, mask[r][c], s[c]);
+          _mm512_store_ps(S + r * KEY_BLOCK + 16 * c, s[c]);
+        }
       }
-      m_blk[r] = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+      __m512 mx = s[0];
+      for (int c = 1; c < C; ++c) mx = _mm512_max_ps(mx, s[c]);
+      // Lazy rescaling: the running max moves only when a score exceeds it by more than
+      // LAZY_MAX_LOG2 (weights up to 2^LAZY_MAX_LOG2 are fine in f32 and bf16), so after the
+      // first blocks a row rarely needs the horizontal max, the new alpha or an O rescale.
+      if (_mm512_cmp_ps_mask(mx, _mm512_set1_ps(m_run[r] + lazy_margin), _CMP_GT_OQ)) {
+        m_blk[r] = _mm512_reduce_max_ps(mx);
+        rescale = true;
+      }
     }
-    // All rows at once: new running max and the rescale factor of what was accumulated so far.
-    const __m512 m_old = _mm512_load_ps(m_run);
-    const __m512 m_new = _mm512_max_ps(m_old, _mm512_load_ps(m_blk));
-    _mm512_store_ps(alpha, exp16(_mm512_mul_ps(_mm512_sub_ps(m_old, m_new), vscale)));
-    _mm512_store_ps(m_run, m_new);
+    if (rescale) {
+      // All rows at once: new running max and the factor for what was accumulated so far.
+      const __m512 m_old = _mm512_load_ps(m_run);
+      const __m512 m_new = _mm512_max_ps(m_old, _mm512_load_ps(m_blk));
+      _mm512_store_ps(alpha, exp2_bf16_accuracy(_mm512_mul_ps(_mm512_sub_ps(m_old, m_new), vc2)));
+      _mm512_store_ps(m_run, m_new);
+    }
     for (int r = 0; r < TILE_ROWS; ++r) {
-      const __m512 mc = _mm512_set1_ps(m_run[r] * p.scale);
-      __m512 p0 = exp16(_mm512_fmsub_ps(_mm512_load_ps(S + r * KEY_BLOCK), vscale, mc));
-      __m512 p1 = exp16(_mm512_fmsub_ps(_mm512_load_ps(S + r * KEY_BLOCK + 16), vscale, mc));
-      if (diagonal) {
-        p0 = _mm512_maskz_mov_ps(mask0[r], p0);
-        p1 = _mm512_maskz_mov_ps(mask1[r], p1);
+      const __m512 mc = _mm512_set1_ps(m_run[r] * c2);
+      __m512 pr[C];
+      for (int c = 0; c < C; ++c) {
+        pr[c] = exp2_bf16_accuracy(_mm512_fmsub_ps(_mm512_load_ps(S + r * KEY_BLOCK + 16 * c), vc2, mc));
+        if (diagonal) pr[c] = _mm512_maskz_mov_ps(mask[r][c], pr[c]);
       }
-      const __m512 l = _mm512_fmadd_ps(_mm512_load_ps(lsum + r * 16), _mm512_set1_ps(alpha[r]),
-                                       _mm512_add_ps(p0, p1));
-      _mm512_store_ps(lsum + r * 16, l);
-      _mm512_store_si512(P + r * (KEY_BLOCK / 2), (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+      __m512 sum = _mm512_add_ps(pr[0], pr[1]);
+      for (int c = 2; c < C; c += 2) sum = _mm512_add_ps(sum, _mm512_add_ps(pr[c], pr[c + 1]));
+      __m512 l = _mm512_load_ps(lsum + r * 16);
+      if (rescale) l = _mm512_mul_ps(l, _mm512_set1_ps(alpha[r]));
+      _mm512_store_ps(lsum + r * 16, _mm512_add_ps(l, sum));
+      for (int c = 0; c < C; c += 2)
+        _mm512_store_si512(P + r * (KEY_BLOCK / 2) + 8 * c, (__m512i)_mm512_cvtne2ps_pbh(pr[c + 1], pr[c]));
     }
     const uint32_t* vp = vbase + b * block_words;
+    const int pairs = static_cast<int>(halves * QK_KEYS / 2);
     for (int r0 = 0; r0 < TILE_ROWS; r0 += PV_ROWS)
       for (int d0 = 0; d0 < D; d0 += 64)
-        pv_block<D>(P + r0 * (KEY_BLOCK / 2), vp, alpha + r0, O + r0 * D, d0);
+        pv_block<D>(P + r0 * (KEY_BLOCK / 2), vp, rescale ? alpha + r0 : nullptr, O + r0 * D, d0, pairs);
   }
 
   for (int r = 0; r < rows; ++r) {
@@ -211,53 +258,89 @@ void attend_tile(const Problem& p, int64_t h, int64_t m0) {
 }  // namespace
 #endif
 
-at::Tensor prefill_attention(at::Tensor q, at::Tensor keys, at::Tensor values, double scale) {
+at::Tensor prefill_attention(at::Tensor q, at::Tensor keys, at::Tensor values, double scale,
+                             c10::optional<at::Tensor> block_table, int64_t ctx_len) {
   TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu(),
               "prefill_attention: CPU tensors only");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && keys.scalar_type() == at::kBFloat16 &&
                   values.scalar_type() == at::kBFloat16,
               "prefill_attention: bfloat16 q, keys and values only");
-  TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.dim() == 3,
-              "prefill_attention: q [n, Hq, D], keys and values [L, Hkv, D]");
   TORCH_CHECK(keys.sizes() == values.sizes(), "prefill_attention: keys and values differ in shape");
+  const bool paged = block_table.has_value();
+  TORCH_CHECK(q.dim() == 3 && keys.dim() == (paged ? 4 : 3),
+              "prefill_attention: q [n, Hq, D] and keys, values [L, Hkv, D], or with a block table "
+              "the caches [num_blocks, block_size, Hkv, D]");
   const int64_t n = q.size(0), Hq = q.size(1), D = q.size(2);
-  const int64_t L = keys.size(0), Hkv = keys.size(1);
-  TORCH_CHECK(keys.size(2) == D, "prefill_attention: q and keys differ in head_dim");
+  const int64_t Hkv = keys.size(-2), block_size = paged ? keys.size(1) : 1;
+  const int64_t L = paged ? ctx_len : keys.size(0);
+  TORCH_CHECK(keys.size(-1) == D, "prefill_attention: q and keys differ in head_dim");
   TORCH_CHECK(D == 64 || D == 128, "prefill_attention: head_dim 64 or 128 only, got ", D);
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "prefill_attention: query heads (", Hq,
               ") not a multiple of KV heads (", Hkv, ")");
+  TORCH_CHECK(paged || ctx_len < 0 || ctx_len == L,
+              "prefill_attention: ctx_len (", ctx_len, ") differs from keys' length (", L, ")");
   TORCH_CHECK(L >= n, "prefill_attention: context (", L, ") shorter than the chunk (", n, ")");
+  at::Tensor table;
+  if (paged) {
+    table = block_table->contiguous();
+    TORCH_CHECK(table.device().is_cpu() && table.scalar_type() == at::kInt && table.dim() == 1,
+                "prefill_attention: block_table must be a 1-D int32 CPU tensor");
+    TORCH_CHECK(block_size > 0 && table.size(0) * block_size >= L, "prefill_attention: block_table (",
+                table.size(0), " blocks of ", block_size, ") shorter than ctx_len (", L, ")");
+    const int32_t* t = table.data_ptr<int32_t>();
+    for (int64_t i = 0; i < (L + block_size - 1) / block_size; ++i)
+      TORCH_CHECK(t[i] >= 0 && t[i] < keys.size(0), "prefill_attention: block_table entry ", t[i],
+                  " out of range [0, ", keys.size(0), ")");
+  }
 #if CADENCE_HAVE_AVX512BF16
   auto out = at::empty({n, Hq, D}, q.options());
   if (n == 0 || Hq == 0) return out;
   // Any token/head strides; the head_dim must be contiguous.
   if (q.stride(2) != 1) q = q.contiguous();
-  if (keys.stride(2) != 1) keys = keys.contiguous();
-  if (values.stride(2) != 1) values = values.contiguous();
+  if (keys.stride(-1) != 1) keys = keys.contiguous();
+  if (values.stride(-1) != 1) values = values.contiguous();
 
   const int64_t blocks = (L + KEY_BLOCK - 1) / KEY_BLOCK;
   const int64_t block_words = KEY_BLOCK / 2 * D;
-  std::vector<uint32_t> kpack(static_cast<size_t>(Hkv * blocks * block_words) + 16);
-  std::vector<uint32_t> vpack(static_cast<size_t>(Hkv * blocks * block_words) + 16);
-  const uint16_t* kp = reinterpret_cast<const uint16_t*>(keys.data_ptr<c10::BFloat16>());
-  const uint16_t* vp = reinterpret_cast<const uint16_t*>(values.data_ptr<c10::BFloat16>());
-  const int64_t ks0 = keys.stride(0), ks1 = keys.stride(1), vs0 = values.stride(0), vs1 = values.stride(1);
-  at::parallel_for(0, Hkv * blocks, 16, [&](int64_t begin, int64_t end) {
+  // Every word is written by the packing (zero padding included): no initialisation here.
+  std::unique_ptr<uint32_t[]> kpack(new uint32_t[Hkv * blocks * block_words]);
+  std::unique_ptr<uint32_t[]> vpack(new uint32_t[Hkv * blocks * block_words]);
+  const uint16_t* kdata = reinterpret_cast<const uint16_t*>(keys.data_ptr<c10::BFloat16>());
+  const uint16_t* vdata = reinterpret_cast<const uint16_t*>(values.data_ptr<c10::BFloat16>());
+  const int32_t* tdata = paged ? table.data_ptr<int32_t>() : nullptr;
+  // Element offset of context position t's row (head 0): through the block table when paged.
+  const int64_t ks0 = keys.stride(0), ks1 = paged ? keys.stride(1) : 0, ksh = keys.stride(-2);
+  const int64_t vs0 = values.stride(0), vs1 = paged ? values.stride(1) : 0, vsh = values.stride(-2);
+  auto row_offset = [&](int64_t t, int64_t s0, int64_t s1) -> int64_t {
+    return paged ? tdata[t / block_size] * s0 + (t % block_size) * s1 : t * s0;
+  };
+  // Small problems (short chunks over short contexts) stay on the calling thread: waking the
+  // pool costs more than the work, and far more when a busy neighbour holds a core.
+  const double flops = 4.0 * D * n * Hq * (static_cast<double>(L) - n / 2.0);
+  const bool serial = flops < SERIAL_MAX_FLOPS;
+  at::parallel_for(0, Hkv * blocks, serial ? Hkv * blocks : 16, [&](int64_t begin, int64_t end) {
+    const uint16_t* krow[KEY_BLOCK];
+    const uint16_t* vrow[KEY_BLOCK];
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t h = i / blocks, b = i % blocks;
-      pack_block(kp + h * ks1, vp + h * vs1, ks0, vs0, L, D, b, kpack.data() + i * block_words,
-                 reinterpret_cast<uint16_t*>(vpack.data() + i * block_words));
+      const int64_t h = i / blocks, k0 = (i % blocks) * KEY_BLOCK;
+      const int64_t count = std::min<int64_t>(KEY_BLOCK, L - k0);
+      for (int64_t key = 0; key < count; ++key) {
+        krow[key] = kdata + row_offset(k0 + key, ks0, ks1) + h * ksh;
+        vrow[key] = vdata + row_offset(k0 + key, vs0, vs1) + h * vsh;
+      }
+      pack_block(krow, vrow, count, D, kpack.get() + i * block_words,
+                 reinterpret_cast<uint16_t*>(vpack.get() + i * block_words));
     }
   });
 
   Problem p{reinterpret_cast<const uint16_t*>(q.data_ptr<c10::BFloat16>()), q.stride(0), q.stride(1),
-            reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()), kpack.data(), vpack.data(),
+            reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()), kpack.get(), vpack.get(),
             n, Hq, Hq / Hkv, L - n, blocks, static_cast<float>(scale)};
   const int64_t tiles = (n * p.G + TILE_ROWS - 1) / TILE_ROWS;
   const int64_t items = tiles * Hkv;
   // Item i: tile tiles - 1 - i / Hkv (latest rows, most keys, first), KV head i % Hkv.
   std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), items);
+  const int64_t workers = serial ? 1 : std::min<int64_t>(at::get_num_threads(), items);
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
       for (int64_t i = next.fetch_add(1); i < items; i = next.fetch_add(1)) {
