@@ -386,3 +386,20 @@ def test_prefill_kernel_rejects_bad_input():
     for match, args in cases:
         with pytest.raises(RuntimeError, match=match):
             KERNELS.prefill_attention(*args)
+
+
+@pytest.mark.parametrize("rows, vocab", [(1, 5), (3, 17), (64, 49152), (2, 16)])
+def test_argmax_rows_matches_torch(rows, vocab):
+    """Greedy sampling's kernel: torch.argmax(-1) semantics (first maximum; NaN wins)."""
+    gen = torch.Generator().manual_seed(rows * vocab)
+    logits = torch.randn(rows, vocab, generator=gen)
+    logits[0, vocab // 2] = logits[0].max() + 1  # a tie: the first index wins
+    logits[0, vocab - 1] = logits[0, vocab // 2]
+    if rows > 1:
+        logits[1] = float("-inf")
+        logits[1, vocab - 1] = float("nan")
+    if rows > 2:
+        logits[2, :] = 0.5  # all equal
+    assert torch.equal(KERNELS.argmax_rows(logits), logits.argmax(-1))
+    with pytest.raises(RuntimeError, match="float32"):
+        KERNELS.argmax_rows(logits.bfloat16())

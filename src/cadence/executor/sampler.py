@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from cadence.core.plan import ScheduledChunk, SampledToken
+from cadence.model.kernels.cpu_ops import cpu_kernels_for
 
 
 def seed_for(seed: int, output_index: int) -> int:
@@ -57,7 +58,7 @@ def sample(
     params = [c.sampling for c in chunks]
 
     # token_ids: [S] int64; greedy rows keep their argmax, random rows are overwritten below.
-    token_ids = logits.argmax(dim=-1)
+    token_ids = greedy_ids(logits)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
         token_ids[random_rows] = _sample_random(
@@ -69,6 +70,14 @@ def sample(
     if not want_logprobs:
         return [SampledToken(token_id=t) for t in ids]
     return _with_logprobs(logits, ids, params, want_logprobs)
+
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(-1) ([S, V] float32 -> [S] int64), through the CPU kernel when it loaded."""
+    kernels = cpu_kernels_for(logits)
+    if kernels is not None and logits.dtype == torch.float32:
+        return kernels.argmax_rows(logits.contiguous())
+    return logits.argmax(dim=-1)
 
 
 def _sample_random(

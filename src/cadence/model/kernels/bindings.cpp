@@ -18,6 +18,7 @@
 //  pack_linear_bf16 / linear_packed_bf16
 //                    bf16 GEMM on weights packed once for AVX512-BF16 (packed_gemm.h): the LM
 //                    head and, inside DecodeStack, every projection.
+//  argmax_rows       torch.argmax(logits, -1) of float32 rows over both cores (greedy sampling).
 //  DecodeStack       every decoder layer of a small bf16 batch in one call (decode_stack.cpp).
 #include <torch/extension.h>
 
@@ -32,6 +33,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &cadence_kernels::silu_mul, "silu(gate) * up");
   m.def("linear_bf16", &cadence_kernels::linear_bf16, "bf16 x @ w.T for few rows");
   m.def("prefill_attention", &cadence_kernels::prefill_attention, "causal bf16 flash attention of a prefill chunk over its context");
+  m.def("argmax_rows", &cadence_kernels::argmax_rows, "first index of each float32 row's maximum (torch.argmax(-1))");
   m.def("pack_linear_bf16", &cadence_kernels::pack_linear_bf16, "pack a bf16 [N, K] weight for linear_packed_bf16");
   m.def("linear_packed_bf16", &cadence_kernels::linear_packed_bf16, "bf16 x @ w.T on a packed weight");
   py::class_<cadence_kernels::DecodeStack>(m, "DecodeStack", py::module_local(),
