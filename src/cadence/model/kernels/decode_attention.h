@@ -191,28 +191,71 @@ void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t
   }
 }
 
-// Merges `parts` span partials of one query row and writes the normalised output row
-// [Hq, D] as bf16 bits.
-inline void merge_spans_bf16(const SpanPartial* parts, int64_t num_parts, int64_t Hq, int64_t D,
-                             uint16_t* dst) {
-  for (int64_t h = 0; h < Hq; ++h) {
-    float m = -INFINITY;
-    for (int64_t s = 0; s < num_parts; ++s) m = std::max(m, parts[s].max[h]);
-    float total = 0.f;
-    float weight[64];  // at most 64 spans per row (the callers split far less)
-    for (int64_t s = 0; s < num_parts; ++s) {
-      weight[s] = parts[s].max[h] == -INFINITY ? 0.f : std::exp(parts[s].max[h] - m);
-      total += weight[s] * parts[s].sum[h];
+// A span a thread takes from one row's context when a few long rows are split (flash-decoding):
+// shorter spans cost more in merging than another thread gains.
+constexpr int64_t MIN_SPAN = 256;
+
+// The attention work of one step: (row, span [p0, p1)) items and their partials. Rows are cut
+// into spans only when there are fewer than two per thread and their contexts are long, so that
+// every thread has work; merge_row combines a row's spans into its output.
+class SpanPlan {
+ public:
+  SpanPlan(const int64_t* ctx_lens, int64_t rows, int64_t threads, int64_t Hq, int64_t D)
+      : Hq_(Hq), D_(D), row_first_(rows + 1) {
+    for (int64_t n = 0; n < rows; ++n) {
+      row_first_[n] = static_cast<int64_t>(row_.size());
+      int64_t spans = 1;
+      if (threads > 1 && rows < 2 * threads)
+        spans = std::max<int64_t>(1, std::min<int64_t>((2 * threads + rows - 1) / rows, ctx_lens[n] / MIN_SPAN));
+      const int64_t span = ((ctx_lens[n] + spans - 1) / spans + 15) / 16 * 16;
+      for (int64_t p0 = 0; p0 < ctx_lens[n]; p0 += span) {
+        row_.push_back(n);
+        p0_.push_back(p0);
+        p1_.push_back(std::min(ctx_lens[n], p0 + span));
+      }
     }
-    const float inv = 1.f / total;
-    for (int64_t d = 0; d < D; d += 16) {
-      __m512 o = _mm512_setzero_ps();
-      for (int64_t s = 0; s < num_parts; ++s)
-        o = _mm512_fmadd_ps(_mm512_set1_ps(weight[s] * inv), _mm512_loadu_ps(parts[s].acc + h * D + d), o);
-      store16(reinterpret_cast<c10::BFloat16*>(dst + h * D + d), o);
+    row_first_[rows] = static_cast<int64_t>(row_.size());
+    partials_.resize(items() * Hq * (2 + D));
+  }
+
+  int64_t items() const { return static_cast<int64_t>(row_.size()); }
+  bool split() const { return items() > static_cast<int64_t>(row_first_.size()) - 1; }
+  int64_t row(int64_t i) const { return row_[i]; }
+  int64_t p0(int64_t i) const { return p0_[i]; }
+  int64_t p1(int64_t i) const { return p1_[i]; }
+  SpanPartial part(int64_t i) {
+    float* base = partials_.data() + i * Hq_ * (2 + D_);
+    return SpanPartial{base, base + Hq_, base + 2 * Hq_};
+  }
+
+  // Writes row n's normalised output [Hq, D] (bf16 bits) from its spans' partials.
+  void merge_row(int64_t n, uint16_t* dst) {
+    const int64_t first = row_first_[n], count = row_first_[n + 1] - first;
+    for (int64_t h = 0; h < Hq_; ++h) {
+      float m = -INFINITY;
+      for (int64_t s = 0; s < count; ++s) m = std::max(m, part(first + s).max[h]);
+      float total = 0.f;
+      float weight[64];  // spans per row: at most 2 * threads (see the constructor)
+      for (int64_t s = 0; s < count; ++s) {
+        const SpanPartial p = part(first + s);
+        weight[s] = p.max[h] == -INFINITY ? 0.f : std::exp(p.max[h] - m);
+        total += weight[s] * p.sum[h];
+      }
+      const float inv = 1.f / total;
+      for (int64_t d = 0; d < D_; d += 16) {
+        __m512 o = _mm512_setzero_ps();
+        for (int64_t s = 0; s < count; ++s)
+          o = _mm512_fmadd_ps(_mm512_set1_ps(weight[s] * inv), _mm512_loadu_ps(part(first + s).acc + h * D_ + d), o);
+        store16(reinterpret_cast<c10::BFloat16*>(dst + h * D_ + d), o);
+      }
     }
   }
-}
+
+ private:
+  int64_t Hq_, D_;
+  std::vector<int64_t> row_, p0_, p1_, row_first_;
+  std::vector<float> partials_;  // [items, Hq * (2 + D)]: max, sum, acc of each item
+};
 
 // Whether attend_span_bf16 serves this head_dim.
 inline bool decode_attention_supports(int64_t D) { return D == 64 || D == 128; }

@@ -61,9 +61,6 @@ class TeamBarrier {
   std::atomic<int> generation_{0};
 };
 
-// A span shorter than this is not worth a thread of its own (merging costs more).
-constexpr int64_t MIN_SPAN = 256;
-
 const uint16_t* bits(const at::Tensor& t) {
   return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>());
 }
@@ -181,41 +178,22 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
   if (solo_left > 0) solo_steps_left_.store(solo_left - 1, std::memory_order_relaxed);
   const auto started = std::chrono::steady_clock::now();
   std::atomic<int64_t> waited_ns{0};
-  // Attention items: (row, span [p0, p1)). Rows are cut into spans only when there are fewer
-  // rows than threads and the contexts are long.
-  std::vector<int64_t> item_row, item_p0, item_p1, row_first(T + 1);
-  for (int64_t t = 0; t < T; ++t) {
-    row_first[t] = static_cast<int64_t>(item_row.size());
-    int64_t spans = 1;
-    if (T < team) spans = std::max<int64_t>(1, std::min<int64_t>((team + T - 1) / T, lenp[t] / MIN_SPAN));
-    const int64_t span = ((lenp[t] + spans - 1) / spans + 15) / 16 * 16;
-    for (int64_t p0 = 0; p0 < lenp[t]; p0 += span) {
-      item_row.push_back(t);
-      item_p0.push_back(p0);
-      item_p1.push_back(std::min(lenp[t], p0 + span));
-    }
-  }
-  row_first[T] = static_cast<int64_t>(item_row.size());
-  const int64_t items = row_first[T];
-  const bool split = items > T;
-  // Owner thread of each item: contiguous ranges of near-equal context cost.
+  // Attention items (row, context span) and the thread that owns each: contiguous ranges of
+  // near-equal context cost.
+  SpanPlan plan(lenp, T, team, Hq, D);
+  const int64_t items = plan.items();
+  const bool split = plan.split();
   std::vector<int> item_owner(items);
   {
     int64_t total = 0;
-    for (int64_t i = 0; i < items; ++i) total += item_p1[i] - item_p0[i];
+    for (int64_t i = 0; i < items; ++i) total += plan.p1(i) - plan.p0(i);
     int64_t before = 0;
     for (int64_t i = 0; i < items; ++i) {
-      const int64_t cost = item_p1[i] - item_p0[i];
+      const int64_t cost = plan.p1(i) - plan.p0(i);
       item_owner[i] = static_cast<int>(std::min<int64_t>(team - 1, (2 * before + cost) * team / (2 * total)));
       before += cost;
     }
   }
-  const int64_t part_floats = Hq * (2 + D);
-  std::vector<float> partials(items * part_floats);
-  auto part = [&](int64_t i) {
-    float* base = partials.data() + i * part_floats;
-    return SpanPartial{base, base + Hq, base + 2 * Hq};
-  };
   const float fscale = static_cast<float>(scale);
   const float eps = static_cast<float>(eps_);
   TeamBarrier barrier(team);
@@ -280,27 +258,19 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
         // 3. attention.
         for (int64_t i = 0; i < items; ++i) {
           if (full_team && item_owner[i] != tid) continue;
-          const int64_t t = item_row[i];
-          scratch.resize(attend_scratch_floats(Hq, D, item_p1[i] - item_p0[i]));
+          const int64_t t = plan.row(i);
+          scratch.resize(attend_scratch_floats(Hq, D, plan.p1(i) - plan.p0(i)));
           dispatch_head_dim(D, [&](auto dim) {
             attend_span_bf16<decltype(dim)::value>(qkv_buf.data() + t * qkv_width, Hq, Hkv, kc, vc,
-                                                   btp + seqp[t] * max_blocks, block_size, item_p0[i],
-                                                   item_p1[i], fscale, scratch.data(), part(i));
+                                                   btp + seqp[t] * max_blocks, block_size, plan.p0(i),
+                                                   plan.p1(i), fscale, scratch.data(), plan.part(i));
           });
-          if (!split) {
-            const SpanPartial p = part(i);
-            merge_spans_bf16(&p, 1, Hq, D, attn_buf.data() + t * Hq * D);
-          }
+          if (!split) plan.merge_row(t, attn_buf.data() + t * Hq * D);
         }
         if (split) {
           sync();
           const auto [r0, r1] = thread_share(T, tid, nth);
-          std::vector<SpanPartial> parts;
-          for (int64_t t = r0; t < r1; ++t) {
-            parts.clear();
-            for (int64_t i = row_first[t]; i < row_first[t + 1]; ++i) parts.push_back(part(i));
-            merge_spans_bf16(parts.data(), static_cast<int64_t>(parts.size()), Hq, D, attn_buf.data() + t * Hq * D);
-          }
+          for (int64_t t = r0; t < r1; ++t) plan.merge_row(t, attn_buf.data() + t * Hq * D);
         }
         sync();
         lap(2);

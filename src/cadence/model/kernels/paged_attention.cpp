@@ -236,10 +236,6 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
 
 
 #if CADENCE_HAVE_AVX512BF16
-// A span a thread takes from one row's context when a few long rows are split (flash-decoding):
-// shorter spans cost more in merging than a second thread gains.
-constexpr int64_t MIN_SPAN = 256;
-
 // bf16 fast path: (row, span) items over attend_span_bf16, then a merge per row. Few rows with
 // long contexts are split into spans so that every thread has work.
 void paged_attention_bf16(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -259,47 +255,22 @@ void paged_attention_bf16(const at::Tensor& q, const at::Tensor& k_cache, const 
   for (int64_t n = 0; n < N; ++n) total_positions += lens[n];
   const bool parallel = total_positions * Hkv >= PARALLEL_MIN_POSITIONS;
   const int64_t threads = parallel ? at::get_num_threads() : 1;
-  // Items: (row, first position, end position).
-  std::vector<int64_t> item_row, item_p0, item_p1, row_first_item(N + 1);
-  for (int64_t n = 0; n < N; ++n) {
-    row_first_item[n] = static_cast<int64_t>(item_row.size());
-    int64_t spans = 1;
-    if (threads > 1 && N < 2 * threads)
-      spans = std::max<int64_t>(1, std::min<int64_t>((2 * threads + N - 1) / N, lens[n] / MIN_SPAN));
-    const int64_t span = ((lens[n] + spans - 1) / spans + 15) / 16 * 16;
-    for (int64_t p0 = 0; p0 < lens[n]; p0 += span) {
-      item_row.push_back(n);
-      item_p0.push_back(p0);
-      item_p1.push_back(std::min(lens[n], p0 + span));
-    }
-  }
-  row_first_item[N] = static_cast<int64_t>(item_row.size());
-  const int64_t items = row_first_item[N];
-  const int64_t part_floats = Hq * (2 + D);
-  std::vector<float> partials(items * part_floats);
-  auto part = [&](int64_t i) {
-    float* base = partials.data() + i * part_floats;
-    return SpanPartial{base, base + Hq, base + 2 * Hq};
-  };
+  SpanPlan plan(lens, N, threads, Hq, D);
+  const int64_t items = plan.items();
   const float fscale = static_cast<float>(scale);
   at::parallel_for(0, items, parallel ? 1 : items + 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch;
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t n = item_row[i];
-      scratch.resize(attend_scratch_floats(Hq, D, item_p1[i] - item_p0[i]));
+      const int64_t n = plan.row(i);
+      scratch.resize(attend_scratch_floats(Hq, D, plan.p1(i) - plan.p0(i)));
       dispatch_head_dim(D, [&](auto dim) {
         attend_span_bf16<decltype(dim)::value>(qp + n * Hq * D, Hq, Hkv, kp, vp, bt + seq[n] * max_blocks,
-                                               block_size, item_p0[i], item_p1[i], fscale,
-                                               scratch.data(), part(i));
+                                               block_size, plan.p0(i), plan.p1(i), fscale,
+                                               scratch.data(), plan.part(i));
       });
     }
   });
-  std::vector<SpanPartial> parts;
-  for (int64_t n = 0; n < N; ++n) {
-    parts.clear();
-    for (int64_t i = row_first_item[n]; i < row_first_item[n + 1]; ++i) parts.push_back(part(i));
-    merge_spans_bf16(parts.data(), static_cast<int64_t>(parts.size()), Hq, D, op + n * Hq * D);
-  }
+  for (int64_t n = 0; n < N; ++n) plan.merge_row(n, op + n * Hq * D);
 }
 #endif
 
