@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -109,8 +110,9 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(y, fx);
 }
 
-// In place: s[0:n] = softmax(s[0:n]).
-inline void softmax_inplace(float* s, int64_t n) {
+// In place: s[0:n] = exp(s[0:n] - max); returns {max, sum of the exps} (softmax before the
+// division; split attention keeps both to merge its spans).
+inline std::pair<float, float> exp_shifted_inplace(float* s, int64_t n) {
   __m512 mx = _mm512_set1_ps(-INFINITY);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + i));
@@ -129,8 +131,15 @@ inline void softmax_inplace(float* s, int64_t n) {
     _mm512_mask_storeu_ps(s + i, mask, e);
     sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mask, e));
   }
-  const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum));
-  for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(s + i, _mm512_mul_ps(_mm512_loadu_ps(s + i), inv));
+  return {m, _mm512_reduce_add_ps(sum)};
+}
+
+// In place: s[0:n] = softmax(s[0:n]).
+inline void softmax_inplace(float* s, int64_t n) {
+  const float total = exp_shifted_inplace(s, n).second;
+  int64_t i = 0;
+  const __m512 inv = _mm512_set1_ps(1.f / total);
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(s + i, _mm512_mul_ps(_mm512_loadu_ps(s + i), inv));
   if (i < n) {
     const __mmask16 mask = (__mmask16)((1u << (n - i)) - 1);
     _mm512_mask_storeu_ps(s + i, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, s + i), inv));

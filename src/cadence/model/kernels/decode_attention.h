@@ -117,24 +117,12 @@ void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t
       }
     }
   }
-  // Pass 2: per head, p = exp(s - max) in place; max and sum kept for the merge.
+  // Pass 2: per head, p = exp(s - max) in place; max and sum kept for the merge. The padding
+  // lanes past `span` stay 0 (pass 1 summed zeros there), so pass 3 may read whole groups.
   for (int64_t head = 0; head < Hq; ++head) {
-    float* s = scores + head * padded;
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    int64_t i = 0;
-    for (; i + 16 <= span; i += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + i));
-    float m = _mm512_reduce_max_ps(mx);
-    for (; i < span; ++i) m = s[i] > m ? s[i] : m;
-    const __m512 mv = _mm512_set1_ps(m);
-    __m512 sum = _mm512_setzero_ps();
-    for (i = 0; i < padded; i += 16) {
-      const __mmask16 live = span - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (span - i)) - 1);
-      const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + i), mv)));
-      _mm512_storeu_ps(s + i, e);
-      sum = _mm512_add_ps(sum, e);
-    }
+    const auto [m, total] = exp_shifted_inplace(scores + head * padded, span);
     out.max[head] = m;
-    out.sum[head] = _mm512_reduce_add_ps(sum);
+    out.sum[head] = total;
   }
   // Pass 3: acc[head] = sum_pos p[head, pos] * v_pos with bf16 dot products over position pairs:
   // p rounded to bf16 (as flash attention does), two V rows interleaved element by element
