@@ -27,14 +27,20 @@ inline int64_t packed_blocks(int64_t N) { return (N + PACK_COLS - 1) / PACK_COLS
 
 // Register tile: rows [0, MR) of x (row stride ldx, bf16 bits) times NB packed blocks starting at
 // wb (each K/2 * 32 bf16 apart) -> acc[MR][NB] float32 sums over all K (K even).
+// Each k-step also prefetches one line of [pf, pf_end) into L2 (the next panel, see
+// packed_gemm_blocks).
 template <int MR, int NB>
 inline void gemm_tile(const uint16_t* x, int64_t ldx, const uint16_t* wb, int64_t K,
-                      __m512 acc[GEMM_MR][GEMM_NB]) {
+                      __m512 acc[GEMM_MR][GEMM_NB], const char* pf, const char* pf_end) {
   const int64_t block_stride = K * PACK_COLS;  // bf16 elements per packed block
   for (int m = 0; m < MR; ++m)
     for (int b = 0; b < NB; ++b) acc[m][b] = _mm512_setzero_ps();
   const int64_t pairs = K / 2;
   for (int64_t kp = 0; kp < pairs; ++kp) {
+    if (pf < pf_end) {
+      _mm_prefetch(pf, _MM_HINT_T1);
+      pf += 64;
+    }
     __m512bh w[NB];
     for (int b = 0; b < NB; ++b)
       w[b] = (__m512bh)_mm512_loadu_si512(wb + b * block_stride + kp * 2 * PACK_COLS);
@@ -58,10 +64,19 @@ void packed_gemm_blocks(const uint16_t* x, int64_t ldx, int64_t M, const uint16_
   for (int64_t b0 = block_begin; b0 < block_end; b0 += GEMM_NB) {
     const int nb = static_cast<int>(std::min<int64_t>(GEMM_NB, block_end - b0));
     const uint16_t* wb = packed + b0 * block_stride;
+    // The first row tile of a panel waits on memory for its weights; the later ones read them
+    // from L2. Spread over this panel's k-steps, fetch the next panel (contiguous: blocks are
+    // stored in order) into L2, so that its first tile finds it there too.
+    const int64_t next_blocks = std::min<int64_t>(GEMM_NB, block_end - b0 - nb);
+    const char* pf = reinterpret_cast<const char*>(wb + nb * block_stride);
+    const char* pf_end = pf + (next_blocks > 0 ? next_blocks * block_stride * 2 : 0);
     for (int64_t m0 = 0; m0 < M; m0 += GEMM_MR) {
       const int mr = static_cast<int>(std::min<int64_t>(GEMM_MR, M - m0));
       const uint16_t* xm = x + m0 * ldx;
-#define CADENCE_TILE(MR_, NB_) gemm_tile<MR_, NB_>(xm, ldx, wb, K, acc)
+      // This tile's share of the next panel's lines (one per k-step).
+      const char* tile_pf = std::min(pf_end, pf + (m0 / GEMM_MR) * (K / 2) * 64);
+      const char* tile_pf_end = M > GEMM_MR ? pf_end : tile_pf;  // one row tile: memory-bound
+#define CADENCE_TILE(MR_, NB_) gemm_tile<MR_, NB_>(xm, ldx, wb, K, acc, tile_pf, tile_pf_end)
 #define CADENCE_TILE_ROWS(NB_)                  \
   switch (mr) {                                 \
     case 1: CADENCE_TILE(1, NB_); break;        \
