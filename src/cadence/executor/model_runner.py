@@ -30,6 +30,7 @@ class ModelExecutor:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.kv_cache = KVCache(loaded.config, num_blocks, block_size, loaded.dtype, self.device)
+        self.model.prepare_fast_path()  # pack fast-path weights now, not in the first request
         self.generator = torch.Generator(device=self.device)
         if seed is not None:
             self.generator.manual_seed(seed)
