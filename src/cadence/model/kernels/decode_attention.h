@@ -47,6 +47,13 @@ struct SpanPartial {
   float* acc;  // [Hq, D] sum of exp(score - max) * v
 };
 
+// The span the same thread attends next (same layer): its K rows are fetched into L2 while this
+// span's values are summed from L2, so that DRAM never idles between spans.
+struct NextSpan {
+  const int32_t* table;
+  int64_t p0, p1;
+};
+
 // Scratch floats attend_span_bf16 needs for a span of `span` positions.
 inline int64_t attend_scratch_floats(int64_t Hq, int64_t D, int64_t span) {
   return Hq * ((span + 15) / 16 * 16) + Hq * 8;
@@ -60,7 +67,8 @@ inline int64_t attend_scratch_floats(int64_t Hq, int64_t D, int64_t span) {
 template <int D>
 void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t* kc,
                       const uint16_t* vc, const int32_t* table, int64_t block_size, int64_t p0,
-                      int64_t p1, float scale, float* scratch, SpanPartial out) {
+                      int64_t p1, float scale, float* scratch, SpanPartial out,
+                      const NextSpan* next = nullptr) {
   static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
   constexpr int QC = D / 32;  // bf16 pairs: 32 elements per register
   constexpr int VC = D / 16;  // float32: 16 elements per register
@@ -140,9 +148,18 @@ void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t
   alignas(64) uint16_t zero_row[D] = {};
   __m512i vpair[8][2 * QC];
   for (int64_t ahead = 0; ahead < PREFETCH_GROUPS; ++ahead) prefetch_rows(vc, p0 + 16 * ahead);
+  // The next span's K rows, a share per group of this pass (into L2).
+  int64_t next_pos = next == nullptr ? 0 : next->p0;
+  const int64_t next_end = next == nullptr ? 0 : next->p1;
+  const int64_t next_per_group = next == nullptr ? 0 : (next_end - next_pos + (span + 15) / 16 - 1) / ((span + 15) / 16);
   for (int64_t g0 = p0; g0 < p1; g0 += 16) {
     const int count = static_cast<int>(std::min<int64_t>(16, p1 - g0));
     if (g0 + 16 * PREFETCH_GROUPS < p1) prefetch_rows(vc, g0 + 16 * PREFETCH_GROUPS);
+    for (int64_t stop = std::min(next_end, next_pos + next_per_group); next_pos < stop; ++next_pos) {
+      const int64_t slot = static_cast<int64_t>(next->table[next_pos / block_size]) * block_size + next_pos % block_size;
+      const char* krow = reinterpret_cast<const char*>(kc + slot * token_stride);
+      for (int64_t byte = 0; byte < row_bytes; byte += 64) _mm_prefetch(krow + byte, _MM_HINT_T1);
+    }
     group_rows(vc, g0, count);
     const int npairs = (count + 1) / 2;
     // Lanes past `count` of a score row are 0 (pass 2), so the padding row adds nothing.

@@ -259,11 +259,16 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
         for (int64_t i = 0; i < items; ++i) {
           if (full_team && item_owner[i] != tid) continue;
           const int64_t t = plan.row(i);
+          int64_t j = i + 1;  // this thread's next item, whose keys stream in meanwhile
+          while (j < items && full_team && item_owner[j] != tid) ++j;
+          const NextSpan next{j < items ? btp + seqp[plan.row(j)] * max_blocks : nullptr,
+                              j < items ? plan.p0(j) : 0, j < items ? plan.p1(j) : 0};
           scratch.resize(attend_scratch_floats(Hq, D, plan.p1(i) - plan.p0(i)));
           dispatch_head_dim(D, [&](auto dim) {
             attend_span_bf16<decltype(dim)::value>(qkv_buf.data() + t * qkv_width, Hq, Hkv, kc, vc,
                                                    btp + seqp[t] * max_blocks, block_size, plan.p0(i),
-                                                   plan.p1(i), fscale, scratch.data(), plan.part(i));
+                                                   plan.p1(i), fscale, scratch.data(), plan.part(i),
+                                                   j < items ? &next : nullptr);
           });
           if (!split) plan.merge_row(t, attn_buf.data() + t * Hq * D);
         }

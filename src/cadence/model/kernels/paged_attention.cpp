@@ -262,11 +262,14 @@ void paged_attention_bf16(const at::Tensor& q, const at::Tensor& k_cache, const 
     std::vector<float> scratch;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t n = plan.row(i);
+      // This thread's next item (its keys stream in while this one sums values).
+      const NextSpan next{i + 1 < end ? bt + seq[plan.row(i + 1)] * max_blocks : nullptr,
+                          i + 1 < end ? plan.p0(i + 1) : 0, i + 1 < end ? plan.p1(i + 1) : 0};
       scratch.resize(attend_scratch_floats(Hq, D, plan.p1(i) - plan.p0(i)));
       dispatch_head_dim(D, [&](auto dim) {
         attend_span_bf16<decltype(dim)::value>(qp + n * Hq * D, Hq, Hkv, kp, vp, bt + seq[n] * max_blocks,
                                                block_size, plan.p0(i), plan.p1(i), fscale,
-                                               scratch.data(), plan.part(i));
+                                               scratch.data(), plan.part(i), i + 1 < end ? &next : nullptr);
       });
     }
   });
