@@ -48,7 +48,7 @@ def prefill_kernel(q: torch.Tensor, kernels: ModuleType | None) -> ModuleType | 
     """`kernels` if its prefill_attention serves queries q (bf16 on CPU, head_dim 64 or 128,
     AVX512-BF16 compiled in), else None."""
     if (kernels is None or q.dtype != torch.bfloat16 or q.device.type != "cpu"
-            or q.shape[-1] not in KERNEL_HEAD_DIMS or not hasattr(kernels, "prefill_attention")
+            or q.shape[-1] not in KERNEL_HEAD_DIMS
             or not kernels.has_avx512bf16()):
         return None
     return kernels
