@@ -17,6 +17,7 @@
 
 #include <omp.h>
 #include <sched.h>
+#include <time.h>
 
 #include <atomic>
 #include <array>
@@ -38,20 +39,17 @@ namespace {
 class TeamBarrier {
  public:
   explicit TeamBarrier(int team) : team_(team) {}
-  // Returns the nanoseconds this thread waited (0 for the last to arrive).
-  int64_t wait() {
+  void wait() {
     const int generation = generation_.load(std::memory_order_acquire);
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) == team_ - 1) {
       arrived_.store(0, std::memory_order_relaxed);
       generation_.fetch_add(1, std::memory_order_release);
-      return 0;
+      return;
     }
-    const auto start = std::chrono::steady_clock::now();
     for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins) {
       if (spins < SPIN_LIMIT) _mm_pause();
       else sched_yield();
     }
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   }
 
  private:
@@ -59,6 +57,28 @@ class TeamBarrier {
   const int team_;
   std::atomic<int> arrived_{0};
   std::atomic<int> generation_{0};
+};
+
+// This thread's CPU time and wall time (ns), to tell a descheduled thread from a busy one.
+struct ThreadClock {
+  static int64_t cpu_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+  }
+  static int64_t wall_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  const int64_t cpu0 = cpu_ns(), wall0 = wall_ns();
+  // Whether the thread ran on a core for less than `share` of the wall time since construction
+  // (waits spin or yield on a core, so only time off every core counts). Steps shorter than
+  // MIN_WALL_NS say too little to judge.
+  bool descheduled(double share) const {
+    static constexpr int64_t MIN_WALL_NS = 500000;
+    const int64_t wall = wall_ns() - wall0;
+    return wall >= MIN_WALL_NS && static_cast<double>(cpu_ns() - cpu0) < share * static_cast<double>(wall);
+  }
 };
 
 const uint16_t* bits(const at::Tensor& t) {
@@ -176,8 +196,7 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
   const int solo_left = solo_steps_left_.load(std::memory_order_relaxed);
   const int team = solo_left > 0 ? 1 : threads;
   if (solo_left > 0) solo_steps_left_.store(solo_left - 1, std::memory_order_relaxed);
-  const auto started = std::chrono::steady_clock::now();
-  std::atomic<int64_t> waited_ns{0};
+  std::atomic<bool> lost_core{false};
   // Attention items (row, context span) and the thread that owns each: contiguous ranges of
   // near-equal context cost.
   SpanPlan plan(lenp, T, team, Hq, D);
@@ -208,7 +227,7 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
     const int tid = full_team ? omp_get_thread_num() : 0;
     const int nth = full_team ? team : 1;
     if (full_team || omp_get_thread_num() == 0) {
-      int64_t my_wait = 0;
+      const ThreadClock clock;
       // Thread 0 accounts wall time to phases (diagnostics: phase_seconds()).
       std::array<int64_t, NUM_PHASES> phase_ns{};
       auto mark = std::chrono::steady_clock::now();
@@ -219,7 +238,7 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
         mark = now;
       };
       auto sync = [&]() {
-        if (full_team && team > 1) my_wait += barrier.wait();
+        if (full_team && team > 1) barrier.wait();
       };
       std::vector<c10::BFloat16> residual(T * H), normed(T * H);
       std::vector<float> scratch;
@@ -317,7 +336,9 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
         lap(7);
       }
       if (tid == 0) std::memcpy(out.data_ptr<c10::BFloat16>(), normed.data(), sizeof(uint16_t) * T * H);
-      waited_ns.fetch_add(my_wait);
+      // Off its core for over a quarter of the step: a neighbour process (or the host) holds
+      // that core, and the partner waited on this thread at every barrier meanwhile.
+      if (team > 1 && clock.descheduled(0.75)) lost_core.store(true, std::memory_order_relaxed);
       if (tid == 0) {
         std::lock_guard<std::mutex> lock(stats_mutex_);
         for (int p = 0; p < NUM_PHASES; ++p) last_phase_ns_[p] = phase_ns[p];
@@ -325,12 +346,12 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
       }
     }
   }
+  // Two such steps in a row: one alone may be a passing burst (the host's steal time, an
+  // interrupt storm) that costs less than SOLO_STEPS steps at half speed would.
   if (team > 1) {
-    const int64_t wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-        std::chrono::steady_clock::now() - started).count();
-    // Waiting more than a quarter of the step (over all threads) means a partner kept losing
-    // its core: a healthy team waits microseconds per barrier.
-    if (waited_ns.load() * 4 > wall_ns * team) solo_steps_left_.store(SOLO_STEPS, std::memory_order_relaxed);
+    const int lost = lost_core.load() ? lost_steps_.load(std::memory_order_relaxed) + 1 : 0;
+    lost_steps_.store(lost >= LOST_STEPS_TO_SOLO ? 0 : lost, std::memory_order_relaxed);
+    if (lost >= LOST_STEPS_TO_SOLO) solo_steps_left_.store(SOLO_STEPS, std::memory_order_relaxed);
   }
   return out;
 #else

@@ -7,9 +7,11 @@
 // team stays awake for the whole forward: every GEMM is split over all threads by column blocks
 // (packed weights, packed_gemm.h), attention by (row, context span), and the threads meet at a
 // spinning barrier that yields the core after a short spin, so a descheduled partner does not
-// stall the other for long; if a step still spends a quarter of its time waiting (a neighbour
-// process holds a core), the next SOLO_STEPS steps run on one thread, then the team is tried
-// again.
+// stall the other for long. If a thread was off its core for over a quarter of the step (its CPU
+// time against its wall time: a neighbour process holds that core) in two steps in a row, the
+// next SOLO_STEPS steps run on one thread, then the team is tried again. (Barrier waiting alone
+// is no such sign: a batch-1 step waits much of its short phases on uneven shares with both
+// cores free.)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -61,7 +63,10 @@ class DecodeStack {
   double eps_;
   // Steps left to run on one thread after the team was seen waiting on a descheduled partner.
   static constexpr int SOLO_STEPS = 64;
+  // Consecutive steps with a thread off its core that switch to solo steps.
+  static constexpr int LOST_STEPS_TO_SOLO = 2;
   mutable std::atomic<int> solo_steps_left_{0};
+  mutable std::atomic<int> lost_steps_{0};
   mutable std::mutex stats_mutex_;
   mutable std::array<int64_t, NUM_PHASES> last_phase_ns_{};
   mutable int last_team_ = 0;
