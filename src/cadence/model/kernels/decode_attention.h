@@ -146,7 +146,8 @@ void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t
   std::memset(out.acc, 0, sizeof(float) * Hq * D);
   uint32_t* pairs = reinterpret_cast<uint32_t*>(scores + Hq * padded);  // [Hq][8] bf16 pairs of p
   alignas(64) uint16_t zero_row[D] = {};
-  __m512i vpair[8][2 * QC];
+  // Accumulators of up to 3 heads (D = 64: 12 registers) or 2 (D = 128: 16) at a time.
+  constexpr int64_t HEADS_AT_ONCE = D == 64 ? 3 : 2;
   for (int64_t ahead = 0; ahead < PREFETCH_GROUPS; ++ahead) prefetch_rows(vc, p0 + 16 * ahead);
   // The next span's K rows, a share per group of this pass (into L2).
   int64_t next_pos = next == nullptr ? 0 : next->p0;
@@ -167,26 +168,41 @@ void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + head * 8),
                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(scores + head * padded + (g0 - p0))));
     for (int64_t kh = 0; kh < Hkv; ++kh) {
+      const uint16_t* r0s[8];
+      const uint16_t* r1s[8];
       for (int i = 0; i < npairs; ++i) {
-        const uint16_t* r0 = rows[2 * i] + kh * D;
-        const uint16_t* r1 = 2 * i + 1 < count ? rows[2 * i + 1] + kh * D : zero_row;
-        for (int c = 0; c < QC; ++c) {
-          const __m512i a = _mm512_loadu_si512(r0 + 32 * c);
-          const __m512i b = _mm512_loadu_si512(r1 + 32 * c);
-          vpair[i][2 * c] = _mm512_unpacklo_epi16(a, b);
-          vpair[i][2 * c + 1] = _mm512_unpackhi_epi16(a, b);
-        }
+        r0s[i] = rows[2 * i] + kh * D;
+        r1s[i] = 2 * i + 1 < count ? rows[2 * i + 1] + kh * D : zero_row;
       }
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t head = kh * G + g;
-        float* a = out.acc + head * D;
-        __m512 acc[2 * QC];
-        for (int c = 0; c < 2 * QC; ++c) acc[c] = _mm512_loadu_ps(a + 16 * c);
-        for (int i = 0; i < npairs; ++i) {
-          const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pairs[head * 8 + i]));
-          for (int c = 0; c < 2 * QC; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)vpair[i][c], pp);
-        }
-        for (int c = 0; c < 2 * QC; ++c) _mm512_storeu_ps(a + 16 * c, acc[c]);
+      // The query heads of this KV head, HEADS_AT_ONCE at a time: their accumulator chains
+      // interleave (one head alone is a chain of dependent dot products, latency-bound).
+      for (int64_t g0 = 0; g0 < G; g0 += HEADS_AT_ONCE) {
+        const int64_t head0 = kh * G + g0;
+        const int64_t nh = std::min<int64_t>(HEADS_AT_ONCE, G - g0);
+        auto run = [&](auto heads) {
+          constexpr int NH = decltype(heads)::value;
+          __m512 acc[NH][2 * QC];
+          for (int h = 0; h < NH; ++h)
+            for (int c = 0; c < 2 * QC; ++c) acc[h][c] = _mm512_loadu_ps(out.acc + (head0 + h) * D + 16 * c);
+          for (int i = 0; i < npairs; ++i) {
+            __m512i vp[2 * QC];
+            for (int c = 0; c < QC; ++c) {
+              const __m512i a = _mm512_loadu_si512(r0s[i] + 32 * c);
+              const __m512i b = _mm512_loadu_si512(r1s[i] + 32 * c);
+              vp[2 * c] = _mm512_unpacklo_epi16(a, b);
+              vp[2 * c + 1] = _mm512_unpackhi_epi16(a, b);
+            }
+            for (int h = 0; h < NH; ++h) {
+              const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pairs[(head0 + h) * 8 + i]));
+              for (int c = 0; c < 2 * QC; ++c) acc[h][c] = _mm512_dpbf16_ps(acc[h][c], (__m512bh)vp[c], pp);
+            }
+          }
+          for (int h = 0; h < NH; ++h)
+            for (int c = 0; c < 2 * QC; ++c) _mm512_storeu_ps(out.acc + (head0 + h) * D + 16 * c, acc[h][c]);
+        };
+        if (nh >= HEADS_AT_ONCE) run(std::integral_constant<int, HEADS_AT_ONCE>{});
+        else if (nh == 2) run(std::integral_constant<int, 2>{});
+        else run(std::integral_constant<int, 1>{});
       }
     }
   }
