@@ -112,6 +112,20 @@ def test_packed_gemm_matches_float_reference(rows, n, k):
     torch.testing.assert_close(got, expected, atol=2e-2 * expected.abs().max().item(), rtol=1e-2)
 
 
+@pytest.mark.parametrize("rows, n", [(1, 49152 // 64), (6, 100), (33, 250)])
+def test_packed_gemm_float_out_is_the_bf16_result_widened(rows, n):
+    # The LM head's logits: float_out must give exactly .float() of the bf16 output (the same
+    # rounding), including the masked last block and a bias.
+    gen = torch.Generator().manual_seed(n)
+    w = torch.randn(n, 96, generator=gen).bfloat16()
+    x = torch.randn(rows, 96, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16()
+    packed = KERNELS.pack_linear_bf16(w, False)
+    wide = KERNELS.linear_packed_bf16(x, packed, n, bias, float_out=True)
+    assert wide.dtype == torch.float32 and wide.shape == (rows, n)
+    assert torch.equal(wide, KERNELS.linear_packed_bf16(x, packed, n, bias).float())
+
+
 def test_packed_gemm_interleaves_gate_and_up_blocks():
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(128, 64, generator=gen).bfloat16()  # gate rows 0..63, up rows 64..127

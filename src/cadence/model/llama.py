@@ -303,6 +303,8 @@ class LlamaForCausalLM(nn.Module):
         if packed is not None:
             # The LM head is the largest GEMM of a decode step: packed once, it streams at
             # memory speed for one row and runs the dot-product units for a whole batch.
+            # float_out: bf16-rounded logits written as float32 in the GEMM's epilogue (the same
+            # values as .float() of the bf16 result, without a second pass over [S, V]).
             return kernels.linear_packed_bf16(hidden.contiguous(), packed, self.config.vocab_size,
-                                              None).float()
+                                              None, float_out=True)
         return fused_linear(hidden, self.lm_head.weight, None, kernels).float()

@@ -19,6 +19,7 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor w);
 at::Tensor prefill_attention(at::Tensor q, at::Tensor keys, at::Tensor values, double scale, c10::optional<at::Tensor> block_table, int64_t ctx_len);
 at::Tensor argmax_rows(at::Tensor logits);
 at::Tensor pack_linear_bf16(at::Tensor w, bool interleave_halves);
-at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::optional<at::Tensor> bias);
+at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::optional<at::Tensor> bias,
+                              bool float_out);
 
 }  // namespace cadence_kernels

@@ -116,6 +116,25 @@ inline void store_tile_bf16(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, in
   }
 }
 
+// The same sums rounded to bf16 (as store_tile_bf16) but stored widened to float32: the LM
+// head's logits, which sampling reads as float32, without a bf16 tensor and a second pass.
+inline void store_tile_bf16_as_float(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, int64_t b0, int nb,
+                                     int64_t N, const uint16_t* bias, float* out, int64_t ldo) {
+  for (int b = 0; b < nb; ++b) {
+    const int64_t col = (b0 + b) * PACK_COLS;
+    const int64_t left = N - col;
+    const __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    const __m512 bv = bias == nullptr
+        ? _mm512_setzero_ps()
+        : load16_masked(reinterpret_cast<const c10::BFloat16*>(bias + col), mask);
+    for (int r = 0; r < mr; ++r) {
+      const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bv));
+      const __m512 wide = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+      _mm512_mask_storeu_ps(out + (m0 + r) * ldo + col, mask, wide);
+    }
+  }
+}
+
 // [first, last) of `total` items for thread `tid` of `team`, in contiguous, near-equal shares.
 inline std::pair<int64_t, int64_t> thread_share(int64_t total, int tid, int team) {
   return {total * tid / team, total * (tid + 1) / team};

@@ -43,7 +43,8 @@ at::Tensor pack_linear_bf16(at::Tensor w, bool interleave_halves) {
   return packed;
 }
 
-at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::optional<at::Tensor> bias) {
+at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::optional<at::Tensor> bias,
+                              bool float_out) {
   check_cpu_contiguous(x, "x");
   check_cpu_contiguous(packed, "packed");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
@@ -59,15 +60,17 @@ at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::o
   }
 #if CADENCE_HAVE_AVX512BF16
   const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0);
-  auto out = at::empty({M, N}, x.options());
+  auto out = at::empty({M, N}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>());
-  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  float* out_float = float_out ? out.data_ptr<float>() : nullptr;
+  uint16_t* out_bf16 = float_out ? nullptr : reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   const bool parallel = blocks * K * 32 >= PACKED_PARALLEL_MIN_BYTES || M * N * K >= (1 << 22);
   at::parallel_for(0, blocks, parallel ? GEMM_NB : blocks + 1, [&](int64_t begin, int64_t end) {
     packed_gemm_blocks(xp, K, M, wp, K, begin, end,
                        [&](int64_t m0, int mr, int64_t b0, int nb, __m512 acc[GEMM_MR][GEMM_NB]) {
-                         store_tile_bf16(acc, m0, mr, b0, nb, N, bp, op, N);
+                         if (out_float != nullptr) store_tile_bf16_as_float(acc, m0, mr, b0, nb, N, bp, out_float, N);
+                         else store_tile_bf16(acc, m0, mr, b0, nb, N, bp, out_bf16, N);
                        });
   });
   return out;
