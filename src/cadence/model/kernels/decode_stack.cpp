@@ -17,6 +17,7 @@
 
 #include <omp.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <atomic>
@@ -59,7 +60,8 @@ class TeamBarrier {
   std::atomic<int> generation_{0};
 };
 
-// This thread's CPU time and wall time (ns), to tell a descheduled thread from a busy one.
+// This thread's CPU time, wall time (ns) and involuntary context switches, to tell a thread that
+// a neighbour process pushed off its core from a busy one.
 struct ThreadClock {
   static int64_t cpu_ns() {
     timespec ts;
@@ -70,14 +72,22 @@ struct ThreadClock {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::steady_clock::now().time_since_epoch()).count();
   }
-  const int64_t cpu0 = cpu_ns(), wall0 = wall_ns();
-  // Whether the thread ran on a core for less than `share` of the wall time since construction
-  // (waits spin or yield on a core, so only time off every core counts). Steps shorter than
+  static int64_t preemptions() {
+    rusage usage;
+    getrusage(RUSAGE_THREAD, &usage);
+    return usage.ru_nivcsw;
+  }
+  const int64_t cpu0 = cpu_ns(), wall0 = wall_ns(), preempted0 = preemptions();
+  // Whether the thread was preempted (the guest scheduler ran something else on its core) and
+  // ran for less than `share` of the wall time since construction. Waits spin or yield on a
+  // core, so only time off every core counts; the host taking the whole virtual CPU (steal
+  // time) preempts nobody here and is no reason to drop a thread. Steps shorter than
   // MIN_WALL_NS say too little to judge.
   bool descheduled(double share) const {
     static constexpr int64_t MIN_WALL_NS = 500000;
     const int64_t wall = wall_ns() - wall0;
-    return wall >= MIN_WALL_NS && static_cast<double>(cpu_ns() - cpu0) < share * static_cast<double>(wall);
+    return wall >= MIN_WALL_NS && preemptions() > preempted0 &&
+           static_cast<double>(cpu_ns() - cpu0) < share * static_cast<double>(wall);
   }
 };
 
