@@ -99,9 +99,11 @@ void packed_gemm_blocks(const uint16_t* x, int64_t ldx, int64_t M, const uint16_
   }
 }
 
-// The usual epilogue: out[row, col] = bf16(acc + bias[col]) for the columns < N.
-inline void store_tile_bf16(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, int64_t b0, int nb,
-                            int64_t N, const uint16_t* bias, uint16_t* out, int64_t ldo) {
+// Calls store(row, col, mask, v) for every 16-column piece of a tile: v = acc + bias[col] (bias
+// may be null), mask the columns < N. Both epilogues below round and store through it.
+template <typename Store>
+inline void for_tile_columns(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, int64_t b0, int nb,
+                             int64_t N, const uint16_t* bias, Store&& store) {
   for (int b = 0; b < nb; ++b) {
     const int64_t col = (b0 + b) * PACK_COLS;
     const int64_t left = N - col;
@@ -109,30 +111,27 @@ inline void store_tile_bf16(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, in
     const __m512 bv = bias == nullptr
         ? _mm512_setzero_ps()
         : load16_masked(reinterpret_cast<const c10::BFloat16*>(bias + col), mask);
-    for (int r = 0; r < mr; ++r) {
-      const __m256bh v = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bv));
-      _mm256_mask_storeu_epi16(out + (m0 + r) * ldo + col, mask, (__m256i)v);
-    }
+    for (int r = 0; r < mr; ++r) store(m0 + r, col, mask, _mm512_add_ps(acc[r][b], bv));
   }
+}
+
+// The usual epilogue: out[row, col] = bf16(acc + bias[col]) for the columns < N.
+inline void store_tile_bf16(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, int64_t b0, int nb,
+                            int64_t N, const uint16_t* bias, uint16_t* out, int64_t ldo) {
+  for_tile_columns(acc, m0, mr, b0, nb, N, bias, [&](int64_t row, int64_t col, __mmask16 mask, __m512 v) {
+    _mm256_mask_storeu_epi16(out + row * ldo + col, mask, (__m256i)_mm512_cvtneps_pbh(v));
+  });
 }
 
 // The same sums rounded to bf16 (as store_tile_bf16) but stored widened to float32: the LM
 // head's logits, which sampling reads as float32, without a bf16 tensor and a second pass.
 inline void store_tile_bf16_as_float(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, int64_t b0, int nb,
                                      int64_t N, const uint16_t* bias, float* out, int64_t ldo) {
-  for (int b = 0; b < nb; ++b) {
-    const int64_t col = (b0 + b) * PACK_COLS;
-    const int64_t left = N - col;
-    const __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-    const __m512 bv = bias == nullptr
-        ? _mm512_setzero_ps()
-        : load16_masked(reinterpret_cast<const c10::BFloat16*>(bias + col), mask);
-    for (int r = 0; r < mr; ++r) {
-      const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bv));
-      const __m512 wide = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-      _mm512_mask_storeu_ps(out + (m0 + r) * ldo + col, mask, wide);
-    }
-  }
+  for_tile_columns(acc, m0, mr, b0, nb, N, bias, [&](int64_t row, int64_t col, __mmask16 mask, __m512 v) {
+    const __m256i bits = (__m256i)_mm512_cvtneps_pbh(v);
+    _mm512_mask_storeu_ps(out + row * ldo + col, mask,
+                          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+  });
 }
 
 // [first, last) of `total` items for thread `tid` of `team`, in contiguous, near-equal shares.
