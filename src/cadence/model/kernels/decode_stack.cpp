@@ -197,7 +197,7 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
 
   // Shared activations (bf16 bits).
   std::vector<uint16_t> qkv_buf(T * qkv_width), attn_buf(T * Hq * D), o_buf(T * H), act_buf(T * I),
-      down_buf(T * H);
+      down_buf(T * H), gate_up_buf(T * 2 * I);
   auto out = at::empty({T, H}, x.options());
 
   // Team size: all threads, unless recent steps showed the team waiting on a descheduled
@@ -316,22 +316,23 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
           rms_norm_row<c10::BFloat16>(residual.data() + t * H, reinterpret_cast<const c10::BFloat16*>(o_buf.data()) + t * H,
                                       w.post_norm.data_ptr<c10::BFloat16>(), normed.data() + t * H, H, eps);
         lap(4);
-        // 6. gate/up with silu * up on the fly: packed block 2j is gate columns [16j, 16j+16),
-        //    2j+1 the matching up columns; a thread's range holds whole pairs.
+        // 6. gate/up, then silu * up over this thread's own columns: packed block 2j is gate
+        //    columns [16j, 16j+16), 2j+1 the matching up columns, so gate_up_buf rows read
+        //    [g 16 | u 16] pairs and a thread's range holds whole pairs. (silu inside the GEMM
+        //    epilogue made the tile loop 1.6x slower: the big epilogue kept the accumulators
+        //    out of registers.)
         {
           const auto [p0, p1] = thread_share(packed_blocks(2 * I) / 2, tid, nth);
           packed_gemm_blocks(normed_bits, H, T, bits(w.gate_up), H, 2 * p0, 2 * p1,
                              [&](int64_t m0, int mr, int64_t bb, int nb, __m512 acc[GEMM_MR][GEMM_NB]) {
-                               for (int b = 0; b + 1 < nb; b += 2) {
-                                 const int64_t col = (bb + b) / 2 * PACK_COLS;
-                                 for (int r = 0; r < mr; ++r) {
-                                   alignas(64) c10::BFloat16 g[16], u[16];
-                                   store16(g, acc[r][b]);
-                                   store16(u, acc[r][b + 1]);
-                                   silu_mul_row<c10::BFloat16>(g, u, reinterpret_cast<c10::BFloat16*>(act_buf.data() + (m0 + r) * I + col), 16);
-                                 }
-                               }
+                               store_tile_bf16(acc, m0, mr, bb, nb, 2 * I, nullptr, gate_up_buf.data(), 2 * I);
                              });
+          const auto* gu = reinterpret_cast<const c10::BFloat16*>(gate_up_buf.data());
+          auto* act = reinterpret_cast<c10::BFloat16*>(act_buf.data());
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t j = p0; j < p1; ++j)
+              silu_mul_row<c10::BFloat16>(gu + t * 2 * I + j * 2 * PACK_COLS, gu + t * 2 * I + j * 2 * PACK_COLS + PACK_COLS,
+                                          act + t * I + j * PACK_COLS, PACK_COLS);
         }
         sync();
         lap(5);
