@@ -27,6 +27,19 @@ def test_allocation_covers_new_tokens_block_by_block():
     kv.check_integrity()
 
 
+def test_holds_enough_agrees_with_the_blocks_an_allocation_would_take():
+    # The scheduler's fast path skips allocate() when holds_enough: it must say yes exactly
+    # when allocate would take no new block.
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    req = make_request("a", range(10))
+    assert not kv.holds_enough(req, 1)  # holds nothing yet
+    kv.allocate(req, 10)
+    req.num_computed_tokens = 10
+    for num_new in range(1, 6):
+        assert kv.holds_enough(req, num_new) == (kv.num_free_blocks_needed(req, num_new) == 0)
+    assert kv.holds_enough(req, 2) and not kv.holds_enough(req, 3)
+
+
 def test_allocation_that_does_not_fit_is_refused():
     kv = KVCacheManager(num_blocks=2, block_size=4)
     req = make_request("a", range(9))

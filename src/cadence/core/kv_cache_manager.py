@@ -72,6 +72,13 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
         return self.blocks_for_tokens(num_computed + num_new_tokens)
 
+    def holds_enough(self, request: Request, num_new_tokens: int) -> bool:
+        """Whether the blocks the request holds already cover `num_new_tokens` more tokens (the
+        common decode step: 15 of 16 need no new block), so there is nothing to allocate."""
+        held = self._req_blocks.get(request.req_id)
+        return held is not None and (
+            len(held) * self.block_size >= request.num_computed_tokens + num_new_tokens)
+
     def num_free_blocks_needed(
         self, request: Request, num_new_tokens: int, computed_blocks: Sequence[int] = ()
     ) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # per request per step: see ScheduledChunk (plan.py)
 class RequestUpdate:
     """A request's progress in one `Scheduler.update`: new tokens, and whether it finished."""
 

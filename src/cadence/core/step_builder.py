@@ -142,6 +142,8 @@ class StepBuilder:
     def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
         """Take blocks for `num_new` more tokens of a running request, preempting the lowest
         ranked running requests (possibly `request` itself) until they fit."""
+        if self._kv.holds_enough(request, num_new):
+            return True
         required = self._kv.num_blocks_required(request, num_new)
         if required > self._kv.num_blocks:
             # No amount of preemption helps: finish it now rather than spin.

@@ -1,4 +1,4 @@
-"""What the engine hands its callers: plain frozen records, safe to send between processes."""
+"""What the engine hands its callers: plain records (read-only by convention), safe to send between processes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from cadence.core.plan import SampledToken
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # per request per step: see ScheduledChunk (core/plan.py)
 class RequestOutput:
     """One request's progress in one engine step (a delta, not the whole history).
 

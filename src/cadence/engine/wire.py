@@ -164,7 +164,7 @@ def sampling_from_wire(data: Mapping[str, Any]) -> SamplingParams:
 # ---- outputs ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # as SampledToken (core/plan.py)
 class TokenLogprob(SampledToken):
     """A sampled token as the front end receives it: SampledToken plus the token texts.
 

@@ -8,6 +8,7 @@ import torch
 
 from cadence.core.plan import ScheduledChunk, StepPlan
 from cadence.model.attention_metadata import AttentionMetadata
+from cadence.model.host_tensor import host_tensor
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,7 @@ class ModelInputs:
             if not chunk.token_ids:
                 raise ValueError(f"request {chunk.req_id!r}: chunk has no tokens")
             flat_ids.extend(chunk.token_ids)
-        input_ids = torch.tensor(flat_ids, dtype=torch.int64)
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size:
+        if min(flat_ids) < 0 or max(flat_ids) >= vocab_size:
             bad = next(t for t in flat_ids if not 0 <= t < vocab_size)
             raise ValueError(f"token id {bad} outside the model's vocabulary [0, {vocab_size})")
         try:
@@ -48,10 +48,9 @@ class ModelInputs:
             raise ValueError(f"invalid step plan {plan.step_id}: {exc}") from exc
         ends = meta.query_start_loc_host[1:]
         sample_idx = [i for i, c in enumerate(plan.chunks) if c.sample]
-        sample_rows = torch.tensor([ends[i] - 1 for i in sample_idx], dtype=torch.int64)
         return cls(
-            input_ids=input_ids.to(device),
+            input_ids=host_tensor(flat_ids, torch.int64, device),
             meta=meta,
-            sample_rows=sample_rows.to(device),
+            sample_rows=host_tensor([ends[i] - 1 for i in sample_idx], torch.int64, device),
             sample_chunks=tuple(plan.chunks[i] for i in sample_idx),
         )

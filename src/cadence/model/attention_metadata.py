@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from cadence.core.plan import ScheduledChunk
+from cadence.model.host_tensor import host_matrix, host_tensor
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,14 @@ class AttentionMetadata:
 
     @cached_property
     def row_seq_index(self) -> torch.Tensor:
-        """[T] int64, block_tables row (sequence) of every new token (the fused decode stack)."""
-        counts = [b - a for a, b in zip(self.query_start_loc_host, self.query_start_loc_host[1:])]
-        return torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+        """[T] int64 (CPU), block_tables row (sequence) of every new token (the fused decode
+        stack)."""
+        bounds = self.query_start_loc_host
+        return host_tensor(i for i in range(len(bounds) - 1) for _ in range(bounds[i + 1] - bounds[i]))
 
     @cached_property
     def row_ctx_lens(self) -> torch.Tensor:
-        """[T] int64, positions each new token attends over: its own position + 1 (causal)."""
+        """[T] int64 (CPU), positions each new token attends over: its own position + 1 (causal)."""
         return self.positions.cpu() + 1
 
     @property
@@ -86,7 +88,9 @@ class AttentionMetadata:
         """From (start_pos, num_new_tokens, block_table) per sequence; validates the tables."""
         if not chunks:
             raise ValueError("AttentionMetadata needs at least one sequence")
-        starts, lens, tables = [], [], []
+        # Host lists first, one tensor each at the end: at decode batch sizes a torch op costs
+        # more than a Python loop over the batch (this runs every step).
+        starts, lens, tables, positions, slots = [], [], [], [], []
         for i, (start, n_new, table) in enumerate(chunks):
             if start < 0 or n_new <= 0:
                 raise ValueError(f"sequence {i}: need start_pos >= 0 and new tokens > 0, got {start}, {n_new}")
@@ -97,48 +101,41 @@ class AttentionMetadata:
                     f"{start + n_new} need {needed} (block_size {block_size})"
                 )
             table = tuple(table[:needed])
-            if any(not 0 <= b < num_blocks for b in table):
+            if min(table) < 0 or max(table) >= num_blocks:
                 raise ValueError(f"sequence {i}: block ids {table} outside pool of {num_blocks}")
             starts.append(start)
             lens.append(n_new)
             tables.append(table)
+            span = range(start, start + n_new)
+            positions.extend(span)
+            slots.extend([table[p // block_size] * block_size + p % block_size for p in span])
         query_start_loc = [0]
         for n in lens:
             query_start_loc.append(query_start_loc[-1] + n)
         seq_lens = [s + n for s, n in zip(starts, lens)]
         max_blocks = max(len(t) for t in tables)
-        padded = [list(t) + [0] * (max_blocks - len(t)) for t in tables]
-
-        block_tables = torch.tensor(padded, dtype=torch.int32)
-        lens_t = torch.tensor(lens, dtype=torch.int64)
-        qsl = torch.tensor(query_start_loc, dtype=torch.int64)
-        start_t = torch.tensor(starts, dtype=torch.int64)
-        # positions[t] = start_pos[seq(t)] + (t - query_start_loc[seq(t)]), vectorized.
-        seq_of_token = torch.repeat_interleave(torch.arange(len(lens)), lens_t)  # [T]
-        positions = torch.arange(query_start_loc[-1]) - qsl[:-1][seq_of_token] + start_t[seq_of_token]
-        block_of_token = block_tables[seq_of_token, positions // block_size].to(torch.int64)
-        slot_mapping = block_of_token * block_size + positions % block_size
-
+        padded = [t + (0,) * (max_blocks - len(t)) for t in tables]
         decode_seqs = tuple(i for i, n in enumerate(lens) if n == 1)
 
+        def tensor(values) -> torch.Tensor:
+            return host_tensor(values, torch.int64, device)
+
         return cls(
-            query_start_loc=qsl.to(device),
-            start_pos=start_t.to(device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
-            block_tables=block_tables.to(device),
-            slot_mapping=slot_mapping.to(device),
-            positions=positions.to(device),
+            query_start_loc=tensor(query_start_loc),
+            start_pos=tensor(starts),
+            seq_lens=tensor(seq_lens),
+            block_tables=host_matrix(padded, max_blocks, torch.int32, device),
+            slot_mapping=tensor(slots),
+            positions=tensor(positions),
             block_size=block_size,
             query_start_loc_host=tuple(query_start_loc),
             start_pos_host=tuple(starts),
             seq_lens_host=tuple(seq_lens),
             num_blocks_host=tuple(len(t) for t in tables),
             decode_seqs=decode_seqs,
-            decode_rows=torch.tensor([query_start_loc[i] for i in decode_seqs], dtype=torch.int64,
-                                     device=device),
-            decode_seq_index=torch.tensor(decode_seqs, dtype=torch.int64, device=device),
-            decode_ctx_lens=torch.tensor([seq_lens[i] for i in decode_seqs], dtype=torch.int64,
-                                         device=device),
+            decode_rows=tensor([query_start_loc[i] for i in decode_seqs]),
+            decode_seq_index=tensor(decode_seqs),
+            decode_ctx_lens=tensor([seq_lens[i] for i in decode_seqs]),
             prefill_seqs=tuple(i for i, n in enumerate(lens) if n > 1),
         )
 

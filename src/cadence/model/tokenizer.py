@@ -67,6 +67,11 @@ class Tokenizer:
         ids = [self.check_id(token_id) for token_id in ids]
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def decode_checked(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """decode() of ids the caller already passed through check_id (the streaming
+        detokenizer, once per token per request)."""
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
     def check_id(self, token_id: Any) -> int:
         """token_id as a plain int; TokenizerError unless it is an integer in [0, vocab_size)."""
         try:
