@@ -125,12 +125,17 @@ inline void store_tile_bf16(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, in
 
 // The same sums rounded to bf16 (as store_tile_bf16) but stored widened to float32: the LM
 // head's logits, which sampling reads as float32, without a bf16 tensor and a second pass.
+// Full aligned pieces go out as streaming stores: [S, V] logits (12 MB at 64 rows) would
+// otherwise evict the weight panels from cache and pay a read for ownership per line (LM head
+// at 32 rows: 5.6 -> 4.7 ms). The caller fences (_mm_sfence) before other threads read `out`.
 inline void store_tile_bf16_as_float(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, int64_t b0, int nb,
                                      int64_t N, const uint16_t* bias, float* out, int64_t ldo) {
   for_tile_columns(acc, m0, mr, b0, nb, N, bias, [&](int64_t row, int64_t col, __mmask16 mask, __m512 v) {
     const __m256i bits = (__m256i)_mm512_cvtneps_pbh(v);
-    _mm512_mask_storeu_ps(out + row * ldo + col, mask,
-                          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+    const __m512 widened = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    float* dst = out + row * ldo + col;
+    if (mask == (__mmask16)0xffff && (reinterpret_cast<uintptr_t>(dst) & 63) == 0) _mm512_stream_ps(dst, widened);
+    else _mm512_mask_storeu_ps(dst, mask, widened);
   });
 }
 

@@ -72,6 +72,7 @@ at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::o
                          if (out_float != nullptr) store_tile_bf16_as_float(acc, m0, mr, b0, nb, N, bp, out_float, N);
                          else store_tile_bf16(acc, m0, mr, b0, nb, N, bp, out_bf16, N);
                        });
+    _mm_sfence();  // streaming stores (float_out) are visible before the threads join
   });
   return out;
 #else
