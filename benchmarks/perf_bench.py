@@ -221,7 +221,8 @@ def engine_overhead(loaded: LoadedModel, num_seqs: int, prompt_len: int, steps: 
     engine = LLMEngine.from_loaded(loaded, cfg)
     model = engine.executor.model
     inside = [0.0]
-    forward, logits = model.forward, model.compute_logits
+    # The executor calls the LM head through compute_logits_and_argmax.
+    forward, logits = model.forward, model.compute_logits_and_argmax
 
     def timed(fn):
         def run(*args, **kwargs):
@@ -231,7 +232,7 @@ def engine_overhead(loaded: LoadedModel, num_seqs: int, prompt_len: int, steps: 
             return out
         return run
 
-    model.forward, model.compute_logits = timed(forward), timed(logits)
+    model.forward, model.compute_logits_and_argmax = timed(forward), timed(logits)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
         gen = torch.Generator().manual_seed(0)
@@ -253,7 +254,7 @@ def engine_overhead(loaded: LoadedModel, num_seqs: int, prompt_len: int, steps: 
             shares.append((total - inside[0]) / total)
         return statistics.median(step_times), statistics.median(shares)
     finally:
-        model.forward, model.compute_logits = forward, logits
+        model.forward, model.compute_logits_and_argmax = forward, logits
 
 
 # ------------------------------------------------------------------------------------------

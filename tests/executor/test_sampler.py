@@ -42,6 +42,22 @@ def test_greedy_is_argmax():
     assert all(t.logprob is None and t.top_logprobs == () for t in out)
 
 
+def test_given_greedy_ids_serve_greedy_rows_and_random_rows_still_draw():
+    # The LM head kernel hands its argmax over: greedy rows take it as is, random rows draw as
+    # without it (same generator state, same tokens), and a wrong shape is refused.
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(2))
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=3)] * 2
+    chunks = [chunk(p, f"r{i}") for i, p in enumerate(params)]
+    marked = torch.tensor([7, 8, 9, 10])  # not the argmax: shows which source greedy rows used
+    out = sample(logits, chunks, greedy=marked)
+    plain = sample(logits, chunks)
+    assert [out[0].token_id, out[2].token_id] == [7, 9]
+    assert [out[1].token_id, out[3].token_id] == [plain[1].token_id, plain[3].token_id]
+    assert marked.tolist() == [7, 8, 9, 10]  # not written to
+    with pytest.raises(ValueError, match="greedy ids"):
+        sample(logits, chunks, greedy=marked[:3])
+
+
 def test_mixed_batch_keeps_greedy_rows_exact():
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(1))
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)] * 2

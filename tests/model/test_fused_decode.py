@@ -126,6 +126,33 @@ def test_packed_gemm_float_out_is_the_bf16_result_widened(rows, n):
     assert torch.equal(wide, KERNELS.linear_packed_bf16(x, packed, n, bias).float())
 
 
+@pytest.mark.parametrize("rows,n", [(1, 49), (7, 300), (32, 2000)])
+def test_packed_gemm_argmax_out_is_torch_argmax_of_the_logits(rows, n):
+    # Greedy sampling takes the LM head's fused argmax: it must be torch.argmax of the very
+    # logits returned, with ties (first index), a masked last block, NaN and all -inf rows.
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(n, 64, generator=gen).bfloat16()
+    w[n // 3] = w[n - 1] = w[5]  # three equal columns per row: the first must win
+    x = torch.randn(rows, 64, generator=gen).bfloat16()
+    x[0] = 0.0  # an all-zero row: every logit ties, argmax 0
+    packed = KERNELS.pack_linear_bf16(w, False)
+    ids = torch.full((rows,), -7, dtype=torch.int64)
+    logits = KERNELS.linear_packed_bf16(x, packed, n, None, float_out=True, argmax_out=ids)
+    assert torch.equal(logits, KERNELS.linear_packed_bf16(x, packed, n, None, float_out=True))
+    assert torch.equal(ids, logits.argmax(-1))
+    w[n - 2] = float("nan")  # every row's logit n - 2 is NaN: torch counts it as the maximum
+    w[n // 2] = float("inf")
+    packed = KERNELS.pack_linear_bf16(w, False)
+    logits = KERNELS.linear_packed_bf16(x, packed, n, None, float_out=True, argmax_out=ids)
+    assert torch.equal(ids, logits.argmax(-1))
+    w = torch.full((n, 64), float("-inf")).bfloat16()
+    logits = KERNELS.linear_packed_bf16(torch.ones(rows, 64).bfloat16(), KERNELS.pack_linear_bf16(w, False), n,
+                                        None, float_out=True, argmax_out=ids)
+    assert torch.equal(ids, logits.argmax(-1))
+    with pytest.raises(RuntimeError, match="argmax_out"):
+        KERNELS.linear_packed_bf16(x, packed, n, None, float_out=False, argmax_out=ids)
+
+
 def test_packed_gemm_interleaves_gate_and_up_blocks():
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(128, 64, generator=gen).bfloat16()  # gate rows 0..63, up rows 64..127

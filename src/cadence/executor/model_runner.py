@@ -49,14 +49,15 @@ class ModelExecutor:
                 )
 
     @torch.inference_mode()
-    def _forward(self, plan: StepPlan) -> tuple[torch.Tensor, ModelInputs]:
-        """Copy-on-write blocks, run the forward; returns logits [S_sample, V] float32."""
+    def _forward(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor | None, ModelInputs]:
+        """Copy-on-write blocks, run the forward; returns logits [S_sample, V] float32 and, when
+        the LM head computed it, their argmax [S_sample] int64."""
         self._check_plan(plan)
         inputs = ModelInputs.from_plan(plan, self.config.vocab_size, self.num_blocks, self.device)
         self.kv_cache.copy_blocks(plan.block_copies)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache)  # [T, H]
-        logits = self.model.compute_logits(hidden[inputs.sample_rows])  # [S_sample, V]
-        return logits, inputs
+        logits, argmax = self.model.compute_logits_and_argmax(hidden[inputs.sample_rows])  # [S_sample, V]
+        return logits, argmax, inputs
 
     def forward_logits(self, plan: StepPlan) -> torch.Tensor:
         """Logits [S_sample, V] float32 for the plan's sampling chunks (writes the KV cache)."""
@@ -70,8 +71,9 @@ class ModelExecutor:
             self.kv_cache.copy_blocks(plan.block_copies)
             return StepOutput(step_id=plan.step_id)
         start = time.perf_counter()
-        logits, inputs = self._forward(plan)
-        sampled = sample(logits, inputs.sample_chunks, self.generator) if inputs.sample_chunks else []
+        logits, argmax, inputs = self._forward(plan)
+        sampled = (sample(logits, inputs.sample_chunks, self.generator, greedy=argmax)
+                   if inputs.sample_chunks else [])
         elapsed = time.perf_counter() - start  # sample() reads ids back to the host: synced
         return StepOutput(
             step_id=plan.step_id,

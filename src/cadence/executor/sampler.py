@@ -39,12 +39,15 @@ def sample(
     logits: torch.Tensor,
     chunks: Sequence[ScheduledChunk],
     generator: torch.Generator | None = None,
+    greedy: torch.Tensor | None = None,
 ) -> list[SampledToken]:
     """Sample one token per row.
 
     logits: [S, V] (converted to float32), row i belongs to chunks[i].
     generator: the engine-level RNG for unseeded random rows (torch's default RNG when None);
     it must live on logits.device.
+    greedy: logits.argmax(-1) when the caller already has it ([S] int64, e.g. from the LM
+    head's kernel); computed here otherwise.
     Returns S SampledTokens, in row order.
     """
     if logits.dim() != 2:
@@ -58,7 +61,9 @@ def sample(
     params = [c.sampling for c in chunks]
 
     # token_ids: [S] int64; greedy rows keep their argmax, random rows are overwritten below.
-    token_ids = greedy_ids(logits)
+    if greedy is not None and tuple(greedy.shape) != (num_rows,):
+        raise ValueError(f"greedy ids must be [{num_rows}], got shape {tuple(greedy.shape)}")
+    token_ids = greedy_ids(logits) if greedy is None else greedy.clone()
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
         token_ids[random_rows] = _sample_random(

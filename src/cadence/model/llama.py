@@ -298,13 +298,23 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden_size] (only the rows to sample) -> logits [S, vocab_size] float32."""
+        return self.compute_logits_and_argmax(hidden)[0]
+
+    def compute_logits_and_argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [S, vocab_size] float32, their argmax [S] int64 or None): the CPU bf16 path
+        takes the argmax (greedy sampling's answer) inside the LM head's GEMM, other paths
+        leave it to the sampler (None)."""
         kernels = cpu_kernels_for(hidden)
         packed = self._lm_head_for(kernels) if kernels is not None and hidden.dtype == torch.bfloat16 else None
         if packed is not None:
             # The LM head is the largest GEMM of a decode step: packed once, it streams at
             # memory speed for one row and runs the dot-product units for a whole batch.
             # float_out: bf16-rounded logits written as float32 in the GEMM's epilogue (the same
-            # values as .float() of the bf16 result, without a second pass over [S, V]).
-            return kernels.linear_packed_bf16(hidden.contiguous(), packed, self.config.vocab_size,
-                                              None, float_out=True)
-        return fused_linear(hidden, self.lm_head.weight, None, kernels).float()
+            # values as .float() of the bf16 result, without a second pass over [S, V]); the
+            # epilogue also tracks each row's argmax, so greedy sampling does not read the
+            # 12 MB of a 64-row batch's logits back from memory.
+            argmax = torch.empty(hidden.shape[0], dtype=torch.int64)
+            logits = kernels.linear_packed_bf16(hidden.contiguous(), packed, self.config.vocab_size,
+                                                None, float_out=True, argmax_out=argmax)
+            return logits, argmax
+        return fused_linear(hidden, self.lm_head.weight, None, kernels).float(), None

@@ -7,8 +7,6 @@
 
 namespace cadence_kernels {
 
-namespace {
-
 int64_t argmax_row(const float* x, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX512F__)
@@ -45,8 +43,6 @@ int64_t argmax_row(const float* x, int64_t n) {
   return best;
 #endif
 }
-
-}  // namespace
 
 at::Tensor argmax_rows(at::Tensor logits) {
   check_cpu_contiguous(logits, "logits");

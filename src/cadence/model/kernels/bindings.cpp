@@ -36,9 +36,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &cadence_kernels::argmax_rows, "first index of each float32 row's maximum (torch.argmax(-1))");
   m.def("pack_linear_bf16", &cadence_kernels::pack_linear_bf16, "pack a bf16 [N, K] weight for linear_packed_bf16");
   m.def("linear_packed_bf16", &cadence_kernels::linear_packed_bf16,
-        "bf16 x @ w.T on a packed weight; float_out: the bf16-rounded result as float32",
+        "bf16 x @ w.T on a packed weight; float_out: the bf16-rounded result as float32; "
+        "argmax_out ([M] int64, with float_out): filled with each row's torch.argmax",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(),
-        py::arg("float_out") = false);
+        py::arg("float_out") = false, py::arg("argmax_out") = py::none());
   py::class_<cadence_kernels::DecodeStack>(m, "DecodeStack", py::module_local(),
                                            "every decoder layer of a bf16 model for a small batch in one call")
       .def(py::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,

@@ -20,6 +20,8 @@ at::Tensor prefill_attention(at::Tensor q, at::Tensor keys, at::Tensor values, d
 at::Tensor argmax_rows(at::Tensor logits);
 at::Tensor pack_linear_bf16(at::Tensor w, bool interleave_halves);
 at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::optional<at::Tensor> bias,
-                              bool float_out);
+                              bool float_out, c10::optional<at::Tensor> argmax_out);
+// torch.argmax of one float32 row of n > 0 values (argmax.cpp).
+int64_t argmax_row(const float* x, int64_t n);
 
 }  // namespace cadence_kernels

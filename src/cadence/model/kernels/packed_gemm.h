@@ -123,19 +123,62 @@ inline void store_tile_bf16(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, in
   });
 }
 
+// A row's running argmax over the pieces one thread stores, 16 lanes (column % 16) kept apart.
+// A thread stores a row's pieces in ascending column order (packed_gemm_blocks walks its block
+// range front to back), so a strict > keeps each lane's first maximum, and the merge
+// (lane_argmax_merge) takes the lowest column among the lanes that hold the maximum:
+// torch.argmax's first index. A NaN (torch counts it as the maximum) is only flagged; the caller
+// then recomputes that row from the stored logits.
+struct LaneArgmax {
+  __m512 val = _mm512_set1_ps(-INFINITY);
+  __m512i idx = _mm512_set1_epi32(INT32_MAX);  // INT32_MAX: no value above -inf in this lane
+  __mmask16 nan = 0;
+
+  void update(__m512 v, int64_t col, __mmask16 mask) {
+    const __mmask16 greater = _mm512_mask_cmp_ps_mask(mask, v, val, _CMP_GT_OQ);
+    nan |= _mm512_mask_cmp_ps_mask(mask, v, v, _CMP_UNORD_Q);
+    val = _mm512_mask_mov_ps(val, greater, v);
+    idx = _mm512_mask_mov_epi32(idx, greater, _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(col)),
+                                                               _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
+  }
+};
+
+// A row's argmax from its trackers (parts[0], parts[stride], ...: one per thread), or -1 when a
+// NaN was seen. A row of only -inf gives 0, as torch.argmax does.
+inline int64_t lane_argmax_merge(const LaneArgmax* parts, int64_t count, int64_t stride) {
+  int64_t best = INT32_MAX;
+  float best_val = -INFINITY;
+  for (int64_t p = 0; p < count; ++p) {
+    const LaneArgmax& part = parts[p * stride];
+    if (part.nan) return -1;
+    alignas(64) float vals[16];
+    alignas(64) int32_t ids[16];
+    _mm512_store_ps(vals, part.val);
+    _mm512_store_si512(reinterpret_cast<__m512i*>(ids), part.idx);
+    for (int lane = 0; lane < 16; ++lane)
+      if (ids[lane] != INT32_MAX && (vals[lane] > best_val || (vals[lane] == best_val && ids[lane] < best)))
+        best_val = vals[lane], best = ids[lane];
+  }
+  return best == INT32_MAX ? 0 : best;
+}
+
 // The same sums rounded to bf16 (as store_tile_bf16) but stored widened to float32: the LM
 // head's logits, which sampling reads as float32, without a bf16 tensor and a second pass.
 // Full aligned pieces go out as streaming stores: [S, V] logits (12 MB at 64 rows) would
 // otherwise evict the weight panels from cache and pay a read for ownership per line (LM head
 // at 32 rows: 5.6 -> 4.7 ms). The caller fences (_mm_sfence) before other threads read `out`.
+// With `argmax` (this thread's tracker per row), greedy sampling's argmax comes from the
+// registers: no second pass reading the logits back from memory.
 inline void store_tile_bf16_as_float(__m512 acc[GEMM_MR][GEMM_NB], int64_t m0, int mr, int64_t b0, int nb,
-                                     int64_t N, const uint16_t* bias, float* out, int64_t ldo) {
+                                     int64_t N, const uint16_t* bias, float* out, int64_t ldo,
+                                     LaneArgmax* argmax) {
   for_tile_columns(acc, m0, mr, b0, nb, N, bias, [&](int64_t row, int64_t col, __mmask16 mask, __m512 v) {
     const __m256i bits = (__m256i)_mm512_cvtneps_pbh(v);
     const __m512 widened = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
     float* dst = out + row * ldo + col;
     if (mask == (__mmask16)0xffff && (reinterpret_cast<uintptr_t>(dst) & 63) == 0) _mm512_stream_ps(dst, widened);
     else _mm512_mask_storeu_ps(dst, mask, widened);
+    if (argmax != nullptr) argmax[row].update(widened, col, mask);
   });
 }
 

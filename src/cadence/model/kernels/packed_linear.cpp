@@ -44,7 +44,7 @@ at::Tensor pack_linear_bf16(at::Tensor w, bool interleave_halves) {
 }
 
 at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::optional<at::Tensor> bias,
-                              bool float_out) {
+                              bool float_out, c10::optional<at::Tensor> argmax_out) {
   check_cpu_contiguous(x, "x");
   check_cpu_contiguous(packed, "packed");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
@@ -60,6 +60,17 @@ at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::o
   }
 #if CADENCE_HAVE_AVX512BF16
   const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0);
+  int64_t* argmax_ids = nullptr;
+  if (argmax_out.has_value() && argmax_out->defined()) {
+    check_cpu_contiguous(*argmax_out, "argmax_out");
+    TORCH_CHECK(float_out && argmax_out->scalar_type() == at::kLong && argmax_out->numel() == M,
+                "linear_packed_bf16: argmax_out must be [M] int64, with float_out");
+    argmax_ids = argmax_out->data_ptr<int64_t>();
+  }
+  // argmax: one tracker per (thread, row), merged after the GEMM. at::parallel_for gives each
+  // thread one contiguous block range, which the trackers rely on (ascending columns).
+  const int64_t team = at::get_num_threads();
+  std::vector<LaneArgmax> trackers(argmax_ids != nullptr ? team * M : 0);
   auto out = at::empty({M, N}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>());
@@ -69,11 +80,17 @@ at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::o
   at::parallel_for(0, blocks, parallel ? GEMM_NB : blocks + 1, [&](int64_t begin, int64_t end) {
     packed_gemm_blocks(xp, K, M, wp, K, begin, end,
                        [&](int64_t m0, int mr, int64_t b0, int nb, __m512 acc[GEMM_MR][GEMM_NB]) {
-                         if (out_float != nullptr) store_tile_bf16_as_float(acc, m0, mr, b0, nb, N, bp, out_float, N);
+                         if (out_float != nullptr)
+                           store_tile_bf16_as_float(acc, m0, mr, b0, nb, N, bp, out_float, N,
+                                                    argmax_ids != nullptr ? trackers.data() + at::get_thread_num() * M : nullptr);
                          else store_tile_bf16(acc, m0, mr, b0, nb, N, bp, out_bf16, N);
                        });
     _mm_sfence();  // streaming stores (float_out) are visible before the threads join
   });
+  for (int64_t r = 0; r < M && argmax_ids != nullptr; ++r) {
+    argmax_ids[r] = lane_argmax_merge(trackers.data() + r, team, M);
+    if (argmax_ids[r] < 0) argmax_ids[r] = argmax_row(out_float + r * N, N);  // saw a NaN
+  }
   return out;
 #else
   TORCH_CHECK(false, "linear_packed_bf16: built without AVX512-BF16");
