@@ -71,6 +71,10 @@ class Row:
         return self.tokens_per_s / self.floor_tokens_per_s
 
 
+# Fewest decode steps cadence's median is taken over (each is 12-250 ms).
+DECODE_MIN_STEPS = 10
+
+
 def measure_machine(repeats: int) -> Machine:
     """Read bandwidth from summing a 512 MB tensor; GEMM rate from 2048^3 matmuls per dtype.
 
@@ -291,11 +295,12 @@ def _run_all(args: argparse.Namespace) -> list[Row]:
     c = loaded.config
     rows: list[Row] = []
 
-    def report(what: str, system: str, seconds: float, tokens: int, floor_s: float) -> None:
+    def report(what: str, system: str, seconds: float, tokens: int, floor_s: float,
+               note: str = "") -> None:
         row = Row(what, system, tokens / seconds, tokens / floor_s)
         rows.append(row)
         print(f"  {what:<22} {system:<12} {row.tokens_per_s:9.1f} tok/s  {seconds * 1e3:9.1f} ms"
-              f"   floor {row.floor_tokens_per_s:8.1f} tok/s  = {row.ratio:6.1%} of floor")
+              f"   floor {row.floor_tokens_per_s:8.1f} tok/s  = {row.ratio:6.1%} of floor{note}")
 
     with torch.inference_mode():
         if args.only in (None, "prefill"):
@@ -312,8 +317,14 @@ def _run_all(args: argparse.Namespace) -> list[Row]:
                 for batch in args.batches:
                     what = f"decode b{batch} ctx{context}"
                     floor_s = decode_floor_s(c, dtype, batch, context, machine)
-                    report(what, "cadence", cadence_decode_s(loaded, batch, context, args.repeats),
-                           batch, floor_s)
+                    # At least DECODE_MIN_STEPS steps: a 45 ms step times 3 repeats is short
+                    # enough for one slow phase of the shared host to move the median.
+                    step_s = cadence_decode_s(loaded, batch, context, max(args.repeats, DECODE_MIN_STEPS))
+                    # The team of the last step: 1 means the stack had gone solo (a neighbour
+                    # held a core, or looked like it), which halves a batch's speed.
+                    team = loaded.model.decode_stack_team()
+                    report(what, "cadence", step_s, batch, floor_s,
+                           f"   (team {team})" if team is not None else "")
                     if hf is not None:
                         report(what, "transformers", hf_decode_s(hf, batch, context, args.repeats),
                                batch, decode_floor_s(c, hf_dtype, batch, context, machine))

@@ -243,6 +243,12 @@ class LlamaForCausalLM(nn.Module):
             self._stack_for(kernels)
             self._lm_head_for(kernels)
 
+    def decode_stack_team(self) -> int | None:
+        """Threads the fused decode stack ran its last step on (1 while it runs solo because a
+        neighbour process holds a core), None before it ran (diagnostics: perf_bench)."""
+        stack = self._decode_stack
+        return (stack.last_team or None) if stack else None
+
     def _stack_for(self, kernels: ModuleType):
         """The fused decode stack (built once), or False where the model's shapes rule it out."""
         if self._decode_stack is None:
