@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -85,12 +86,14 @@ inline void store16(c10::BFloat16* p, __m512 v) {
   const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
 }
-// v rounded through T (identity for float).
+// v rounded through T (identity for float). For bf16 the same bits as store16 then load16, in
+// registers: (bits + 0x7fff + lsb) with the low half cleared.
 inline __m512 round16(float*, __m512 v) { return v; }
 inline __m512 round16(c10::BFloat16*, __m512 v) {
-  alignas(64) c10::BFloat16 tmp[16];
-  store16(tmp, v);
-  return load16(tmp);
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
 }
 
 // exp(x) for x <= 0-ish softmax inputs (Cephes expf polynomial, ~1 ulp), 16 lanes at a time.

@@ -69,6 +69,39 @@ template <typename T>
 inline void rope_write_row(T* row, const float* ct, const float* st, int64_t Hq, int64_t Hkv,
                            int64_t D, T* kc_slot, T* vc_slot) {
   const int64_t half = D / 2;
+#if defined(__AVX512F__)
+  // bf16 rows 16 dims at a time (the same roundings lane by lane; float32 keeps the scalar
+  // loop, where the compiler may fuse a * c + b * s differently from eager torch).
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    constexpr int64_t MAX_HALF_VECS = 4;  // head_dim up to 128
+    if (half % 16 == 0 && half / 16 <= MAX_HALF_VECS) {
+      T* tag = nullptr;  // selects the bf16 rounding of round16
+      const int64_t vecs = half / 16;
+      __m512 c_lo[MAX_HALF_VECS], s_lo[MAX_HALF_VECS], c_hi[MAX_HALF_VECS], s_hi[MAX_HALF_VECS];
+      for (int64_t i = 0; i < vecs; ++i) {
+        c_lo[i] = round16(tag, _mm512_loadu_ps(ct + 16 * i));
+        s_lo[i] = round16(tag, _mm512_loadu_ps(st + 16 * i));
+        c_hi[i] = round16(tag, _mm512_loadu_ps(ct + half + 16 * i));
+        s_hi[i] = round16(tag, _mm512_loadu_ps(st + half + 16 * i));
+      }
+      for (int64_t head = 0; head < Hq + Hkv; ++head) {
+        T* v = row + head * D;
+        for (int64_t i = 0; i < vecs; ++i) {
+          const __m512 a = load16(v + 16 * i), b = load16(v + half + 16 * i);
+          const __m512 lo = round16(tag, _mm512_add_ps(round16(tag, _mm512_mul_ps(a, c_lo[i])),
+                                                       round16(tag, _mm512_mul_ps(_mm512_xor_ps(b, _mm512_set1_ps(-0.f)), s_lo[i]))));
+          const __m512 hi = round16(tag, _mm512_add_ps(round16(tag, _mm512_mul_ps(b, c_hi[i])),
+                                                       round16(tag, _mm512_mul_ps(a, s_hi[i]))));
+          store16(v + 16 * i, lo);
+          store16(v + half + 16 * i, hi);
+        }
+      }
+      std::memcpy(kc_slot, row + Hq * D, sizeof(T) * Hkv * D);
+      std::memcpy(vc_slot, row + (Hq + Hkv) * D, sizeof(T) * Hkv * D);
+      return;
+    }
+  }
+#endif
   for (int64_t head = 0; head < Hq + Hkv; ++head) {
     T* v = row + head * D;
     for (int64_t d = 0; d < half; ++d) {
