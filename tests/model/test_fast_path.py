@@ -124,6 +124,30 @@ def test_rope_write_kv_matches_torch(dtype):
     assert torch.equal(v_cache.view(-1, kv_heads, dim)[slots], v.reshape(tokens, kv_heads, dim))
 
 
+@pytest.mark.parametrize("dim", [64, 128])
+def test_rope_write_kv_bf16_rounds_every_op_like_eager(dim):
+    # The bf16 kernel runs 16 dims at a time: bit-equal to rounding each product and sum to
+    # bf16 (the eager path's order), signed zeros included.
+    torch.manual_seed(dim)
+    heads, kv_heads, tokens = 4, 2, 9
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim).bfloat16()
+    qkv[0, :8], qkv[1, :8] = 0.0, -0.0
+    cos, sin = torch.randn(tokens, dim), torch.randn(tokens, dim)
+    sin[2] = -0.0
+    r = lambda x: x.bfloat16().float()  # noqa: E731
+    half = dim // 2
+    expected = qkv.float().view(tokens, -1, dim).clone()
+    for head in range(heads + kv_heads):
+        a, b = expected[:, head, :half].clone(), expected[:, head, half:].clone()
+        expected[:, head, :half] = r(r(a * r(cos[:, :half])) + r(-b * r(sin[:, :half])))
+        expected[:, head, half:] = r(r(b * r(cos[:, half:])) + r(a * r(sin[:, half:])))
+    k_cache = torch.zeros(4, 4, kv_heads, dim, dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    got = qkv.clone()
+    KERNELS.rope_write_kv(got, cos, sin, heads, kv_heads, k_cache, v_cache, torch.arange(tokens))
+    assert torch.equal(got.view(torch.int16), expected.view(tokens, -1).bfloat16().view(torch.int16))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 5, 300])
 def test_norms_and_silu_match_torch(dtype, rows):
