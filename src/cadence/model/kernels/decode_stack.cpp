@@ -23,6 +23,7 @@
 #include <atomic>
 #include <array>
 #include <chrono>
+#include <memory>
 #include <mutex>
 
 #include "common.h"
@@ -90,6 +91,35 @@ struct ThreadClock {
            static_cast<double>(cpu_ns() - cpu0) < share * static_cast<double>(wall);
   }
 };
+
+// An item range [head, tail) in one atomic word (see the attention phase of forward).
+uint64_t pack_range(int64_t head, int64_t tail) {
+  return (static_cast<uint64_t>(head) << 32) | static_cast<uint64_t>(tail);
+}
+// The head item, taken (-1 when the range is empty).
+int64_t take_front(std::atomic<uint64_t>& range) {
+  uint64_t cur = range.load(std::memory_order_acquire);
+  while (true) {
+    const int64_t head = static_cast<int64_t>(cur >> 32), tail = static_cast<int64_t>(cur & 0xffffffffu);
+    if (head >= tail) return -1;
+    if (range.compare_exchange_weak(cur, pack_range(head + 1, tail), std::memory_order_acq_rel)) return head;
+  }
+}
+// The tail item, taken (-1 when the range is empty).
+int64_t take_back(std::atomic<uint64_t>& range) {
+  uint64_t cur = range.load(std::memory_order_acquire);
+  while (true) {
+    const int64_t head = static_cast<int64_t>(cur >> 32), tail = static_cast<int64_t>(cur & 0xffffffffu);
+    if (head >= tail) return -1;
+    if (range.compare_exchange_weak(cur, pack_range(head, tail - 1), std::memory_order_acq_rel)) return tail - 1;
+  }
+}
+// The head item, left in place (-1 when the range is empty).
+int64_t peek_front(const std::atomic<uint64_t>& range) {
+  const uint64_t cur = range.load(std::memory_order_acquire);
+  const int64_t head = static_cast<int64_t>(cur >> 32), tail = static_cast<int64_t>(cur & 0xffffffffu);
+  return head < tail ? head : -1;
+}
 
 const uint16_t* bits(const at::Tensor& t) {
   return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>());
@@ -212,17 +242,29 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
   SpanPlan plan(lenp, T, team, Hq, D);
   const int64_t items = plan.items();
   const bool split = plan.split();
-  std::vector<int> item_owner(items);
+  // Thread o owns items [owned_first[o], owned_first[o + 1]): contiguous ranges of near-equal
+  // context cost.
+  std::vector<int64_t> owned_first(team + 1, items);
   {
     int64_t total = 0;
     for (int64_t i = 0; i < items; ++i) total += plan.p1(i) - plan.p0(i);
     int64_t before = 0;
+    int first_unset = 0;
     for (int64_t i = 0; i < items; ++i) {
       const int64_t cost = plan.p1(i) - plan.p0(i);
-      item_owner[i] = static_cast<int>(std::min<int64_t>(team - 1, (2 * before + cost) * team / (2 * total)));
+      const int owner = static_cast<int>(std::min<int64_t>(team - 1, (2 * before + cost) * team / (2 * total)));
       before += cost;
+      for (; first_unset <= owner; ++first_unset) owned_first[first_unset] = i;
     }
   }
+  // Per layer and thread, the items still to run, [head, tail) packed in one word: the owner
+  // takes from the head (and prefetches the next head's keys), a thread done with its own range
+  // takes from the tail of another's. The host often slows one vCPU for a while; with a fixed
+  // split the other then waited at every layer's barrier (0.5-3 ms a step at b32-b64).
+  std::unique_ptr<std::atomic<uint64_t>[]> item_ranges(new std::atomic<uint64_t>[L * team]);
+  for (int64_t l = 0; l < L; ++l)
+    for (int o = 0; o < team; ++o)
+      item_ranges[l * team + o].store(pack_range(owned_first[o], owned_first[o + 1]), std::memory_order_relaxed);
   const float fscale = static_cast<float>(scale);
   const float eps = static_cast<float>(eps_);
   TeamBarrier barrier(team);
@@ -284,20 +326,24 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
         }
         sync();
         lap(1);
-        // 3. attention.
-        for (int64_t i = 0; i < items; ++i) {
-          if (full_team && item_owner[i] != tid) continue;
+        // 3. attention. Which thread runs an item does not change its result.
+        std::atomic<uint64_t>* ranges = item_ranges.get() + l * team;
+        auto next_item = [&]() -> int64_t {
+          int64_t i = take_front(ranges[tid]);
+          for (int o = 1; i < 0 && o < team; ++o) i = take_back(ranges[(tid + o) % team]);
+          return i;
+        };
+        for (int64_t i = next_item(); i >= 0; i = next_item()) {
           const int64_t t = plan.row(i);
-          int64_t j = i + 1;  // this thread's next item, whose keys stream in meanwhile
-          while (j < items && full_team && item_owner[j] != tid) ++j;
-          const NextSpan next{j < items ? btp + seqp[plan.row(j)] * max_blocks : nullptr,
-                              j < items ? plan.p0(j) : 0, j < items ? plan.p1(j) : 0};
+          const int64_t j = peek_front(ranges[tid]);  // likely this thread's next item: its keys stream in meanwhile
+          const NextSpan next{j >= 0 ? btp + seqp[plan.row(j)] * max_blocks : nullptr,
+                              j >= 0 ? plan.p0(j) : 0, j >= 0 ? plan.p1(j) : 0};
           scratch.resize(attend_scratch_floats(Hq, D, plan.p1(i) - plan.p0(i)));
           dispatch_head_dim(D, [&](auto dim) {
             attend_span_bf16<decltype(dim)::value>(qkv_buf.data() + t * qkv_width, Hq, Hkv, kc, vc,
                                                    btp + seqp[t] * max_blocks, block_size, plan.p0(i),
                                                    plan.p1(i), fscale, scratch.data(), plan.part(i),
-                                                   j < items ? &next : nullptr);
+                                                   j >= 0 ? &next : nullptr);
           });
           if (!split) plan.merge_row(t, attn_buf.data() + t * Hq * D);
         }
