@@ -70,6 +70,9 @@ SPANS = {
     "decodes": [(37, 1), (0, 1), (130, 1), (16, 1), (5, 1)],
     "mixed": [(40, 1), (0, 23), (9, 1), (50, 7), (0, 1), (17, KERNEL_MAX_CHUNK + 9)],
     "single long decode": [(700, 1)],
+    # Rows enough for every thread, contexts longer than an L2-sized span: each row is cut into
+    # spans anyway and merged.
+    "long decodes": [(1500, 1), (1100, 1), (37, 1), (1800, 1), (600, 1)],
 }
 
 

@@ -221,19 +221,29 @@ void attend_span_bf16(const uint16_t* q, int64_t Hq, int64_t Hkv, const uint16_t
 // A span a thread takes from one row's context when a few long rows are split (flash-decoding):
 // shorter spans cost more in merging than another thread gains.
 constexpr int64_t MIN_SPAN = 256;
+// Bytes of keys + values one span may read: pass 3 then finds the values pass 1 fetched still in
+// a 1 MB L2 (512 positions of SmolLM2; at 2048 positions they were evicted and read again from
+// memory: b32 ctx2048 attention 81-90 -> 70-75 ms).
+constexpr int64_t SPAN_KV_BYTES = 384 << 10;
+constexpr int64_t MAX_SPANS_PER_ROW = 64;
 
 // The attention work of one step: (row, span [p0, p1)) items and their partials. Rows are cut
 // into spans only when there are fewer than two per thread and their contexts are long, so that
 // every thread has work; merge_row combines a row's spans into its output.
 class SpanPlan {
  public:
-  SpanPlan(const int64_t* ctx_lens, int64_t rows, int64_t threads, int64_t Hq, int64_t D)
+  SpanPlan(const int64_t* ctx_lens, int64_t rows, int64_t threads, int64_t Hq, int64_t Hkv, int64_t D)
       : Hq_(Hq), D_(D), row_first_(rows + 1) {
+    // bf16 K and V rows of all KV heads per position.
+    const int64_t max_span = std::max<int64_t>(MIN_SPAN, SPAN_KV_BYTES / (2 * Hkv * D * 2));
     for (int64_t n = 0; n < rows; ++n) {
       row_first_[n] = static_cast<int64_t>(row_.size());
       int64_t spans = 1;
       if (threads > 1 && rows < 2 * threads)
         spans = std::max<int64_t>(1, std::min<int64_t>((2 * threads + rows - 1) / rows, ctx_lens[n] / MIN_SPAN));
+      // Long contexts in spans whose keys and values fit L2 together (whatever the batch, so a
+      // row's result does not depend on what else runs).
+      spans = std::min<int64_t>(MAX_SPANS_PER_ROW, std::max<int64_t>(spans, (ctx_lens[n] + max_span - 1) / max_span));
       const int64_t span = ((ctx_lens[n] + spans - 1) / spans + 15) / 16 * 16;
       for (int64_t p0 = 0; p0 < ctx_lens[n]; p0 += span) {
         row_.push_back(n);
@@ -262,7 +272,7 @@ class SpanPlan {
       float m = -INFINITY;
       for (int64_t s = 0; s < count; ++s) m = std::max(m, part(first + s).max[h]);
       float total = 0.f;
-      float weight[64];  // spans per row: at most 2 * threads (see the constructor)
+      float weight[MAX_SPANS_PER_ROW];  // spans per row (capped in the constructor)
       for (int64_t s = 0; s < count; ++s) {
         const SpanPartial p = part(first + s);
         weight[s] = p.max[h] == -INFINITY ? 0.f : std::exp(p.max[h] - m);

@@ -239,7 +239,7 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
   std::atomic<bool> lost_core{false};
   // Attention items (row, context span) and the thread that owns each: contiguous ranges of
   // near-equal context cost.
-  SpanPlan plan(lenp, T, team, Hq, D);
+  SpanPlan plan(lenp, T, team, Hq, Hkv, D);
   const int64_t items = plan.items();
   const bool split = plan.split();
   // Thread o owns items [owned_first[o], owned_first[o + 1]): contiguous ranges of near-equal

@@ -255,7 +255,7 @@ void paged_attention_bf16(const at::Tensor& q, const at::Tensor& k_cache, const 
   for (int64_t n = 0; n < N; ++n) total_positions += lens[n];
   const bool parallel = total_positions * Hkv >= PARALLEL_MIN_POSITIONS;
   const int64_t threads = parallel ? at::get_num_threads() : 1;
-  SpanPlan plan(lens, N, threads, Hq, D);
+  SpanPlan plan(lens, N, threads, Hq, Hkv, D);
   const int64_t items = plan.items();
   const float fscale = static_cast<float>(scale);
   at::parallel_for(0, items, parallel ? 1 : items + 1, [&](int64_t begin, int64_t end) {
