@@ -79,21 +79,22 @@ inline __m512 load16_masked(const c10::BFloat16* p, __mmask16 mask) {
 }
 
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(c10::BFloat16* p, __m512 v) {
-  // Round to nearest even (NaN stays NaN), as torch's cast does: (bits + 0x7fff + lsb) >> 16.
+// Round to nearest even (NaN stays NaN), as torch's cast does: bits + 0x7fff + lsb, whose high
+// half is the bf16 (the low half is garbage).
+inline __m512i bf16_rounded_bits(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  return _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+}
+inline void store16(c10::BFloat16* p, __m512 v) {
+  const __m512i rounded = _mm512_srli_epi32(bf16_rounded_bits(v), 16);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
 }
-// v rounded through T (identity for float). For bf16 the same bits as store16 then load16, in
-// registers: (bits + 0x7fff + lsb) with the low half cleared.
+// v rounded through T (identity for float); for bf16 the same bits as store16 then load16, in
+// registers.
 inline __m512 round16(float*, __m512 v) { return v; }
 inline __m512 round16(c10::BFloat16*, __m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
+  return _mm512_castsi512_ps(_mm512_and_si512(bf16_rounded_bits(v), _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
 }
 
 // exp(x) for x <= 0-ish softmax inputs (Cephes expf polynomial, ~1 ulp), 16 lanes at a time.

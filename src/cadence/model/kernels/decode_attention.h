@@ -227,9 +227,10 @@ constexpr int64_t MIN_SPAN = 256;
 constexpr int64_t SPAN_KV_BYTES = 384 << 10;
 constexpr int64_t MAX_SPANS_PER_ROW = 64;
 
-// The attention work of one step: (row, span [p0, p1)) items and their partials. Rows are cut
-// into spans only when there are fewer than two per thread and their contexts are long, so that
-// every thread has work; merge_row combines a row's spans into its output.
+// The attention work of one step: (row, span [p0, p1)) items and their partials. A row is cut
+// into spans when its keys and values exceed SPAN_KV_BYTES, and also when there are fewer than
+// two rows per thread and its context is long, so that every thread has work; merge_row
+// combines a row's spans into its output.
 class SpanPlan {
  public:
   SpanPlan(const int64_t* ctx_lens, int64_t rows, int64_t threads, int64_t Hq, int64_t Hkv, int64_t D)

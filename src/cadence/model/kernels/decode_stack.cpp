@@ -96,29 +96,22 @@ struct ThreadClock {
 uint64_t pack_range(int64_t head, int64_t tail) {
   return (static_cast<uint64_t>(head) << 32) | static_cast<uint64_t>(tail);
 }
-// The head item, taken (-1 when the range is empty).
-int64_t take_front(std::atomic<uint64_t>& range) {
+int64_t range_head(uint64_t range) { return static_cast<int64_t>(range >> 32); }
+int64_t range_tail(uint64_t range) { return static_cast<int64_t>(range & 0xffffffffu); }
+// Takes the head item (front) or the tail item (!front); -1 when the range is empty.
+int64_t take_item(std::atomic<uint64_t>& range, bool front) {
   uint64_t cur = range.load(std::memory_order_acquire);
   while (true) {
-    const int64_t head = static_cast<int64_t>(cur >> 32), tail = static_cast<int64_t>(cur & 0xffffffffu);
+    const int64_t head = range_head(cur), tail = range_tail(cur);
     if (head >= tail) return -1;
-    if (range.compare_exchange_weak(cur, pack_range(head + 1, tail), std::memory_order_acq_rel)) return head;
-  }
-}
-// The tail item, taken (-1 when the range is empty).
-int64_t take_back(std::atomic<uint64_t>& range) {
-  uint64_t cur = range.load(std::memory_order_acquire);
-  while (true) {
-    const int64_t head = static_cast<int64_t>(cur >> 32), tail = static_cast<int64_t>(cur & 0xffffffffu);
-    if (head >= tail) return -1;
-    if (range.compare_exchange_weak(cur, pack_range(head, tail - 1), std::memory_order_acq_rel)) return tail - 1;
+    const uint64_t rest = front ? pack_range(head + 1, tail) : pack_range(head, tail - 1);
+    if (range.compare_exchange_weak(cur, rest, std::memory_order_acq_rel)) return front ? head : tail - 1;
   }
 }
 // The head item, left in place (-1 when the range is empty).
 int64_t peek_front(const std::atomic<uint64_t>& range) {
   const uint64_t cur = range.load(std::memory_order_acquire);
-  const int64_t head = static_cast<int64_t>(cur >> 32), tail = static_cast<int64_t>(cur & 0xffffffffu);
-  return head < tail ? head : -1;
+  return range_head(cur) < range_tail(cur) ? range_head(cur) : -1;
 }
 
 const uint16_t* bits(const at::Tensor& t) {
@@ -237,8 +230,7 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
   const int team = solo_left > 0 ? 1 : threads;
   if (solo_left > 0) solo_steps_left_.store(solo_left - 1, std::memory_order_relaxed);
   std::atomic<bool> lost_core{false};
-  // Attention items (row, context span) and the thread that owns each: contiguous ranges of
-  // near-equal context cost.
+  // Attention items (row, context span).
   SpanPlan plan(lenp, T, team, Hq, Hkv, D);
   const int64_t items = plan.items();
   const bool split = plan.split();
@@ -329,8 +321,8 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
         // 3. attention. Which thread runs an item does not change its result.
         std::atomic<uint64_t>* ranges = item_ranges.get() + l * team;
         auto next_item = [&]() -> int64_t {
-          int64_t i = take_front(ranges[tid]);
-          for (int o = 1; i < 0 && o < team; ++o) i = take_back(ranges[(tid + o) % team]);
+          int64_t i = take_item(ranges[tid], true);
+          for (int o = 1; i < 0 && o < team; ++o) i = take_item(ranges[(tid + o) % team], false);
           return i;
         };
         for (int64_t i = next_item(); i >= 0; i = next_item()) {
