@@ -26,6 +26,9 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._req_blocks: dict[str, list[int]] = {}
+        # Blocks of finished requests kept for another engine to read (disaggregated prefill),
+        # by request id, until release_lease.
+        self._leased: dict[str, list[int]] = {}
         # How many leading blocks of each request are registered in (or came from) the cache.
         self._num_cached_blocks: dict[str, int] = {}
         # Counted in tokens, as vLLM does: queries = prompt tokens looked up, hits = tokens found.
@@ -144,6 +147,35 @@ class KVCacheManager:
         if blocks:
             self.pool.free(reversed(blocks))
 
+    def lease(self, request: Request) -> tuple[int, ...]:
+        """Keep the finished request's blocks (ref counts held) under its id; returns them."""
+        blocks = self._req_blocks.pop(request.req_id, [])
+        self._num_cached_blocks.pop(request.req_id, None)
+        if request.req_id in self._leased:
+            raise BlockPoolError(f"request {request.req_id} already holds a lease")
+        self._leased[request.req_id] = blocks
+        return tuple(blocks)
+
+    def release_lease(self, req_id: str) -> bool:
+        """Free a lease's blocks (tail first). False when there is no such lease."""
+        blocks = self._leased.pop(req_id, None)
+        if blocks is None:
+            return False
+        self.pool.free(reversed(blocks))
+        return True
+
+    def leased_blocks(self, req_id: str) -> tuple[int, ...] | None:
+        blocks = self._leased.get(req_id)
+        return None if blocks is None else tuple(blocks)
+
+    @property
+    def num_leases(self) -> int:
+        return len(self._leased)
+
+    @property
+    def num_leased_blocks(self) -> int:
+        return sum(len(b) for b in self._leased.values())
+
     def get_block_table(self, req_id: str) -> tuple[int, ...]:
         return tuple(self._req_blocks.get(req_id, ()))
 
@@ -156,11 +188,11 @@ class KVCacheManager:
 
     # -- integrity --------------------------------------------------------------------------
     def check_integrity(self) -> None:
-        """Pool integrity, plus: each block's ref count equals the number of requests holding
-        it, and no request holds a block twice."""
+        """Pool integrity, plus: each block's ref count equals the number of requests (and
+        leases) holding it, and no request holds a block twice."""
         self.pool.check_integrity()
         holders: Counter[int] = Counter()
-        for req_id, blocks in self._req_blocks.items():
+        for req_id, blocks in [*self._req_blocks.items(), *self._leased.items()]:
             if len(set(blocks)) != len(blocks):
                 raise BlockPoolError(f"request {req_id} holds a block twice: {blocks}")
             holders.update(blocks)

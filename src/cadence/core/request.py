@@ -17,6 +17,8 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"
     # Blocks freed to make room for others; back in the waiting queue, to be recomputed.
     PREEMPTED = "preempted"
+    # Prompt prefilled by another engine; blocks allocated, its KV being loaded (remote_kv.py).
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
@@ -88,6 +90,9 @@ class Request:
         # Prompt tokens served from the prefix cache at first admission (-1 = not yet admitted).
         self.num_cached_tokens = -1
         self.num_preemptions = 0
+        # Prefill side of a disaggregated request: on a normal finish its blocks are leased
+        # (kept for the decode side to pull) instead of freed.
+        self.hold_kv_on_finish = False
         # Chained hashes of the full blocks of all_token_ids, extended lazily by the KV manager.
         self.block_hashes: list[bytes] = []
 

@@ -20,13 +20,14 @@ from cadence.core.config import CacheConfig, SchedulerConfig
 from cadence.core.kv_cache_manager import KVCacheManager
 from cadence.core.plan import StepOutput, StepPlan
 from cadence.core.policies import make_policy
+from cadence.core.remote_kv import KVLoad, RemoteKVStage
 from cadence.core.request import Request, RequestStatus
 from cadence.core.request_queue import RankKey, make_waiting_queue
 from cadence.core.scheduler_types import RequestUpdate, SchedulerStats
 from cadence.core.step_builder import StepBuilder
 from cadence.core.stop_checker import check_stop
 
-__all__ = ["RequestUpdate", "Scheduler", "SchedulerStats"]
+__all__ = ["KVLoad", "RequestUpdate", "Scheduler", "SchedulerStats"]
 
 
 class Scheduler:
@@ -41,6 +42,8 @@ class Scheduler:
         self.policy = make_policy(sched)
         self.waiting = make_waiting_queue(sched.scheduling, self._rank)
         self.running: list[Request] = []
+        # Prefilled elsewhere, waiting for blocks or for their KV (disaggregated decode).
+        self.remote = RemoteKVStage()
         # Every request not yet reported finished, by id.
         self._requests: dict[str, Request] = {}
         self._add_order: dict[str, int] = {}
@@ -75,6 +78,43 @@ class Scheduler:
         self._num_added += 1
         self.waiting.add(req)
 
+    def add_remote_request(self, req: Request) -> None:
+        """Queue a request whose prompt another engine prefilled: it carries exactly one output
+        token (sampled there) and nothing computed here. Its prompt blocks are allocated by the
+        next schedule() (prefix-cache hits reused) and listed by `take_kv_loads`; the engine
+        fills them and calls `finish_remote_kv`. Raises ValueError like add_request."""
+        if not isinstance(req, Request) or req.num_output_tokens != 1:
+            raise ValueError("add_remote_request takes a Request with its first output token")
+        if req.req_id in self._requests:
+            raise ValueError(f"request id {req.req_id!r} is already in use")
+        if req.status is not RequestStatus.WAITING or req.num_computed_tokens:
+            raise ValueError(f"request {req.req_id}: only fresh requests can be added")
+        total = req.num_prompt_tokens + req.sampling.max_tokens
+        if total > self.sched.max_model_len:
+            raise ValueError(f"request {req.req_id}: {total} tokens exceed max_model_len "
+                             f"({self.sched.max_model_len})")
+        self._requests[req.req_id] = req
+        self._add_order[req.req_id] = self._num_added
+        self._num_added += 1
+        self.remote.add(req)
+
+    def take_kv_loads(self) -> list[KVLoad]:
+        """The KV loads that schedule() started since the last call (engine: start them)."""
+        return self.remote.take_loads()
+
+    def finish_remote_kv(self, req_id: str) -> bool:
+        """The engine filled the request's KV blocks: it joins `running` at the next schedule()
+        (seat permitting). False when it is no longer loading (aborted meanwhile)."""
+        req = self.remote.finish_load(req_id)
+        if req is None:
+            return False
+        self.kv.cache_computed_blocks(req)
+        return True
+
+    def release_kv_lease(self, req_id: str) -> bool:
+        """Free the blocks a finished `hold_kv_on_finish` request left leased."""
+        return self.kv.release_lease(req_id)
+
     def abort_request(self, req_id: str, reason: str = "abort") -> bool:
         """Finish a request in any state, freeing its blocks now. Returns False if unknown or
         already finished. Its final update comes with the next update()."""
@@ -103,6 +143,11 @@ class Scheduler:
         that is never updated (its forward failed) is simply dropped, and its tokens are
         scheduled again. Only the latest plan can be updated."""
         preempted: list[str] = []
+        # Disaggregated decode (a stage before the policy): loaded requests take free seats,
+        # queued ones take the blocks their KV will land in.
+        self.remote.start_ready(self.running, self.sched.max_num_seqs)
+        self.remote.admit(self.kv, self.sched.max_num_seqs - len(self.running),
+                          self._fail_request, reserved=self._blocks_for_next_decodes())
         while True:
             num_failed = len(self._finished_unreported)
             step = StepBuilder(
@@ -198,6 +243,8 @@ class Scheduler:
             num_preemptions_total=self.num_preemptions_total,
             prefix_cache_queries=self.kv.prefix_cache_queries,
             prefix_cache_hits=self.kv.prefix_cache_hits,
+            num_waiting_for_kv=len(self.remote),
+            num_leased_blocks=self.kv.num_leased_blocks,
         )
 
     def check_integrity(self) -> None:
@@ -213,7 +260,9 @@ class Scheduler:
                 raise RuntimeError(f"waiting {req} has status {req.status}")
             if self.kv.holds_blocks(req.req_id) or req.num_computed_tokens:
                 raise RuntimeError(f"waiting {req} holds blocks or computed tokens")
+        self.remote.check_integrity(self.kv)
         live = {r.req_id for r in self.running} | {r.req_id for r in self.waiting}
+        live |= {r.req_id for r in self.remote}
         unreported = {r.req_id for r in self._finished_unreported}
         if live | unreported != set(self._requests) or live & unreported:
             raise RuntimeError("request registry does not match running + waiting + unreported")
@@ -232,8 +281,19 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.kv.free(req)
+        else:
+            self.remote.discard(req)
+        if req.hold_kv_on_finish and status in (RequestStatus.FINISHED_STOPPED,
+                                                RequestStatus.FINISHED_LENGTH):
+            self.kv.lease(req)  # the decode side pulls it; the engine releases the lease
+        else:
+            self.kv.free(req)
         req.set_finished(status, message)
+
+    def _blocks_for_next_decodes(self) -> int:
+        """Free blocks that the running requests' next token needs (kept out of admissions
+        that run before the policy, so they do not cause preemptions)."""
+        return sum(self.kv.num_free_blocks_needed(r, 1) for r in self.running)
 
     def _fail_request(self, req: Request, message: str) -> None:
         self._finish(req, RequestStatus.FINISHED_ERROR, message)

@@ -35,6 +35,10 @@ class SchedulerStats:
     num_preemptions_total: int
     prefix_cache_queries: int
     prefix_cache_hits: int
+    # Disaggregation: decode-side requests whose prompt KV is queued or being loaded, and
+    # prefill-side blocks kept under a lease for a decode engine to pull.
+    num_waiting_for_kv: int = 0
+    num_leased_blocks: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -77,6 +77,15 @@ class FakeExecutor:
         return out
 
     # -- the fake KV cache ------------------------------------------------------------------
+    def export_blocks(self, block_ids) -> list[list[int | None]]:
+        """Contents of blocks (a KV transfer's source side in tests)."""
+        return [list(self._kv.get(b, ())) for b in block_ids]
+
+    def import_blocks(self, block_ids, contents) -> None:
+        """Overwrite blocks with exported contents (a KV transfer's destination side)."""
+        for b, data in zip(block_ids, contents, strict=True):
+            self._kv[b] = list(data)
+
     def _check_table(self, chunk: ScheduledChunk, block_size: int) -> None:
         needed = -(-chunk.end_pos // block_size)
         if len(chunk.block_table) < needed:
