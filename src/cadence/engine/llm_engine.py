@@ -84,7 +84,11 @@ class LLMEngine:
         self.model_name = loaded.name
         self.model_config = loaded.config
         if cfg.trace_path:
-            self.telemetry.add_listener(TraceWriter(cfg.trace_path))
+            # Stalls over the ITL target are attributed as they happen and written too.
+            self.telemetry.add_listener(TraceWriter(
+                cfg.trace_path, stall_target_s=sched_cfg.target_itl_ms / 1000.0,
+                meta={"model": loaded.name, "scheduler": dataclasses.asdict(sched_cfg),
+                      "cache": dataclasses.asdict(cache_cfg)}))
 
     @classmethod
     def from_parts(

@@ -95,21 +95,26 @@ class TelemetryRecorder:
         """Record one step. `updates` are the scheduler's RequestUpdates for this step; new
         tokens are stamped with t_end (when the step made them visible)."""
         live = self._live
+        prompt_tokens: list[int] = []
         for c in plan.chunks:
             timeline = live.get(c.req_id)
             if timeline is not None and timeline.first_scheduled_time is None:
                 timeline.first_scheduled_time = t_start
+            if c.is_prefill:
+                prompt_tokens.append(timeline.num_prompt_tokens if timeline is not None else 0)
         for req_id in plan.preempted:
             timeline = live.get(req_id)
             if timeline is not None:
                 timeline.num_preemptions += 1
 
         finished: list[RequestTimeline] = []
+        sampled: list[str] = []
         for u in updates:
             timeline = live.get(u.req_id)
             if timeline is None:
                 continue
             if u.new_token_ids:
+                sampled.append(u.req_id)
                 if timeline.first_token_time is None:
                     timeline.first_token_time = t_end
                 timeline.token_times.extend([t_end] * len(u.new_token_ids))
@@ -123,7 +128,8 @@ class TelemetryRecorder:
                 del live[u.req_id]
                 finished.append(timeline)
 
-        record = StepRecord.from_step(plan, out, t_start, t_end, stats)
+        record = StepRecord.from_step(plan, out, t_start, t_end, stats, tuple(prompt_tokens),
+                                      tuple(sampled))
         self.steps.append(record)
         self.num_steps_total += 1
         for listener in self._listeners:

@@ -31,6 +31,15 @@ class StepRecord:
     forward_time_s: float
     num_running: int = 0
     num_waiting: int = 0
+    # Who ran what (for interference attribution, cadence.telemetry.attribution): the
+    # requests with a prompt chunk in this step, that chunk's tokens and the request's prompt
+    # length (parallel tuples); the requests that got a token at t_end; the ones preempted.
+    prefill_req_ids: tuple[str, ...] = ()
+    prefill_chunk_tokens: tuple[int, ...] = ()
+    prefill_prompt_tokens: tuple[int, ...] = ()
+    sampled_req_ids: tuple[str, ...] = ()
+    preempted_req_ids: tuple[str, ...] = ()
+    num_blocks_total: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -43,7 +52,9 @@ class StepRecord:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (tuples become lists when dumped)."""
         d = asdict(self)
-        d["req_ids"] = list(self.req_ids)
+        for key in ("req_ids", "prefill_req_ids", "prefill_chunk_tokens", "prefill_prompt_tokens",
+                    "sampled_req_ids", "preempted_req_ids"):
+            d[key] = list(d[key])
         return d
 
     @classmethod
@@ -54,15 +65,19 @@ class StepRecord:
         t_start: float,
         t_end: float,
         stats: Any = None,
+        prefill_prompt_tokens: tuple[int, ...] | None = None,
+        sampled_req_ids: tuple[str, ...] = (),
     ) -> StepRecord:
         """Build from the plan, the executor's output and the scheduler's stats after update.
 
-        `stats` is a cadence.core SchedulerStats (read by attribute; None gives zeros).
+        `stats` is a cadence.core SchedulerStats (read by attribute; None gives zeros);
+        `prefill_prompt_tokens` are the prompt lengths of the plan's prefill chunks, in order.
         """
 
         def stat(name: str) -> int:
             return int(getattr(stats, name, 0) or 0) if stats is not None else 0
 
+        prefill = [c for c in plan.chunks if c.is_prefill]
         return cls(
             step_id=plan.step_id,
             t_start=t_start,
@@ -78,4 +93,11 @@ class StepRecord:
             forward_time_s=out.forward_time_s if out is not None else 0.0,
             num_running=stat("num_running"),
             num_waiting=stat("num_waiting"),
+            prefill_req_ids=tuple(c.req_id for c in prefill),
+            prefill_chunk_tokens=tuple(c.num_new_tokens for c in prefill),
+            prefill_prompt_tokens=(tuple(prefill_prompt_tokens) if prefill_prompt_tokens is not None
+                                   else (0,) * len(prefill)),
+            sampled_req_ids=tuple(sampled_req_ids),
+            preempted_req_ids=tuple(plan.preempted),
+            num_blocks_total=stat("num_blocks_total"),
         )
