@@ -373,6 +373,9 @@ class AsyncEngineClient:
                 self._metrics.record_request(record)
             if batch.iteration is not None:
                 self._metrics.record_iteration(*batch.iteration)
+            record_steps = getattr(self._metrics, "record_steps", None)
+            if batch.steps and record_steps is not None:
+                record_steps(batch.steps)
             if generated:
                 self._metrics.record_generated_tokens(generated)
 

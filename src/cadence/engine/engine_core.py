@@ -22,6 +22,9 @@ class TelemetryDelta:
     num_steps: int = 0
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    # The steps themselves, as compact dicts (cadence.engine.wire.step_record): the front
+    # end's interference attribution and live dashboard read them.
+    steps: list[dict[str, Any]] = field(default_factory=list)
 
 
 class EngineCore(Protocol):

@@ -200,6 +200,7 @@ class EngineCoreLoop:
                 self._record_step(outputs, batch)
         telemetry = self.engine.take_telemetry()
         batch.finished.extend(telemetry.finished)
+        batch.steps.extend(telemetry.steps)
         if telemetry.num_steps:
             batch.iteration = [telemetry.num_steps, telemetry.num_prefill_tokens,
                                telemetry.num_decode_tokens]

@@ -16,11 +16,13 @@ from typing import Any
 
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.engine_core import EngineCore, TelemetryDelta
-from cadence.engine.wire import timeline_record
+from cadence.engine.wire import step_record, timeline_record
 
 
 class _TelemetryCollector:
     """A cadence.telemetry listener that buffers what the front end's metrics need."""
+
+    MAX_STEPS = 1024
 
     def __init__(self) -> None:
         self.delta = TelemetryDelta()
@@ -29,6 +31,9 @@ class _TelemetryCollector:
         self.delta.num_steps += 1
         self.delta.num_prefill_tokens += int(record.num_prefill_tokens)
         self.delta.num_decode_tokens += int(record.num_decode_tokens)
+        steps = self.delta.steps
+        if len(steps) < self.MAX_STEPS:  # a front end that stopped reading must not grow us
+            steps.append(step_record(record))
 
     def on_request_finished(self, timeline: Any) -> None:
         self.delta.finished.append(timeline_record(timeline))

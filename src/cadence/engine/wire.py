@@ -97,10 +97,12 @@ class EngineBatch:
     iteration: list[int] | None = None
     stats: dict[str, Any] | None = None
     stats_replies: list[int] = field(default_factory=list)
+    # The turn's steps (see `step_record`), for attribution and the dashboard.
+    steps: list[dict[str, Any]] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (self.accepted or self.rejected or self.outputs or self.finished
-                    or self.stats_replies or self.iteration)
+                    or self.stats_replies or self.iteration or self.steps)
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,24 @@ def output_from_wire(wire: Mapping[str, Any]) -> RequestOutput:
         logprobs=logprobs_from_wire(wire.get("logprobs")),
         error=wire.get("error"),
     )
+
+
+_STEP_FIELDS = (
+    "step_id", "t_start", "t_end", "num_prefill_tokens", "num_decode_tokens", "num_seqs",
+    "num_running", "num_waiting", "num_blocks_used", "num_blocks_total", "num_preemptions",
+    "forward_time_s", "prefill_req_ids", "prefill_chunk_tokens", "prefill_prompt_tokens",
+    "sampled_req_ids", "preempted_req_ids",
+)
+
+
+def step_record(record: Any) -> dict[str, Any]:
+    """A cadence.telemetry StepRecord as a plain dict (engine-clock seconds; the ids of all
+    chunks left out: sampled and prefill ids say what attribution and the dashboard need)."""
+    out = {}
+    for name in _STEP_FIELDS:
+        value = getattr(record, name, None)
+        out[name] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 def timeline_record(timeline: Any) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from cadence.engine.async_client import AsyncEngineClient
 from cadence.engine.engine_process import EngineProcessConfig
 from cadence.server.auth import check_api_key
 from cadence.server.config import ServerConfig
+from cadence.server.dashboard import router as dashboard_router
+from cadence.server.dashboard_feed import LiveTelemetry
 from cadence.server.errors import APIError, install_error_handlers
 from cadence.server.serving_chat import create_chat_completion
 from cadence.server.serving_completions import create_completion
@@ -33,6 +35,7 @@ class ServerState:
     engine_config: EngineProcessConfig
     client: AsyncEngineClient | None = None
     metrics: PrometheusMetrics | None = None
+    telemetry: LiveTelemetry | None = None  # /metrics + attribution + dashboard viewers
     model_name: str = ""
     max_model_len: int = 0
     started_at: int = 0
@@ -93,7 +96,11 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
             engine_config, in_process=config.in_process_engine)
         state.model_name = config.served_model_name or state.client.info.model_name
         state.metrics = PrometheusMetrics(state.model_name)
-        state.client.attach_metrics(state.metrics)
+        sched = engine_config.engine_config.get("scheduler") or {}
+        state.telemetry = LiveTelemetry(
+            state.metrics, float(sched.get("target_itl_ms") or 100.0) / 1000.0,
+            settings={"model": state.model_name, **sched})
+        state.client.attach_metrics(state.telemetry)
         state.max_model_len = state.client.info.max_model_len
         state.started_at = int(time.time())
         try:
@@ -105,5 +112,6 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
     app.state.server = state
     install_error_handlers(app)
     app.include_router(api)
+    app.include_router(dashboard_router)
     app.add_api_route("/health", health, methods=["GET"])
     return app

@@ -52,6 +52,7 @@ _FLAGS: tuple[tuple[str, type, str, Any], ...] = (
     ("--long-prefill-token-threshold", SchedulerConfig, "long_prefill_token_threshold", int),
     ("--max-model-len", SchedulerConfig, "max_model_len", int),
     ("--scheduling-policy", SchedulerConfig, "scheduling", str),
+    ("--target-itl-ms", SchedulerConfig, "target_itl_ms", float),
     ("--block-size", CacheConfig, "block_size", int),
     ("--num-kv-blocks", CacheConfig, "num_blocks", int),
     ("--kv-cache-memory", CacheConfig, "kv_cache_memory_bytes", parse_size),

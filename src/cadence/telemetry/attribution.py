@@ -167,7 +167,9 @@ class _SoloItl:
 
 
 @dataclass
-class _Window:
+class GapWindow:
+    """The steps inside one gap and the prompts they ran (besides the stalled request)."""
+
     causes: dict[str, list[int]] = field(default_factory=dict)  # req -> [prompt, prefill tokens]
     step_ids: list[int] = field(default_factory=list)
     covered_s: float = 0.0
@@ -178,7 +180,7 @@ class InterferenceTracker:
     """Attributes every gap of every stream as steps come in (see the module docstring)."""
 
     def __init__(self, target_itl_s: float, max_steps: int = 4096, max_stalls: int = 1024,
-                 max_requests: int = 4096) -> None:
+                 max_requests: int = 4096, keep_caused_events: bool = False) -> None:
         if not target_itl_s > 0:
             raise ValueError(f"target_itl_s must be > 0, got {target_itl_s}")
         self.target_itl_s = float(target_itl_s)
@@ -190,6 +192,9 @@ class InterferenceTracker:
         self._solo = _SoloItl()
         self.num_stalls_total = 0
         self.stall_s_by_cause: dict[str, float] = dict.fromkeys(CAUSES, 0.0)
+        # (cause req_id, its prompt tokens, seconds caused), for a consumer that drains it
+        # after every add_step (the server's /metrics); off unless asked for.
+        self.caused_events: list[tuple[str, int, float]] | None = [] if keep_caused_events else None
 
     # ---- input
 
@@ -236,8 +241,8 @@ class InterferenceTracker:
                 self._requests.popitem(last=False)
         return info
 
-    def _window(self, req_id: str, t_prev: float, t_token: float) -> _Window:
-        w = _Window()
+    def _window(self, req_id: str, t_prev: float, t_token: float) -> GapWindow:
+        w = GapWindow()
         for s in reversed(self._steps):
             if s.t_end <= t_prev:
                 break
@@ -269,8 +274,11 @@ class InterferenceTracker:
         if w.causes and excess > 0:
             info.suffered_s += excess
             total = sum(tokens for _, tokens in w.causes.values()) or 1
-            for other, (_, tokens) in w.causes.items():
-                self._request(other).caused_s += excess * tokens / total
+            for other, (prompt, tokens) in w.causes.items():
+                share = excess * tokens / total
+                self._request(other).caused_s += share
+                if self.caused_events is not None:
+                    self.caused_events.append((other, prompt, share))
         if gap <= self.target_itl_s:
             return None
         if w.causes:
