@@ -13,6 +13,7 @@ _SUBCOMMAND_MODULES = (
     "cadence.server.cli_serve",
     "cadence.bench.cli",
     "cadence.sim.cli",
+    "cadence.diagnose.cli",
 )
 
 

@@ -80,6 +80,18 @@ def test_live_eager_every_stall_is_the_documents_prefill(eager_server):
     assert metrics["cadence:decode_step_time_seconds_count{prefill_tokens_bucket=0}"] > 10
 
 
+def test_diagnose_scrapes_the_live_server(eager_server, capsys):
+    """`cadence diagnose URL`: the snapshot holds the burst above; one second of events."""
+    from cadence.cli import main
+
+    assert main(["diagnose", eager_server.base_url, "--duration", "1", "--api-key", KEY,
+                 "--slo", "itl=0.2"]) == 0
+    text = capsys.readouterr().out
+    assert "YES: prefill/decode interference is present" in text
+    assert f"Caused by prompts of {DOC_TOKENS} tokens" in text
+    assert "Run: cadence serve --policy" in text
+
+
 def test_trace_has_the_same_stalls(eager_server):
     eager_server.stop()  # flushes the trace
     records = list(read_trace(eager_server.trace_path))

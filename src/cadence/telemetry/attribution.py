@@ -9,7 +9,7 @@ Definitions (seconds on the engine clock; every name below is a field somewhere)
   textbook cause: every stream waits for the whole prefill).
 - solo ITL of a request: the median of its recent clean gaps (no prompt chunk in the window, it
   was not preempted), or of everybody's recent clean gaps until it has a few: what it gets when
-  nobody prefills next to it.
+  nobody prefills next to it; before any clean gap, the median recent decode-only step.
 - interference suffered by a request: the sum over its gaps that had causes of
   max(0, gap - solo ITL); that excess is split over the causes by their prompt tokens in the
   window, and summed per cause request as interference caused.
@@ -190,6 +190,9 @@ class InterferenceTracker:
         self._requests: OrderedDict[str, RequestInterference] = OrderedDict()
         self._last_token: dict[str, float] = {}
         self._solo = _SoloItl()
+        # Durations of recent decode-only steps: the solo ITL before any clean gap was seen
+        # (a long prompt that arrives while the first streams start has no baseline yet).
+        self._decode_steps: deque[float] = deque(maxlen=64)
         self.num_stalls_total = 0
         self.stall_s_by_cause: dict[str, float] = dict.fromkeys(CAUSES, 0.0)
         # (cause req_id, its prompt tokens, seconds caused), for a consumer that drains it
@@ -202,6 +205,8 @@ class InterferenceTracker:
         """Feed the next step (StepRecord, StepFacts or a dict); returns the stalls it closed."""
         facts = step if isinstance(step, StepFacts) else StepFacts.of(step)
         self._steps.append(facts)
+        if facts.sampled and not facts.prefill:
+            self._decode_steps.append(facts.t_end - facts.t_start)
         for req_id, _, prompt in facts.prefill:
             self._request(req_id).prompt_tokens = prompt
         new: list[Stall] = []
@@ -229,7 +234,10 @@ class InterferenceTracker:
         return self._requests.get(req_id)
 
     def solo_itl_s(self, req_id: str = "") -> float | None:
-        return self._solo.solo(req_id)
+        solo = self._solo.solo(req_id)
+        if solo is None and self._decode_steps:
+            solo = statistics.median(self._decode_steps)
+        return solo
 
     # ---- internals
 
@@ -269,7 +277,8 @@ class InterferenceTracker:
         if not w.causes and not w.own_recompute:
             self._solo.add(req_id, gap)
         solo = self._solo.solo(req_id)
-        solo = gap if solo is None else solo
+        if solo is None:
+            solo = statistics.median(self._decode_steps) if self._decode_steps else gap
         excess = max(0.0, gap - solo)
         if w.causes and excess > 0:
             info.suffered_s += excess
