@@ -12,7 +12,8 @@ import httpx
 DOC_TOKENS = 800  # the timed engine's tokenizer: one token per character
 
 
-def stream_completion(base_url: str, headers: dict, prompt: str, max_tokens: int) -> int:
+def stream_completion(base_url: str, headers: dict, prompt: str, max_tokens: int,
+                      started: threading.Event | None = None) -> int:
     n = 0
     body = {"model": "timed-fake", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
             "ignore_eos": True, "temperature": 0}
@@ -22,15 +23,21 @@ def stream_completion(base_url: str, headers: dict, prompt: str, max_tokens: int
         for line in resp.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 n += 1
+                if started is not None and n >= 3:
+                    started.set()
     return n
 
 
-def doc_burst(base_url: str, headers: dict, streams: int = 3, stream_tokens: int = 40,
-              doc_tokens: int = DOC_TOKENS, doc_delay_s: float = 0.25) -> None:
-    """`streams` chat-like streams decode; a document of `doc_tokens` arrives meanwhile."""
+def doc_burst(base_url: str, headers: dict, streams: int = 3, stream_tokens: int = 60,
+              doc_tokens: int = DOC_TOKENS, doc_delay_s: float = 0.1) -> None:
+    """`streams` chat-like streams decode; once each has a few tokens (their own prompts are
+    done), a document of `doc_tokens` arrives."""
+    started = [threading.Event() for _ in range(streams)]
     with ThreadPoolExecutor(streams + 1) as pool:
         futures = [pool.submit(stream_completion, base_url, headers, f"stream {i} says hi",
-                               stream_tokens) for i in range(streams)]
+                               stream_tokens, started[i]) for i in range(streams)]
+        for event in started:
+            event.wait(30)
         time.sleep(doc_delay_s)
         doc = ("lorem ipsum dolor sit amet " * (doc_tokens // 27 + 1))[:doc_tokens]
         futures.append(pool.submit(stream_completion, base_url, headers, doc, 4))

@@ -14,7 +14,7 @@ from cadence.telemetry.attribution import CAUSE_PREFILL, attribute_trace
 from cadence.telemetry.trace_writer import read_trace
 
 KEY = "dash-key"
-TARGET_MS = 150  # decode steps take ~10 ms; the document's prefill 800 ms
+TARGET_MS = 250  # decode steps take ~10 ms (more on a busy host); the document's prefill 800 ms
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +53,11 @@ def test_live_eager_every_stall_is_the_documents_prefill(eager_server):
         assert snap["kind"] == "snapshot" and snap["target_itl_ms"] == TARGET_MS
         assert snap["settings"]["policy"] == "eager"
         doc_burst(eager_server.base_url, eager_server.headers())
-        assert reader.wait_for(lambda r: len(r.events("stall")) >= 3, 10)
-        assert reader.wait_for(lambda r: any(e["kind"] == "interference" for m in r.messages
-                                             if m["kind"] == "batch" for e in m["events"]), 5)
+        assert reader.wait_for(lambda r: len(r.events("stall")) >= 3, 20), (
+            reader.events("stall"), [(s["num_prefill_tokens"], s["t_end"] - s["t_start"])
+                                     for s in reader.events("step")])
+        assert reader.wait_for(lambda r: any(row["prompt_tokens"] == DOC_TOKENS
+                                             for row in _table(r)), 5)
     finally:
         reader.stop()
     stalls = reader.events("stall")
@@ -68,8 +70,7 @@ def test_live_eager_every_stall_is_the_documents_prefill(eager_server):
     steps = reader.events("step")
     assert max(s["num_prefill_tokens"] for s in steps) == DOC_TOKENS  # eager: one whole step
     assert all("sampled_req_ids" in s for s in steps)
-    table = [e for m in reader.messages if m["kind"] == "batch" for e in m["events"]
-             if e["kind"] == "interference"][-1]["requests"]
+    table = _table(reader)
     doc_row = max(table, key=lambda r: r["caused_ms"])
     assert doc_row["prompt_tokens"] == DOC_TOKENS and doc_row["caused_ms"] > 3 * 500
 
@@ -90,6 +91,12 @@ def test_diagnose_scrapes_the_live_server(eager_server, capsys):
     assert "YES: prefill/decode interference is present" in text
     assert f"Caused by prompts of {DOC_TOKENS} tokens" in text
     assert "Run: cadence serve --policy" in text
+
+
+def _table(reader) -> list[dict]:
+    tables = [e["requests"] for m in reader.messages if m["kind"] == "batch"
+              for e in m["events"] if e["kind"] == "interference"]
+    return tables[-1] if tables else []
 
 
 def test_trace_has_the_same_stalls(eager_server):

@@ -94,11 +94,13 @@ class LiveTelemetry:
         self.last_stats = dict(stats)
 
     def record_steps(self, steps: Sequence[Mapping[str, Any]]) -> None:
+        stalled = False
         for step in steps:
             self.steps.append(dict(step))
             self.interference.observe_step(step)
             stalls = self.tracker.add_step(step)
             for stall in stalls:
+                stalled = True
                 self.interference.observe_stall(stall)
                 event = stall_event(stall)
                 self.stalls.append(event)
@@ -110,7 +112,8 @@ class LiveTelemetry:
             if self.viewers:
                 self._publish({"kind": "step", **step})
         now = time.monotonic()
-        if self.viewers and now - self._last_interference_push > 1.0:
+        # The per-request table: after every stall, else at most once a second.
+        if self.viewers and (stalled or now - self._last_interference_push > 1.0):
             self._last_interference_push = now
             self._publish({"kind": "interference", "requests": self.interference_table()})
 
