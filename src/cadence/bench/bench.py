@@ -61,7 +61,10 @@ async def run_all(cfg: BenchConfig, workload: Workload) -> tuple[list[RunOutcome
             progress.start()
         try:
             for label, arrival in resolve_arrivals(cfg.arrival, workload):
-                runs.append(await run_workload(http, cfg, server["model"], workload, arrival, label, progress))
+                # A sweep's bars say which setting they belong to.
+                description = f"{cfg.label}: {label}" if cfg.label else label
+                runs.append(await run_workload(http, cfg, server["model"], workload, arrival, label,
+                                               progress, description))
         finally:
             if progress is not None:
                 progress.stop()

@@ -1,7 +1,7 @@
 """PNG plots of one run, drawn from the JSON result (matplotlib's object API with the Agg
 canvas: no pyplot global state, no display needed).
 
-- ITL CDF, interfered streams vs the rest.
+- ITL CDF, interfered streams vs the rest (log axis: the stalls are orders above the rest).
 - TTFT per prompt-length bucket.
 - Per-stream token timeline with long prefill windows shaded, server /metrics underneath.
 """
@@ -45,9 +45,13 @@ def plot_itl_cdf(run: dict[str, Any], path: str) -> str:
     for name, color in (("interfered", "tab:red"), ("other", "tab:blue")):
         gaps = np.sort(np.asarray(groups[name])) * 1000
         if gaps.size:
-            ax.step(gaps, np.arange(1, gaps.size + 1) / gaps.size, where="post", color=color,
+            # Zero gaps (tokens of one multi-token chunk) sit at the axis' left edge: a log axis
+            # has no 0, and dropping them would shift the CDF.
+            shown = np.maximum(gaps, 0.01)
+            ax.step(shown, np.arange(1, gaps.size + 1) / gaps.size, where="post", color=color,
                     label=f"{name} (n={gaps.size}, p99={np.percentile(gaps, 99):.1f} ms)")
-    ax.set_xlabel("inter-token latency (ms)")
+    ax.set_xscale("log")
+    ax.set_xlabel("inter-token latency (ms, log scale)")
     ax.set_ylabel("fraction of gaps")
     ax.set_title(f"ITL CDF: streams decoding during a long prefill vs the rest ({run['label']})")
     if any(groups.values()):
@@ -64,7 +68,7 @@ def plot_ttft_buckets(run: dict[str, Any], path: str) -> str:
     for offset, key, color in ((-0.25, "p50", "tab:green"), (0.0, "p95", "tab:orange"), (0.25, "p99", "tab:red")):
         ax.bar(x + offset, [b["ttft"][key] * 1000 for b in buckets], width=0.25, color=color, label=key)
     ax.set_xticks(x, [f"{b['bucket']}\n(n={b['ttft']['count']})" for b in buckets])
-    ax.set_xlabel("prompt tokens")
+    ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("TTFT (ms)")
     ax.set_title(f"TTFT by prompt length ({run['label']})")
     ax.legend()
@@ -95,7 +99,7 @@ def plot_timeline(run: dict[str, Any], path: str) -> str:
         if not r.ok:
             ax.plot([end], [row], "x", color="black", ms=7)
     if len(order) <= 80:
-        ax.set_yticks(range(len(order)), [f"#{r.index} {r.kind} ({r.prompt_tokens} tok)" for r in order], fontsize=7)
+        ax.set_yticks(range(len(order)), [f"#{r.index} {r.kind} (prompt {r.prompt_tokens} tok)" for r in order], fontsize=7)
     else:
         ax.set_ylabel("requests by send time")
     ax.set_title(f"token timeline ({run['label']}): ticks = chunks, shaded = long prefill windows, x = failed")
@@ -108,21 +112,26 @@ def plot_timeline(run: dict[str, Any], path: str) -> str:
 
 
 def _server_panel(ax, samples: list[dict[str, Any]]) -> None:
-    """KV usage (%), running and waiting requests as steps; preemptions as dotted lines."""
+    """Running and waiting requests as steps, KV usage (%) on its own right axis; preemptions
+    as dotted lines."""
     t = [s["t"] for s in samples]
+    handles = []
     if any("kv_cache_usage_perc" in s for s in samples):
-        ax.step(t, [s.get("kv_cache_usage_perc", np.nan) * 100 for s in samples], where="post",
-                color="tab:purple", label="KV usage %")
+        ax_kv = ax.twinx()
+        handles += ax_kv.step(t, [s.get("kv_cache_usage_perc", np.nan) * 100 for s in samples],
+                              where="post", color="tab:purple", label="KV usage %")
+        ax_kv.set_ylim(0, 100)
+        ax_kv.set_ylabel("KV usage %", color="tab:purple")
     for key, color in (("num_requests_running", "tab:blue"), ("num_requests_waiting", "tab:orange")):
         if any(key in s for s in samples):
-            ax.step(t, [s.get(key, np.nan) for s in samples], where="post", color=color,
-                    label=key.replace("num_requests_", ""))
+            handles += ax.step(t, [s.get(key, np.nan) for s in samples], where="post",
+                               color=color, label=key.replace("num_requests_", ""))
     pre = [(s["t"], s["num_preemptions_total"]) for s in samples if "num_preemptions_total" in s]
     for (_, a), (tb, b) in zip(pre, pre[1:]):
         if b > a:
             ax.axvline(tb, color="black", ls=":", lw=1)
-    ax.set_ylabel("server")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.set_ylabel("requests")
+    ax.legend(handles=handles, fontsize=7, loc="upper right")
     ax.grid(alpha=0.3)
     ax.set_xlabel("seconds since start (dotted: preemptions)")
 

@@ -51,12 +51,15 @@ async def run_workload(
     arrival: ArrivalConfig,
     label: str,
     progress: Progress | None = None,
+    description: str | None = None,
 ) -> RunOutcome:
-    """Send every request of `workload` as `arrival` says; return when all have ended."""
+    """Send every request of `workload` as `arrival` says; return when all have ended.
+    `description` names the progress bar (default: the label)."""
     specs = list(workload.requests)
     t0 = time.perf_counter()
     records: dict[int, RequestRecord] = {}
-    task_id = progress.add_task(label, total=len(specs), tokens=0) if progress else None
+    task_id = (progress.add_task(description or label, total=len(specs), tokens=0)
+               if progress else None)
     seen_tokens = [0]
     progressed = _Progressed()
 
