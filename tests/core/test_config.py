@@ -15,7 +15,12 @@ def test_every_field_has_help_text(cls):
 
 def test_defaults_match_the_interface_map():
     s = SchedulerConfig()
-    assert (s.policy, s.max_num_batched_tokens, s.max_num_seqs) == ("chunked", 512, 64)
+    assert (s.policy, s.max_num_batched_tokens, s.max_num_seqs) == ("slo", 2048, 64)
+    # The budget's default follows the policy: chunks of other policies are sized by it.
+    assert SchedulerConfig(policy="chunked").max_num_batched_tokens == 512
+    assert SchedulerConfig(policy="eager", max_num_batched_tokens=64).max_num_batched_tokens == 64
+    assert (s.max_prefill_slowdown, s.max_num_partial_prefills, s.max_long_partial_prefills) == (
+        1.15, 1, 1)
     assert (s.long_prefill_token_threshold, s.max_model_len, s.scheduling) == (0, 8192, "fcfs")
     c = CacheConfig()
     assert (c.block_size, c.num_blocks, c.kv_cache_memory_bytes, c.enable_prefix_caching) == (
@@ -38,6 +43,9 @@ def test_configs_are_frozen():
         ({"scheduling": "lifo"}, "scheduling"),
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"max_prefill_slowdown": 1.0}, "max_prefill_slowdown"),
+        ({"max_num_partial_prefills": 0}, "max_num_partial_prefills"),
+        ({"max_num_partial_prefills": 2, "max_long_partial_prefills": 3}, "max_long_partial"),
         ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
         ({"max_model_len": 0}, "max_model_len"),
         ({"max_num_seqs": 2.5}, "must be an int"),

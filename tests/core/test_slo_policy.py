@@ -54,8 +54,11 @@ def slo_scheduler(
     block_size: int = 16,
     num_blocks: int = 2048,
     threshold: int = 0,
+    slowdown: float = 1e6,
     **kwargs,
 ) -> Scheduler:
+    """An slo scheduler; `slowdown` defaults to effectively no prefill floor, so the tests of
+    target-sized chunks see the target alone (the floor has its own tests)."""
     return Scheduler(
         SchedulerConfig(
             policy="slo",
@@ -63,6 +66,7 @@ def slo_scheduler(
             max_num_batched_tokens=budget,
             max_num_seqs=max_seqs,
             long_prefill_token_threshold=threshold,
+            max_prefill_slowdown=slowdown,
             **kwargs,
         ),
         CacheConfig(block_size=block_size, num_blocks=num_blocks),
@@ -85,7 +89,7 @@ class TimedExecutor:
 
     def execute(self, plan: StepPlan) -> StepOutput:
         out = self.fake.execute(plan)
-        if not plan.is_empty:
+        if not plan.is_empty and hasattr(self.scheduler.policy, "predict_step_s"):
             self.predicted.append((plan, self.scheduler.policy.predict_step_s(plan)))
             seconds = true_seconds(StepFeatures.of_plan(plan)) * self.rng.uniform(0.9, 1.1)
             self.scheduler.observe_step(plan, seconds)
@@ -265,6 +269,76 @@ def test_slo_respects_the_long_prefill_threshold():
     scheduler.add_request(make_request("doc", [7] * 500, max_tokens=4))
     plan, _ = step(scheduler, executor)
     assert {c.req_id: c.num_new_tokens for c in plan.chunks} == {"s0": 1, "doc": 64}
+
+
+def calibrated(scheduler: Scheduler) -> Scheduler:
+    """Seed the policy's model with exact samples of TRUE_COST, as the engine's profile does."""
+    shapes = [(d, n, s) for d in (0, 1, 4, 8) for n in (0, 32, 256) for s in (0, 1024) if d or n]
+    samples = []
+    for d, n, start in shapes:
+        f = StepFeatures.of_chunk(start, n) if n else StepFeatures()
+        for _ in range(d):
+            f = f + StepFeatures.of_chunk(64, 1, is_prefill=False)
+        samples.append((f, true_seconds(f)))
+    scheduler.policy.cost_model.calibrate(samples)
+    return scheduler
+
+
+def test_calibration_recovers_the_machine_and_becomes_the_prior():
+    model = calibrated(slo_scheduler()).policy.cost_model
+    for got, want in zip(model.coefficients.as_tuple(), TRUE_COST.as_tuple()):
+        assert got == pytest.approx(want, rel=0.05)
+    assert model.config.prior.per_prefill_token_s == pytest.approx(0.001, rel=0.05)
+
+
+def run_doc(scheduler: Scheduler, num_streams: int, doc_len: int) -> tuple[list[int], float, float]:
+    """Streams decode, then a document arrives; returns its chunk sizes, the true seconds of
+    the steps until its first token, and the largest true step time among them."""
+    executor = TimedExecutor(scheduler, eos_one_in=10**9)
+    start_streams(scheduler, executor, num_streams=num_streams)
+    scheduler.add_request(make_request("doc", [7] * doc_len, max_tokens=4, ignore_eos=True))
+    chunks, total, worst = [], 0.0, 0.0
+    while scheduler.get_request("doc").num_output_tokens == 0:
+        plan, _ = step(scheduler, executor)
+        seconds = true_seconds(StepFeatures.of_plan(plan))
+        total += seconds
+        worst = max(worst, seconds)
+        chunks += [c.num_new_tokens for c in plan.chunks if c.req_id == "doc"]
+    return chunks, total, worst
+
+
+@pytest.mark.parametrize("num_streams", [1, 4, 12])
+def test_unreachable_target_keeps_the_prefill_within_its_slowdown_of_eager(num_streams):
+    """A 1 ms target is below any step here: without the floor every chunk would be one block
+    (3000 / 16 steps). With it the document's prefill stays within 1.15x its eager time, the
+    chunks are even, and the policy reports the ITL it reaches instead."""
+    scheduler = calibrated(slo_scheduler(target_ms=1.0, budget=4096, slowdown=1.15))
+    chunks, total, worst = run_doc(scheduler, num_streams, 3000)
+    eager = Scheduler(
+        SchedulerConfig(policy="eager", max_num_batched_tokens=4096, max_num_seqs=16),
+        CacheConfig(block_size=16, num_blocks=2048),
+    )
+    _, eager_total, _ = run_doc(eager, num_streams, 3000)
+    assert sum(chunks) == 3000
+    assert total <= 1.15 * eager_total + 1e-9
+    assert len(chunks) > 2, "still chunked: streams get tokens while the document runs"
+    # Later chunks attend over more context, so fewer tokens cover the fixed cost; but the
+    # rest of the prompt is split evenly, so no chunk is a sliver.
+    assert min(chunks) >= max(chunks) / 2, chunks
+    reachable = scheduler.stats().itl_target_reachable_s
+    assert reachable is not None and reachable > 0.001
+    assert scheduler.stats().itl_target_s == pytest.approx(0.001)
+    assert worst == pytest.approx(reachable, rel=0.25)
+
+
+def test_reachable_target_wins_over_the_floor():
+    """Where the target allows chunks larger than the floor, the target sizes them and
+    nothing is reported as unreachable."""
+    scheduler = calibrated(slo_scheduler(target_ms=400.0, budget=4096, slowdown=1.15))
+    chunks, _, worst = run_doc(scheduler, 4, 3000)
+    assert worst <= 0.4 * 1.05
+    assert scheduler.stats().itl_target_reachable_s is None
+    assert max(chunks) > 300
 
 
 def test_observed_steps_move_the_prediction():

@@ -49,5 +49,5 @@ def test_config_flags_round_trip():
                          "--num-blocks", "9"])
     sched = config_from_args(args, SchedulerConfig)
     cache = config_from_args(args, CacheConfig)
-    assert sched.max_num_batched_tokens == 128 and sched.policy == "chunked"
+    assert sched.max_num_batched_tokens == 128 and sched.policy == "slo"
     assert cache.num_blocks == 9 and cache.enable_prefix_caching is False

@@ -106,6 +106,17 @@ def test_cli_flags_come_from_config_metadata():
     assert server.api_key == "k" and process.limits.max_num_queued_requests == 5
     # Unset flags keep the dataclass defaults.
     assert engine["scheduler"]["max_num_seqs"] == 64
+    # The slo policy's knobs are on serve too (vLLM's names where vLLM has the concept).
+    _, args = _parse("--target-itl-ms", "250", "--max-prefill-slowdown", "1.3",
+                     "--max-num-partial-prefills", "4", "--max-long-partial-prefills", "1",
+                     "--long-prefill-token-threshold", "256", "--no-startup-profile")
+    _, process = configs_from_args(args)
+    sched = process.engine_config["scheduler"]
+    assert (sched["policy"], sched["target_itl_ms"], sched["max_prefill_slowdown"]) == (
+        "slo", 250.0, 1.3)
+    assert (sched["max_num_partial_prefills"], sched["max_long_partial_prefills"],
+            sched["long_prefill_token_threshold"]) == (4, 1, 256)
+    assert process.engine_config["startup_profile"] is False
 
 
 def test_cli_rejects_bad_values():

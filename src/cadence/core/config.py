@@ -18,19 +18,24 @@ class SchedulerConfig:
     """How the scheduler orders requests and caps each step."""
 
     policy: str = field(
-        default="chunked",
+        default="slo",
         metadata={
             "help": "Batching policy. 'chunked': running decodes first, prompt chunks fill the "
             "rest of the token budget (stall-free). 'eager': whole prompts first, then decodes "
             "(the prefill/decode stall baseline; a prompt longer than the budget still runs "
-            "whole, alone in its step). 'slo': decodes first, then prompt chunks sized so the "
-            "predicted step time stays within --target-itl-ms.",
+            "whole, alone in its step). 'slo' (default): decodes first, then prompt chunks "
+            "sized so the predicted step time stays within --target-itl-ms where the machine "
+            "can reach it, but never so small that a prompt's prefill takes more than "
+            "--max-prefill-slowdown times its unchunked time (the step-time model is learned "
+            "online from this machine's own steps).",
             "choices": POLICIES,
         },
     )
-    max_num_batched_tokens: int = field(
-        default=512,
-        metadata={"help": "Token budget of one step: the most new tokens computed per step."},
+    max_num_batched_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Token budget of one step: the most new tokens computed per step "
+                  "(default: 2048 for the slo policy, whose chunks are sized by time, 512 "
+                  "for the others)."},
     )
     max_num_seqs: int = field(
         default=64,
@@ -39,8 +44,9 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = field(
         default=0,
         metadata={
-            "help": "Chunked policy: the most prompt tokens one request gets in a step "
-            "(0 = no cap beyond the token budget)."
+            "help": "The most prompt tokens one request gets in a step (0 = no cap beyond "
+            "the token budget); with --max-num-partial-prefills > 1 also the length above "
+            "which a prompt counts as long (0 there means 4 percent of --max-model-len, as vLLM)."
         },
     )
     max_model_len: int = field(
@@ -60,8 +66,34 @@ class SchedulerConfig:
         metadata={
             "help": "slo policy: the inter-token latency target, ms. While requests decode, "
             "prompt chunks are sized so the predicted step time (an online model fitted to "
-            "measured steps) stays within it; at least one KV block of prompt still runs per "
-            "step, and with no decode running the whole token budget is used."
+            "measured steps) stays within it; where the machine cannot reach it without "
+            "slowing prefills by more than --max-prefill-slowdown, the reachable target is "
+            "used instead and reported (cadence:itl_target_reachable_seconds). With no "
+            "decode running the whole token budget is used."
+        },
+    )
+    max_prefill_slowdown: float = field(
+        default=1.15,
+        metadata={
+            "help": "slo policy: the most that chunking may slow a prompt's prefill relative "
+            "to running it whole in one step (1.15: 15 percent): a prompt chunk is never so small "
+            "that the step's fixed cost (weights pass, decodes riding along) exceeds 15 percent of "
+            "the chunk's own work. A large value lets --target-itl-ms win."
+        },
+    )
+    max_num_partial_prefills: int = field(
+        default=1,
+        metadata={
+            "help": "The most prompts in prefill at once (vLLM's name). Above 1, short prompts "
+            "(at most --long-prefill-token-threshold tokens) are served before long ones, "
+            "so a chat message does not wait behind a document."
+        },
+    )
+    max_long_partial_prefills: int = field(
+        default=1,
+        metadata={
+            "help": "The most long prompts (over --long-prefill-token-threshold) in prefill "
+            "at once, when --max-num-partial-prefills > 1 (vLLM's name)."
         },
     )
 
@@ -72,13 +104,35 @@ class SchedulerConfig:
             raise ValueError(
                 f"scheduling must be one of {SCHEDULING_ORDERS}, got {self.scheduling!r}"
             )
+        if self.max_num_batched_tokens is None:
+            # Frozen: resolve the policy-dependent default once, here.
+            budget = 2048 if self.policy == "slo" else 512
+            object.__setattr__(self, "max_num_batched_tokens", budget)
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
+        _require_int("max_num_partial_prefills", self.max_num_partial_prefills, minimum=1)
+        _require_int("max_long_partial_prefills", self.max_long_partial_prefills, minimum=1)
+        if self.max_long_partial_prefills > self.max_num_partial_prefills:
+            raise ValueError(
+                f"max_long_partial_prefills ({self.max_long_partial_prefills}) must be <= "
+                f"max_num_partial_prefills ({self.max_num_partial_prefills})"
+            )
         _require_int("max_num_seqs", self.max_num_seqs, minimum=1)
         _require_int("long_prefill_token_threshold", self.long_prefill_token_threshold, minimum=0)
         _require_int("max_model_len", self.max_model_len, minimum=1)
         itl = self.target_itl_ms
         if isinstance(itl, bool) or not isinstance(itl, (int, float)) or not 0 < itl < float("inf"):
             raise ValueError(f"target_itl_ms must be a number > 0, got {itl!r}")
+        slow = self.max_prefill_slowdown
+        if isinstance(slow, bool) or not isinstance(slow, (int, float)) or not 1 < slow < float("inf"):
+            raise ValueError(f"max_prefill_slowdown must be a number > 1, got {slow!r}")
+
+    @property
+    def long_prompt_threshold(self) -> int:
+        """Prompts longer than this count as long for --max-long-partial-prefills (vLLM:
+        the threshold, or 4% of max_model_len when it is 0)."""
+        if self.long_prefill_token_threshold > 0:
+            return self.long_prefill_token_threshold
+        return max(1, self.max_model_len * 4 // 100)
 
 
 @dataclass(frozen=True)

@@ -230,6 +230,14 @@ class Scheduler:
         if observe is not None and not plan.is_empty:
             observe(plan, float(duration_s))
 
+    def calibrate(self, samples: list[tuple[StepPlan, float]]) -> None:
+        """Seed the policy's step-time model with a short profile of this machine: (plan,
+        measured executor seconds) pairs of synthetic steps. Policies without a model
+        ignore it."""
+        calibrate = getattr(self.policy, "calibrate", None)
+        if calibrate is not None and samples:
+            calibrate(list(samples))
+
     # -- introspection ----------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
         pool = self.kv.pool
@@ -245,7 +253,13 @@ class Scheduler:
             prefix_cache_hits=self.kv.prefix_cache_hits,
             num_waiting_for_kv=len(self.remote),
             num_leased_blocks=self.kv.num_leased_blocks,
+            itl_target_s=self.sched.target_itl_ms / 1000.0 if self._models_steps else None,
+            itl_target_reachable_s=getattr(self.policy, "reachable_itl_s", None),
         )
+
+    @property
+    def _models_steps(self) -> bool:
+        return hasattr(self.policy, "observe_step")
 
     def check_integrity(self) -> None:
         """Raise if blocks or queues are inconsistent (tests call this after every step)."""

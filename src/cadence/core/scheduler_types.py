@@ -39,6 +39,11 @@ class SchedulerStats:
     # prefill-side blocks kept under a lease for a decode engine to pull.
     num_waiting_for_kv: int = 0
     num_leased_blocks: int = 0
+    # slo policy: the configured ITL target, and the step time its mixed steps are predicted
+    # at when the prefill floor (not the target) sizes them (the target reachable here);
+    # None for other policies / while the target is reachable.
+    itl_target_s: float | None = None
+    itl_target_reachable_s: float | None = None
 
     @property
     def prefix_cache_hit_rate(self) -> float:

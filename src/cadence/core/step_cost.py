@@ -213,6 +213,26 @@ class StepCostModel:
     def observe_plan(self, plan: StepPlan, duration_s: float) -> None:
         self.observe(StepFeatures.of_plan(plan), duration_s)
 
+    def calibrate(self, samples: list[tuple[StepFeatures, float]]) -> StepCostCoefficients:
+        """Make a short profile of this machine (measured steps) the model's prior, and fold
+        the samples in as observations. The prior is what a coefficient falls back to when
+        recent steps stop exercising its feature (hours of decode-only serving), so it should
+        be this machine's, not a table's. Returns the fitted coefficients."""
+        fitted = fit_coefficients(samples, self.config.prior)
+        self.config = StepCostModelConfig(
+            prior=fitted,
+            prior_strength=self.config.prior_strength,
+            forgetting=self.config.forgetting,
+            clip_residuals=self.config.clip_residuals,
+            min_relative_scale=self.config.min_relative_scale,
+            min_clip_s=self.config.min_clip_s,
+        )
+        self._prior = [c * s for c, s in zip(fitted.as_tuple(), _FEATURE_SCALES)]
+        self._dirty = True
+        for features, seconds in samples:
+            self.observe(features, seconds)
+        return fitted
+
     # -- internals --------------------------------------------------------------------------
     def _solution(self) -> list[float]:
         if self._dirty:
@@ -226,6 +246,41 @@ class StepCostModel:
             self._theta = _solve_nonnegative(matrix, rhs)
             self._dirty = False
         return self._theta
+
+
+def fit_coefficients(
+    samples: list[tuple[StepFeatures, float]],
+    prior: StepCostCoefficients | None = None,
+    prior_strength: float = 1e-3,
+) -> StepCostCoefficients:
+    """Non-negative least squares of relative errors (each sample weighted 1 / seconds^2, so a
+    30 ms decode step counts as much as a 2 s prefill), with a light ridge toward `prior`
+    for features the samples do not pin down. Raises ValueError without usable samples."""
+    d = NUM_FEATURES
+    prior_scaled = [c * s for c, s in zip((prior or StepCostCoefficients()).as_tuple(),
+                                          _FEATURE_SCALES)]
+    gram = [[0.0] * d for _ in range(d)]
+    moment = [0.0] * d
+    used = 0
+    for features, seconds in samples:
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+            continue
+        x = features.vector()
+        w = 1.0 / (seconds * seconds)
+        for i in range(d):
+            moment[i] += w * x[i] * seconds
+            for j in range(d):
+                gram[i][j] += w * x[i] * x[j]
+        used += 1
+    if used == 0:
+        raise ValueError("no usable step samples to fit (need positive, finite seconds)")
+    # The ridge is relative to the data's own scale so it never dominates real samples.
+    scale = max(gram[i][i] for i in range(d))
+    ridge = prior_strength * scale
+    matrix = [[gram[i][j] + (ridge if i == j else 0.0) for j in range(d)] for i in range(d)]
+    rhs = [moment[i] + ridge * prior_scaled[i] for i in range(d)]
+    theta = _solve_nonnegative(matrix, rhs)
+    return StepCostCoefficients(*(max(0.0, t) / s for t, s in zip(theta, _FEATURE_SCALES)))
 
 
 def _solve_nonnegative(matrix: list[list[float]], rhs: list[float]) -> list[float]:

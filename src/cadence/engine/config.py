@@ -36,6 +36,14 @@ class EngineConfig:
     seed: int = field(
         default=0, metadata={"help": "Seed of the engine RNG used by unseeded random sampling."}
     )
+    startup_profile: bool = field(
+        default=True,
+        metadata={
+            "help": "Time a dozen synthetic steps at start so the slo policy's step-time "
+            "model begins from this machine's speed (a few seconds on a slow CPU; only "
+            "with a policy that models step time)."
+        },
+    )
     telemetry_max_steps: int = field(
         default=10_000, metadata={"help": "Recent step records kept in memory."}
     )

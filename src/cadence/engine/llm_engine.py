@@ -73,8 +73,18 @@ class LLMEngine:
 
             load_cpu_kernels()
         executor = ModelExecutor(loaded, cache_cfg.num_blocks, cache_cfg.block_size, seed=cfg.seed)
+        scheduler = Scheduler(sched_cfg, cache_cfg)
+        if cfg.startup_profile and hasattr(scheduler.policy, "calibrate"):
+            from cadence.engine.step_profile import profile_steps
+
+            samples = profile_steps(executor.execute, cache_cfg.block_size,
+                                    cache_cfg.num_blocks, sched_cfg.max_model_len)
+            scheduler.calibrate(samples)
+            self.profile_samples = samples
+        else:
+            self.profile_samples = []
         self._setup(
-            Scheduler(sched_cfg, cache_cfg),
+            scheduler,
             executor,
             loaded.tokenizer,
             TelemetryRecorder(cfg.telemetry_max_steps, cfg.telemetry_max_finished),
@@ -106,6 +116,7 @@ class LLMEngine:
         """
         engine = cls.__new__(cls)
         engine._setup(scheduler, executor, tokenizer, telemetry or TelemetryRecorder(), clock)
+        engine.profile_samples = []
         engine.config = None
         engine.model_name = getattr(tokenizer, "name", None) or "parts"
         engine.model_config = None

@@ -12,7 +12,8 @@ records from the telemetry recorder, step token counts, scheduler stats):
   iteration_decode_tokens_total, num_preemptions_total, prefix_cache_queries_total,
   prefix_cache_hits_total (the last three are the scheduler's cumulative totals).
 - gauges: num_requests_running, num_requests_waiting, kv_cache_usage_perc (0..1, as vLLM),
-  kv_cache_blocks_used / _free / _total / _cached.
+  kv_cache_blocks_used / _free / _total / _cached; with the slo policy itl_target_seconds and
+  itl_target_reachable_seconds.
 """
 
 from __future__ import annotations
@@ -78,6 +79,15 @@ class _EngineStatsCollector(Collector):
         yield gauge("kv_cache_blocks_total", "KV cache blocks in the pool.", total)
         yield gauge("kv_cache_blocks_cached", "Free blocks still holding a reusable prefix.",
                     s.get("num_blocks_cached", 0))
+        if s.get("itl_target_s") is not None:
+            yield gauge("itl_target_seconds", "slo policy: the configured ITL target.",
+                        s["itl_target_s"])
+            reachable = s.get("itl_target_reachable_s")
+            yield gauge("itl_target_reachable_seconds",
+                        "slo policy: the ITL its mixed steps are predicted at when the target "
+                        "is below what this machine reaches without slowing prefills by more "
+                        "than --max-prefill-slowdown (= the target while it is reachable).",
+                        reachable if reachable is not None else s["itl_target_s"])
         yield counter("num_preemptions", "Preemptions since start.", "num_preemptions_total")
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                       "prefix_cache_queries")

@@ -1,25 +1,39 @@
-"""SLO-driven chunked prefill: decodes first, then prompt chunks sized to an ITL target.
+"""SLO-driven chunked prefill: decodes first, then prompt chunks sized to an ITL target, but
+never so small that prompts starve.
 
 Every step that carries a decode is a gap in some stream, so its duration is an inter-token
-latency. This policy serves running decodes first (as `chunked`), then gives prompt chunks only
-as many tokens as keep the step's *predicted* time within `target_itl_ms`. The prediction comes
+latency. This policy serves running decodes first (as `chunked`), then gives prompt chunks as
+many tokens as keep the step's *predicted* time within `target_itl_ms`. The prediction comes
 from an online StepCostModel that the engine feeds with each step's measured executor time
-(`Scheduler.observe_step`), so the chunk size follows the hardware and the context length: a
-late chunk of a long document (more attention per token) gets fewer tokens than an early one.
+(`Scheduler.observe_step`, seeded by a short profile at engine start), so the chunk size follows
+the machine and the context length: a late chunk of a long document (more attention per token)
+gets fewer tokens than an early one.
+
+The floor (why the target alone degenerates): a step has a fixed cost F (the weights pass,
+framework overhead, the decode rows riding along) that a prompt pays once per chunk. Run whole,
+a prompt of work W costs F + W; in k chunks it costs k F + W. Where the target is below F (a
+slow machine, many streams), target-sized chunks shrink to a block and the prompt's prefill
+takes many times longer than eager. So each step's first prompt chunk is at least the smallest
+n whose own work covers the step's fixed cost `1 / (max_prefill_slowdown - 1)` times over
+(F <= 0.15 W(n) for 1.15): summed over chunks, k F <= 0.15 W + F, i.e. the prefill finishes
+within `max_prefill_slowdown` times its eager time (under the model). The remaining prompt is
+split into equal chunks of at least that size, so no chunk is a sliver. The step time that the
+floor forces is the *reachable* ITL target on this machine with this many streams; the policy
+reports it (`reachable_itl_s`) when it exceeds the configured target.
 
 The prediction is inflated by the model's running relative error (capped at 50%) before it is
 compared with the target: on a noisy machine a chunk sized to the mean would overshoot in
 about half the steps.
 
-Two rules keep it live and efficient:
-- at least one prompt chunk of `block_size` tokens runs per step, even when the decodes alone
-  already exceed the target, so a prompt always progresses;
-- with no decode in the step there is no stream to protect, and prompts get the whole token
-  budget (as `chunked`).
-The token budget, sequence cap and `long_prefill_token_threshold` bound every chunk as usual.
+With no decode in the step there is no stream to protect, and prompts get the whole token
+budget (as `chunked`). The token budget, sequence cap and `long_prefill_token_threshold` bound
+every chunk as usual.
 """
 
 from __future__ import annotations
+
+import logging
+import math
 
 from cadence.core.config import SchedulerConfig
 from cadence.core.plan import StepPlan
@@ -27,9 +41,12 @@ from cadence.core.policies.base import Policy
 from cadence.core.step_builder import ChunkRule, StepBuilder
 from cadence.core.step_cost import StepCostModel, StepFeatures
 
+logger = logging.getLogger(__name__)
 
 # Most the ITL target is tightened by for the model's recent prediction error.
 MAX_SAFETY_MARGIN = 0.5
+# Weight of the newest mixed step in the reported reachable target (a running mean over ~10).
+_REACHABLE_SMOOTHING = 0.1
 
 
 class SLOPolicy(Policy):
@@ -40,6 +57,10 @@ class SLOPolicy(Policy):
         # Per scheduler, learned online; starts from the model's prior.
         self.cost_model = cost_model or StepCostModel()
         self.target_s = config.target_itl_ms / 1000.0
+        # Predicted seconds of recent steps that mixed decodes with prompt chunks, when the
+        # prefill floor (not the target) sized them; None while the target is reachable.
+        self.reachable_itl_s: float | None = None
+        self._warned_unreachable = False
 
     def build(self, step: StepBuilder) -> None:
         running = step.running_by_rank()
@@ -53,14 +74,26 @@ class SLOPolicy(Policy):
             step.schedule_running(prefills, self.budget_chunk)
             step.admit_waiting(self.budget_chunk)
             return
+        sizer = self.sizer_for(so_far)
+        self.schedule_prompts(step, prefills, sizer)
+        self._note_reachable(sizer)
+
+    def sizer_for(self, so_far: StepPlan) -> ChunkSizer:
+        """A ChunkSizer for a step that already holds `so_far` (its decodes)."""
         margin = 1.0 + min(self.cost_model.relative_error, MAX_SAFETY_MARGIN)
-        sizer = ChunkSizer(
+        return ChunkSizer(
             self.cost_model,
             self.target_s / margin,
             StepFeatures.of_plan(so_far),
             min_chunk=so_far.block_size,
             threshold=self.config.long_prefill_token_threshold,
+            # The floor errs toward larger chunks by the same recent error: a prefill's
+            # slowdown bound should hold on a noisy machine too.
+            slowdown=1.0 + (self.config.max_prefill_slowdown - 1.0) / margin,
         )
+
+    def schedule_prompts(self, step: StepBuilder, prefills: list, sizer: ChunkSizer) -> None:
+        """Continue partial prefills, then admit waiting prompts, each chunk sized by `sizer`."""
         for request in prefills:
             step.schedule_running([request], sizer.rule_from(request.num_computed_tokens))
 
@@ -87,9 +120,32 @@ class SLOPolicy(Policy):
         """Learn from a measured step (called by Scheduler.observe_step)."""
         self.cost_model.observe_plan(plan, duration_s)
 
+    def calibrate(self, samples: list[tuple[StepPlan, float]]) -> None:
+        """Seed the model with a profile of this machine (Scheduler.calibrate)."""
+        self.cost_model.calibrate([(StepFeatures.of_plan(p), s) for p, s in samples])
+
+    def _note_reachable(self, sizer: ChunkSizer) -> None:
+        if not sizer.floor_won:
+            return
+        predicted = self.cost_model.predict(sizer.features)
+        if self.reachable_itl_s is None:
+            self.reachable_itl_s = predicted
+        else:
+            a = _REACHABLE_SMOOTHING
+            self.reachable_itl_s = (1 - a) * self.reachable_itl_s + a * predicted
+        if not self._warned_unreachable:
+            self._warned_unreachable = True
+            logger.info(
+                "ITL target %.0f ms is below what this machine reaches without slowing "
+                "prefills by more than %.0f%%: mixed steps are predicted at %.0f ms",
+                self.target_s * 1e3, (self.config.max_prefill_slowdown - 1) * 100,
+                predicted * 1e3,
+            )
+
 
 class ChunkSizer:
-    """Sizes the prompt chunks of one step so that its predicted time stays within a target.
+    """Sizes the prompt chunks of one step: within the target where possible, never below the
+    prefill floor for the step's first chunk.
 
     It starts from the features of what the step already holds (the decodes) and adds each
     chunk it grants, so later chunks see the earlier ones. A chunk that a preemption undoes
@@ -103,13 +159,18 @@ class ChunkSizer:
         base: StepFeatures,
         min_chunk: int,
         threshold: int = 0,
+        slowdown: float = float("inf"),
     ) -> None:
         self.cost_model = cost_model
         self.target_s = target_s
         self.features = base
         self.min_chunk = max(1, min_chunk)
         self.threshold = threshold
+        # The fixed cost each chunk's work must cover (F <= (slowdown - 1) W): W >= F / excess.
+        self.excess = slowdown - 1.0
         self.granted_any = False
+        # True when the floor, not the target, sized a chunk of this step.
+        self.floor_won = False
 
     def rule_from(self, start: int) -> ChunkRule:
         """A ChunkRule for one request whose next chunk starts at position `start`."""
@@ -128,7 +189,11 @@ class ChunkSizer:
         if cap <= 0:
             return 0
         fits = self._largest_fitting(start, cap)
-        if fits == cap or fits >= self.min_chunk:
+        floor = 0 if self.granted_any else self._prefill_floor(start, remaining, cap)
+        if floor > max(fits, self.min_chunk):
+            num_new = floor
+            self.floor_won = True
+        elif fits == cap or fits >= self.min_chunk:
             num_new = fits
         elif not self.granted_any:
             num_new = min(cap, self.min_chunk)  # progress: one block per step at least
@@ -151,3 +216,27 @@ class ChunkSizer:
             else:
                 hi = mid - 1
         return lo
+
+    def _prefill_floor(self, start: int, remaining: int, cap: int) -> int:
+        """The smallest chunk whose predicted work covers this step's fixed cost 1/excess
+        times, then evened out over the chunks the rest of the prompt needs; <= cap."""
+        if not math.isfinite(self.excess):
+            return 0
+        fixed = self.cost_model.predict(self.features)
+        need = fixed / self.excess
+
+        def work(n: int) -> float:
+            return self.cost_model.predict(self.features + StepFeatures.of_chunk(start, n)) - fixed
+
+        if work(cap) < need:
+            return cap  # even the largest chunk allowed is too small to cover it: take it
+        lo, hi = 1, cap
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if work(mid) >= need:
+                hi = mid
+            else:
+                lo = mid + 1
+        # Equal chunks: the same number of steps, without a short (inefficient) last one.
+        num_chunks = math.ceil(remaining / lo)
+        return min(cap, math.ceil(remaining / num_chunks))

@@ -1,0 +1,122 @@
+"""A short profile of this machine: time a few synthetic steps on the real executor.
+
+The slo policy sizes prompt chunks with a step-time model (core/step_cost.py). Its built-in
+prior is a roofline of one machine; on another one (float32 on AVX2, a GPU, a busier host) the
+first document's chunks would be sized by wrong numbers until the online fit caught up. So the
+engine runs this profile once at start (about a dozen steps: decode batches, prompt chunks of
+a few sizes, early and late in a context, alone and with decodes riding along) and hands the
+(plan, seconds) pairs to `Scheduler.calibrate`, which makes the fit this machine's prior. The
+same samples calibrate the simulator (`cadence sim --calibrate`).
+
+The synthetic steps write KV into blocks that no request owns yet (the pool is untouched, no
+prefix hash is registered), so nothing a real request reads is affected.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cadence.core.plan import ScheduledChunk, StepOutput, StepPlan
+from cadence.core.sampling_params import SamplingParams
+
+# A token id that every vocabulary has.
+_TOKEN = 1
+_GREEDY = SamplingParams(temperature=0.0)
+
+
+@dataclass(frozen=True)
+class ProfileShape:
+    """One synthetic step: `decodes` sequences decoding at context `decode_ctx`, plus (when
+    `chunk` > 0) one prompt chunk of `chunk` tokens starting at `chunk_start`."""
+
+    decodes: int = 0
+    decode_ctx: int = 64
+    chunk: int = 0
+    chunk_start: int = 0
+
+    @property
+    def label(self) -> str:
+        parts = []
+        if self.decodes:
+            parts.append(f"{self.decodes} decode(s) @ctx {self.decode_ctx}")
+        if self.chunk:
+            parts.append(f"chunk {self.chunk} @pos {self.chunk_start}")
+        return " + ".join(parts) or "empty"
+
+
+# Enough variety to pin down the four coefficients (fixed cost, per prompt token, per decode
+# token, per attention pair) without taking more than a few seconds on a slow CPU.
+DEFAULT_SHAPES: tuple[ProfileShape, ...] = (
+    ProfileShape(decodes=1),
+    ProfileShape(decodes=4),
+    ProfileShape(decodes=8, decode_ctx=256),
+    ProfileShape(chunk=32),
+    ProfileShape(chunk=128),
+    ProfileShape(chunk=256),
+    ProfileShape(decodes=4, chunk=128),
+    ProfileShape(decodes=4, chunk=64, chunk_start=512),
+    ProfileShape(chunk=128, chunk_start=768),
+)
+
+
+def build_plan(shape: ProfileShape, block_size: int, num_blocks: int, step_id: int = 0
+               ) -> StepPlan | None:
+    """The synthetic plan of `shape`, or None when it needs more blocks than the cache has."""
+    chunks: list[ScheduledChunk] = []
+    next_block = 0
+
+    def blocks_for(end_pos: int) -> tuple[int, ...]:
+        nonlocal next_block
+        n = -(-end_pos // block_size)
+        table = tuple(range(next_block, next_block + n))
+        next_block += n
+        return table
+
+    if shape.chunk:
+        end = shape.chunk_start + shape.chunk
+        chunks.append(ScheduledChunk(
+            req_id="profile-chunk", token_ids=(_TOKEN,) * shape.chunk,
+            start_pos=shape.chunk_start, block_table=blocks_for(end), sample=True,
+            sampling=_GREEDY, output_index=0, is_prefill=True))
+    for i in range(shape.decodes):
+        chunks.append(ScheduledChunk(
+            req_id=f"profile-decode-{i}", token_ids=(_TOKEN,), start_pos=shape.decode_ctx,
+            block_table=blocks_for(shape.decode_ctx + 1), sample=True, sampling=_GREEDY,
+            output_index=1, is_prefill=False))
+    if next_block > num_blocks or not chunks:
+        return None
+    return StepPlan(step_id=step_id, chunks=tuple(chunks), block_size=block_size)
+
+
+def profile_steps(
+    execute: Callable[[StepPlan], StepOutput],
+    block_size: int,
+    num_blocks: int,
+    max_model_len: int,
+    shapes: Sequence[ProfileShape] = DEFAULT_SHAPES,
+    repeats: int = 2,
+) -> list[tuple[StepPlan, float]]:
+    """Run each shape `repeats` times (after one untimed warm-up step); returns (plan,
+    seconds) with the fastest of the repeats per shape (the machine's speed, not its worst
+    moment: the online fit adds the noise back as it serves)."""
+    plans = []
+    for shape in shapes:
+        if max(shape.decode_ctx + 1, shape.chunk_start + shape.chunk) > max_model_len:
+            continue
+        plan = build_plan(shape, block_size, num_blocks)
+        if plan is not None:
+            plans.append(plan)
+    if not plans:
+        return []
+    execute(plans[0])  # first-call costs (allocations, lazy packing) are not a step's cost
+    samples = []
+    for plan in plans:
+        best = float("inf")
+        for _ in range(max(1, repeats)):
+            t0 = time.perf_counter()
+            execute(plan)
+            best = min(best, time.perf_counter() - t0)
+        samples.append((plan, best))
+    return samples
