@@ -19,7 +19,7 @@ from cadence.engine.llm import LLM
 from cadence.engine.llm_engine import LLMEngine
 from cadence.model.loader import load_model
 
-POLICIES = ("eager", "chunked")
+POLICIES = ("eager", "chunked", "slo")
 BUDGETS = (16, 64, 512, 8192)
 MAX_SEQS = (1, 4, 64)
 PREFIX = (True, False)
@@ -125,6 +125,41 @@ def test_tiny_model_outputs_survive_preemption(
     )
     assert stats.num_preemptions_total > 0
     assert tokens == tiny_preempt_reference
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_tiny_model_outputs_survive_priority_preemption(tiny_loaded, tiny_preempt_reference,
+                                                        policy):
+    """Two low-priority requests fill the sequence cap; urgent ones arrive while they decode,
+    preempt them, start in the next step; everyone ends with the reference tokens."""
+    cfg = EngineConfig(
+        scheduler=SchedulerConfig(policy=policy, max_num_batched_tokens=64, max_num_seqs=2,
+                                  scheduling="priority"),
+        cache=CacheConfig(block_size=4, num_blocks=256),
+    )
+    engine = LLMEngine.from_loaded(tiny_loaded, cfg)
+    tokens: dict[str, list[int]] = {}
+    for i in (0, 1):
+        engine.add_request(f"low{i}", PREEMPT_PROMPTS[i], GREEDY, priority=5)
+    steps = 0
+    urgent_started = []
+    while engine.has_unfinished():
+        if steps in (3, 9):
+            rid = f"urgent{steps}"
+            engine.add_request(rid, PREEMPT_PROMPTS[2 + steps // 9], GREEDY, priority=0)
+            outs = engine.step()
+            # Started: part of its prompt (all of it, under a large enough budget) computed.
+            urgent_started.append(engine.scheduler.get_request(rid).num_computed_tokens > 0)
+        else:
+            outs = engine.step()
+        for o in outs:
+            tokens.setdefault(o.req_id, []).extend(o.new_token_ids)
+        steps += 1
+    assert urgent_started == [True, True], "an urgent request starts in the next step"
+    assert engine.scheduler.stats().num_preemptions_total >= 2
+    got = [tokens["low0"], tokens["low1"], tokens["urgent3"], tokens["urgent9"]]
+    assert got == [list(t) for t in tiny_preempt_reference]
+    engine.scheduler.check_integrity()
 
 
 def test_tiny_model_seeded_sampling_does_not_depend_on_scheduling(tiny_loaded):

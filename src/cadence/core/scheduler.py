@@ -40,6 +40,11 @@ class Scheduler:
         self.cache = cache
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.policy = make_policy(sched)
+        # Stages that run before the policy's own, chosen once by the config: with priority
+        # scheduling a waiting request may preempt running ones that rank below it.
+        self._before_policy = (
+            [StepBuilder.make_room_for_waiting] if sched.scheduling == "priority" else []
+        )
         self.waiting = make_waiting_queue(sched.scheduling, self._rank)
         self.running: list[Request] = []
         # Prefilled elsewhere, waiting for blocks or for their KV (disaggregated decode).
@@ -159,6 +164,8 @@ class Scheduler:
                 rank=self._rank,
                 fail=self._fail_request,
             )
+            for stage in self._before_policy:
+                stage(step)
             self.policy.build(step)
             preempted += step.preempted
             # A request that failed (cannot fit the cache) freed its blocks and its seat after

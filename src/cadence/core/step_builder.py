@@ -42,6 +42,9 @@ class StepBuilder:
         # req_id -> (request, tokens this step), in batch order.
         self._scheduled: dict[str, tuple[Request, int]] = {}
         self.preempted: list[str] = []
+        # Preemptions that made room for a higher-priority waiting request: they do not
+        # mean "memory is tight" to admit_waiting (the room is for admitting).
+        self._num_preempted_for_room = 0
 
     @property
     def is_empty(self) -> bool:
@@ -57,6 +60,28 @@ class StepBuilder:
         return self._waiting.peek() if self._waiting else None
 
     # -- stages -----------------------------------------------------------------------------
+    def make_room_for_waiting(self) -> None:
+        """Preempt running requests that rank below the head of the waiting queue while the
+        head cannot be admitted (the sequence cap is full, or the free blocks do not hold its
+        first chunk), so that it starts in this step. Only meaningful with a rank in which a
+        waiting request can outrank a running one (priority scheduling): with FCFS the head
+        never ranks above a running request."""
+        while self._waiting and self._running:
+            head = self._waiting.peek()
+            victim = max(self._running, key=self._rank)
+            if self._rank(head) >= self._rank(victim):
+                return
+            seat_free = len(self._running) < self._max_num_seqs
+            computed = self._kv.get_computed_blocks(head)
+            hit_tokens = len(computed) * self._kv.block_size
+            first_chunk = max(1, min(head.num_tokens - hit_tokens, self.token_budget))
+            if seat_free and self._kv.num_free_blocks_needed(
+                head, first_chunk, computed
+            ) <= self._kv.pool.num_free_blocks:
+                return
+            self._preempt(victim)
+            self._num_preempted_for_room += 1
+
     def schedule_running(self, order: Iterable[Request], rule: ChunkRule) -> None:
         """Give running requests their next tokens in `order`, preempting when blocks run out."""
         for request in order:
@@ -77,13 +102,15 @@ class StepBuilder:
         `reserve_for_running`: leave the blocks that running requests' next token needs (for a
         policy that admits before it serves running requests, so an admission is not undone
         by a preemption in the same step)."""
-        if self.preempted:
+        if len(self.preempted) > self._num_preempted_for_room:
             return  # memory is tight this step; admitting would only preempt again
         reserved = 0
         if reserve_for_running:
             reserved = sum(self._kv.num_free_blocks_needed(r, 1) for r in self._running)
         while self._waiting and self.token_budget > 0 and len(self._running) < self._max_num_seqs:
             request = self._waiting.peek()
+            if request.req_id in self.preempted:
+                return  # made room for others this step; it comes back in a later one
             needed_blocks = self._kv.blocks_for_tokens(request.num_tokens)
             if needed_blocks > self._kv.num_blocks:
                 self._waiting.pop()
