@@ -163,6 +163,7 @@ class Scheduler:
                 max_num_seqs=self.sched.max_num_seqs,
                 rank=self._rank,
                 fail=self._fail_request,
+                preempted_before=preempted,
             )
             for stage in self._before_policy:
                 stage(step)

@@ -31,6 +31,7 @@ class StepBuilder:
         max_num_seqs: int,
         rank: Callable[[Request], RankKey],
         fail: Callable[[Request, str], None],
+        preempted_before: Iterable[str] = (),
     ) -> None:
         self._kv = kv
         self._running = running
@@ -45,6 +46,9 @@ class StepBuilder:
         # Preemptions that made room for a higher-priority waiting request: they do not
         # mean "memory is tight" to admit_waiting (the room is for admitting).
         self._num_preempted_for_room = 0
+        # Preempted by an earlier build of this same step (the scheduler rebuilds after a
+        # request failed): they stay out of this step too.
+        self._preempted_before = frozenset(preempted_before)
 
     @property
     def is_empty(self) -> bool:
@@ -71,6 +75,8 @@ class StepBuilder:
             victim = max(self._running, key=self._rank)
             if self._rank(head) >= self._rank(victim):
                 return
+            if self._kv.blocks_for_tokens(head.num_tokens) > self._kv.num_blocks:
+                return  # it can never fit: admit_waiting fails it, nobody makes room
             seat_free = len(self._running) < self._max_num_seqs
             computed = self._kv.get_computed_blocks(head)
             hit_tokens = len(computed) * self._kv.block_size
@@ -109,7 +115,7 @@ class StepBuilder:
             reserved = sum(self._kv.num_free_blocks_needed(r, 1) for r in self._running)
         while self._waiting and self.token_budget > 0 and len(self._running) < self._max_num_seqs:
             request = self._waiting.peek()
-            if request.req_id in self.preempted:
+            if request.req_id in self.preempted or request.req_id in self._preempted_before:
                 return  # made room for others this step; it comes back in a later one
             needed_blocks = self._kv.blocks_for_tokens(request.num_tokens)
             if needed_blocks > self._kv.num_blocks:
