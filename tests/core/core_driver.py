@@ -28,9 +28,13 @@ def make_scheduler(
     scheduling: str = "fcfs",
     prefix_caching: bool = True,
     max_model_len: int = 8192,
+    partial_prefills: int | None = None,
+    long_partial_prefills: int = 1,
 ) -> Scheduler:
     return Scheduler(
         SchedulerConfig(
+            max_num_partial_prefills=partial_prefills,
+            max_long_partial_prefills=long_partial_prefills,
             policy=policy,
             max_num_batched_tokens=budget,
             max_num_seqs=max_seqs,

@@ -20,7 +20,9 @@ def test_defaults_match_the_interface_map():
     assert SchedulerConfig(policy="chunked").max_num_batched_tokens == 512
     assert SchedulerConfig(policy="eager", max_num_batched_tokens=64).max_num_batched_tokens == 64
     assert (s.max_prefill_slowdown, s.max_num_partial_prefills, s.max_long_partial_prefills) == (
-        1.15, 1, 1)
+        1.15, 4, 1)
+    assert SchedulerConfig(policy="chunked").max_num_partial_prefills == 1  # vLLM's default
+    assert s.long_prompt_threshold == 8192 * 4 // 100
     assert (s.long_prefill_token_threshold, s.max_model_len, s.scheduling) == (0, 8192, "fcfs")
     c = CacheConfig()
     assert (c.block_size, c.num_blocks, c.kv_cache_memory_bytes, c.enable_prefix_caching) == (

@@ -60,7 +60,10 @@ def draw_limits(draw) -> dict:
 
 @st.composite
 def scheduler_configs(draw):
-    return dict(policy=draw(st.sampled_from(["eager", "chunked"])), **draw_limits(draw))
+    policy = draw(st.sampled_from(["eager", "chunked"]))
+    # chunked also with several partial prefills (short prompts overtaking long ones).
+    partial = draw(st.sampled_from([1, 3])) if policy == "chunked" else 1
+    return dict(policy=policy, partial_prefills=partial, **draw_limits(draw))
 
 
 def draw_num_blocks(data, specs, block_size: int) -> int:

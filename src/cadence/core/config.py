@@ -81,12 +81,13 @@ class SchedulerConfig:
             "the chunk's own work. A large value lets --target-itl-ms win."
         },
     )
-    max_num_partial_prefills: int = field(
-        default=1,
+    max_num_partial_prefills: int | None = field(
+        default=None,
         metadata={
             "help": "The most prompts in prefill at once (vLLM's name). Above 1, short prompts "
             "(at most --long-prefill-token-threshold tokens) are served before long ones, "
-            "so a chat message does not wait behind a document."
+            "so a chat message does not wait behind a document (default: 4 with the slo "
+            "policy, 1 with the others)."
         },
     )
     max_long_partial_prefills: int = field(
@@ -109,6 +110,8 @@ class SchedulerConfig:
             budget = 2048 if self.policy == "slo" else 512
             object.__setattr__(self, "max_num_batched_tokens", budget)
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
+        if self.max_num_partial_prefills is None:
+            object.__setattr__(self, "max_num_partial_prefills", 4 if self.policy == "slo" else 1)
         _require_int("max_num_partial_prefills", self.max_num_partial_prefills, minimum=1)
         _require_int("max_long_partial_prefills", self.max_long_partial_prefills, minimum=1)
         if self.max_long_partial_prefills > self.max_num_partial_prefills:

@@ -49,6 +49,8 @@ class StepBuilder:
         # Preempted by an earlier build of this same step (the scheduler rebuilds after a
         # request failed): they stay out of this step too.
         self._preempted_before = frozenset(preempted_before)
+        # The waiting request _admit is sizing a chunk for (peek_waiting returns it).
+        self._admitting: Request | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -58,9 +60,17 @@ class StepBuilder:
         """Running requests, most important first (the preemption victim is the last)."""
         return sorted(self._running, key=self._rank)
 
+    @property
+    def running(self) -> list[Request]:
+        """Running requests (those admitted in this step included), in admission order."""
+        return list(self._running)
+
     def peek_waiting(self) -> Request | None:
-        """The waiting request admit_waiting considers next (None when none waits): a chunk
-        rule may read it, e.g. to know where the chunk it sizes starts."""
+        """The waiting request being admitted (while a chunk rule runs), else the head of the
+        queue (None when none waits): a chunk rule may read it, e.g. to know where the chunk
+        it sizes starts."""
+        if self._admitting is not None:
+            return self._admitting
         return self._waiting.peek() if self._waiting else None
 
     # -- stages -----------------------------------------------------------------------------
@@ -101,6 +111,22 @@ class StepBuilder:
             if self._allocate_or_preempt(request, num_new):
                 self._add(request, num_new)
 
+    def admit_waiting_where(self, rule: ChunkRule, accept: Callable[[Request], bool]) -> None:
+        """Admit waiting requests that `accept` (asked just before each admission, so it can
+        count what this step admitted already) in queue order, overtaking the ones it
+        refuses; stop at the first accepted one that does not fit (budget, seats, blocks)."""
+        if len(self.preempted) > self._num_preempted_for_room:
+            return
+        for request in list(self._waiting):
+            if self.token_budget <= 0 or len(self._running) >= self._max_num_seqs:
+                return
+            if request.req_id in self.preempted or request.req_id in self._preempted_before:
+                continue
+            if not accept(request):
+                continue
+            if not self._admit(request, rule, reserved=0):
+                return
+
     def admit_waiting(self, rule: ChunkRule, reserve_for_running: bool = False) -> None:
         """Admit waiting requests in queue order until the budget, the sequence cap or the
         blocks run out. The head of the queue blocks the rest (no overtaking).
@@ -117,28 +143,41 @@ class StepBuilder:
             request = self._waiting.peek()
             if request.req_id in self.preempted or request.req_id in self._preempted_before:
                 return  # made room for others this step; it comes back in a later one
-            needed_blocks = self._kv.blocks_for_tokens(request.num_tokens)
-            if needed_blocks > self._kv.num_blocks:
-                self._waiting.pop()
-                self._fail(request, self._too_big_message(request, request.num_tokens))
+            if self._kv.blocks_for_tokens(request.num_tokens) > self._kv.num_blocks:
+                self._admit(request, rule, reserved)  # fails it
                 continue
-            computed_blocks = self._kv.get_computed_blocks(request)
-            num_hit_tokens = len(computed_blocks) * self._kv.block_size
+            if not self._admit(request, rule, reserved):
+                return
+
+    def _admit(self, request: Request, rule: ChunkRule, reserved: int) -> bool:
+        """Move one waiting request to running with its first chunk; False when it does not
+        fit this step (it stays waiting). One that can never fit the cache is failed."""
+        if self._kv.blocks_for_tokens(request.num_tokens) > self._kv.num_blocks:
+            self._waiting.remove(request)
+            self._fail(request, self._too_big_message(request, request.num_tokens))
+            return False
+        computed_blocks = self._kv.get_computed_blocks(request)
+        num_hit_tokens = len(computed_blocks) * self._kv.block_size
+        self._admitting = request
+        try:
             num_new = rule(request.num_tokens - num_hit_tokens, self.token_budget, self.is_empty)
-            if num_new <= 0:
-                return
-            need = self._kv.num_free_blocks_needed(request, num_new, computed_blocks)
-            if need + reserved > self._kv.pool.num_free_blocks:
-                return
-            self._waiting.pop()
-            self._kv.allocate(request, num_new, computed_blocks)
-            self._kv.record_prefix_lookup(request.num_tokens, num_hit_tokens)
-            request.num_computed_tokens = num_hit_tokens
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_hit_tokens
-            request.status = RequestStatus.RUNNING
-            self._running.append(request)
-            self._add(request, num_new)
+        finally:
+            self._admitting = None
+        if num_new <= 0:
+            return False
+        need = self._kv.num_free_blocks_needed(request, num_new, computed_blocks)
+        if need + reserved > self._kv.pool.num_free_blocks:
+            return False
+        self._waiting.remove(request)
+        self._kv.allocate(request, num_new, computed_blocks)
+        self._kv.record_prefix_lookup(request.num_tokens, num_hit_tokens)
+        request.num_computed_tokens = num_hit_tokens
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit_tokens
+        request.status = RequestStatus.RUNNING
+        self._running.append(request)
+        self._add(request, num_new)
+        return True
 
     # -- the plan ---------------------------------------------------------------------------
     def build_plan(self, step_id: int, preempted: list[str] | None = None) -> StepPlan:

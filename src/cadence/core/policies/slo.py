@@ -19,7 +19,8 @@ n whose own work covers the step's fixed cost `1 / (max_prefill_slowdown - 1)` t
 within `max_prefill_slowdown` times its eager time (under the model). The remaining prompt is
 split into equal chunks of at least that size, so no chunk is a sliver. The step time that the
 floor forces is the *reachable* ITL target on this machine with this many streams; the policy
-reports it (`reachable_itl_s`) when it exceeds the configured target.
+reports it (`reachable_itl_s`: a running mean of the measured times of the mixed steps the
+floor sized) when it exceeds the configured target.
 
 The prediction is inflated by the model's running relative error (capped at 50%) before it is
 compared with the target: on a noisy machine a chunk sized to the mean would overshoot in
@@ -38,6 +39,7 @@ import math
 from cadence.core.config import SchedulerConfig
 from cadence.core.plan import StepPlan
 from cadence.core.policies.base import Policy
+from cadence.core.policies.partial_prefill import PartialPrefills
 from cadence.core.step_builder import ChunkRule, StepBuilder
 from cadence.core.step_cost import StepCostModel, StepFeatures
 
@@ -61,22 +63,31 @@ class SLOPolicy(Policy):
         # prefill floor (not the target) sized them; None while the target is reachable.
         self.reachable_itl_s: float | None = None
         self._warned_unreachable = False
+        self.partial = PartialPrefills(config)
+        # Whether the latest build's mixed step was sized by the floor (observe_step then
+        # folds its measured time into reachable_itl_s).
+        self._floor_sized_last = False
 
     def build(self, step: StepBuilder) -> None:
         running = step.running_by_rank()
         decodes = [r for r in running if r.num_remaining_tokens == 1]
         prefills = [r for r in running if r.num_remaining_tokens > 1]
         step.schedule_running(decodes, self.budget_chunk)
+        self._floor_sized_last = False
         # What made it into the step so far (a plan is a read-only snapshot of the builder).
         so_far = step.build_plan(step_id=-1)
         if all(c.is_prefill for c in so_far.chunks):
             # No stream is waiting on this step: use the whole budget.
+            if self.partial.enabled:
+                rule = self.budget_chunk
+                self.partial.schedule(step, prefills, lambda r: rule, rule)
+                return
             step.schedule_running(prefills, self.budget_chunk)
             step.admit_waiting(self.budget_chunk)
             return
         sizer = self.sizer_for(so_far)
         self.schedule_prompts(step, prefills, sizer)
-        self._note_reachable(sizer)
+        self._floor_sized_last = sizer.floor_won
 
     def sizer_for(self, so_far: StepPlan) -> ChunkSizer:
         """A ChunkSizer for a step that already holds `so_far` (its decodes)."""
@@ -93,17 +104,23 @@ class SLOPolicy(Policy):
         )
 
     def schedule_prompts(self, step: StepBuilder, prefills: list, sizer: ChunkSizer) -> None:
-        """Continue partial prefills, then admit waiting prompts, each chunk sized by `sizer`."""
-        for request in prefills:
-            step.schedule_running([request], sizer.rule_from(request.num_computed_tokens))
+        """Continue partial prefills, then admit waiting prompts, each chunk sized by `sizer`
+        (short prompts first when several may be in prefill at once)."""
 
         def admission_rule(remaining: int, budget: int, step_is_empty: bool) -> int:
-            # admit_waiting asks about the head of the queue; its chunk starts after the
-            # prefix-cache hit, i.e. at num_tokens - remaining.
+            # The request being admitted; its chunk starts after the prefix-cache hit, i.e.
+            # at num_tokens - remaining.
             head = step.peek_waiting()
             start = head.num_tokens - remaining if head is not None else 0
             return sizer.size(start, remaining, budget)
 
+        if self.partial.enabled:
+            self.partial.schedule(
+                step, prefills, lambda r: sizer.rule_from(r.num_computed_tokens), admission_rule
+            )
+            return
+        for request in prefills:
+            step.schedule_running([request], sizer.rule_from(request.num_computed_tokens))
         step.admit_waiting(admission_rule)
 
     def budget_chunk(self, remaining: int, budget: int, step_is_empty: bool) -> int:
@@ -117,29 +134,31 @@ class SLOPolicy(Policy):
         return self.cost_model.predict_plan(plan)
 
     def observe_step(self, plan: StepPlan, duration_s: float) -> None:
-        """Learn from a measured step (called by Scheduler.observe_step)."""
+        """Learn from a measured step (called by Scheduler.observe_step, right after the
+        build of that plan). A mixed step that the prefill floor sized is a sample of the
+        ITL this machine reaches: it moves `reachable_itl_s`."""
         self.cost_model.observe_plan(plan, duration_s)
+        if self._floor_sized_last and plan.num_decode_tokens and plan.num_prefill_tokens:
+            self._note_reachable(duration_s)
+        self._floor_sized_last = False
 
     def calibrate(self, samples: list[tuple[StepPlan, float]]) -> None:
         """Seed the model with a profile of this machine (Scheduler.calibrate)."""
         self.cost_model.calibrate([(StepFeatures.of_plan(p), s) for p, s in samples])
 
-    def _note_reachable(self, sizer: ChunkSizer) -> None:
-        if not sizer.floor_won:
-            return
-        predicted = self.cost_model.predict(sizer.features)
+    def _note_reachable(self, measured_s: float) -> None:
         if self.reachable_itl_s is None:
-            self.reachable_itl_s = predicted
+            self.reachable_itl_s = measured_s
         else:
             a = _REACHABLE_SMOOTHING
-            self.reachable_itl_s = (1 - a) * self.reachable_itl_s + a * predicted
+            self.reachable_itl_s = (1 - a) * self.reachable_itl_s + a * measured_s
         if not self._warned_unreachable:
             self._warned_unreachable = True
             logger.info(
                 "ITL target %.0f ms is below what this machine reaches without slowing "
-                "prefills by more than %.0f%%: mixed steps are predicted at %.0f ms",
+                "prefills by more than %.0f%%: mixed steps take about %.0f ms",
                 self.target_s * 1e3, (self.config.max_prefill_slowdown - 1) * 100,
-                predicted * 1e3,
+                measured_s * 1e3,
             )
 
 
