@@ -42,10 +42,13 @@ def _letter(tokens: list[int]) -> int:
 class FakeEngine:
     model_name = "fake-model"
     vocab_size = VOCAB
+    # One token per UTF-8 byte, so one token never covers more than one character.
+    max_token_chars = 1
 
     def __init__(self, max_model_len: int = 256, step_delay_s: float = 0.0,
-                 max_running: int = 1_000_000) -> None:
+                 max_running: int = 1_000_000, kv_capacity_tokens: int | None = None) -> None:
         self.max_model_len = max_model_len
+        self.kv_capacity_tokens = kv_capacity_tokens or NUM_BLOCKS * BLOCK_SIZE
         self.step_delay_s = step_delay_s
         # Requests past the first max_running (in arrival order) wait without tokens.
         self.max_running = max_running
@@ -166,7 +169,8 @@ class FakeEngine:
 def build_fake_engine(engine_config: dict[str, Any], served_model_name: str | None) -> FakeEngine:
     engine = FakeEngine(max_model_len=int(engine_config.get("max_model_len", 256)),
                         step_delay_s=float(engine_config.get("step_delay_s", 0.0)),
-                        max_running=int(engine_config.get("max_running", 1_000_000)))
+                        max_running=int(engine_config.get("max_running", 1_000_000)),
+                        kv_capacity_tokens=engine_config.get("kv_capacity_tokens"))
     if served_model_name:
         engine.model_name = served_model_name
     return engine

@@ -45,6 +45,14 @@ def test_missing_or_bad_key_is_401(server, path, method, headers):
     assert err["code"] == "invalid_api_key" and err["message"]
 
 
+@pytest.mark.parametrize("body", [b'{"prompt": "hi", ', b"\xff\xfe not json", b"x" * 10**6])
+def test_key_is_checked_before_the_body(server, body):
+    resp = httpx.post(server.base_url + "/v1/completions", content=body, timeout=10,
+                      headers={"content-type": "application/json"})
+    assert resp.status_code == 401, resp.text
+    assert resp.json()["error"]["code"] == "invalid_api_key"
+
+
 def test_health_needs_no_key(server):
     assert httpx.get(server.base_url + "/health").status_code == 200
 
@@ -63,6 +71,7 @@ def test_429_past_queued_tokens(server):
         _client(server).completions.create(model="fake-model", prompt="x" * 41, max_tokens=2)
     assert info.value.status_code == 429
     assert info.value.body["code"] == "queue_full"
+    assert int(info.value.response.headers["retry-after"]) >= 1
 
 
 def test_429_past_queued_requests_then_recovers(server):

@@ -1,7 +1,12 @@
 """Admission of one request by the engine process: its prompt ids, its limits, back-pressure.
 
-Tokenization (and the chat template) happen here, in the process that owns the tokenizer, so
-prompt-length errors come back before the client's stream starts. Every refusal is an
+    prepare(engine, msg)      prompt ids (chat template, tokenizer) and sampling checks; runs
+                              in the loop's tokenizer thread, never inside the step loop
+    check_queue_limits(...)   back-pressure, on the loop thread when the request is added
+
+Tokenization happens in the process that owns the tokenizer, so prompt-length errors come back
+before the client's stream starts. A text longer than the context could hold even at the
+vocabulary's longest token is refused before it is tokenized. Every refusal is an
 AdmissionError carrying the HTTP status the front end answers (400 bad input, 429 busy).
 """
 
@@ -46,11 +51,34 @@ class AdmittedRequest:
     prompt_param: str
 
 
+def max_prompt_chars(engine: EngineCore) -> int | None:
+    """Characters past which a text cannot fit the context: every token covers at most
+    `max_token_chars` characters (None when the engine does not say)."""
+    per_token = getattr(engine, "max_token_chars", None)
+    return None if not per_token else engine.max_model_len * per_token
+
+
+def check_text_length(engine: EngineCore, num_chars: int, param: str) -> None:
+    """400 before tokenizing a text that is too long for the context whatever its tokens."""
+    limit = max_prompt_chars(engine)
+    if limit is not None and num_chars > limit:
+        raise AdmissionError(
+            400, f"This model's maximum context length is {engine.max_model_len} tokens and "
+            f"no token is longer than {limit // engine.max_model_len} characters, so a prompt "
+            f"of {num_chars} characters cannot fit.", param=param,
+            code="context_length_exceeded")
+
+
 def prompt_token_ids(engine: EngineCore, msg: AddRequest) -> list[int]:
     """The prompt as token ids: given ids (checked against the vocabulary), rendered chat
     messages, or tokenized text."""
     if msg.prompt_token_ids is not None:
         ids = list(msg.prompt_token_ids)
+        if len(ids) >= engine.max_model_len:
+            raise AdmissionError(
+                400, f"This model's maximum context length is {engine.max_model_len} tokens. "
+                f"However, the prompt has {len(ids)} tokens, which leaves no room for a "
+                "completion.", param="prompt", code="context_length_exceeded")
         bad = [t for t in ids if not 0 <= t < engine.vocab_size]
         if bad:
             raise AdmissionError(
@@ -63,29 +91,60 @@ def prompt_token_ids(engine: EngineCore, msg: AddRequest) -> list[int]:
         except Exception as exc:  # jinja errors, bad roles: the client's fault
             raise AdmissionError(400, f"chat template failed: {exc}", param="messages",
                                  code="invalid_messages") from exc
+        check_text_length(engine, len(text), "messages")
         # The template already wrote the special tokens.
         return engine.tokenize(text, add_special_tokens=False)
+    check_text_length(engine, len(msg.prompt_text or ""), "prompt")
     return engine.tokenize(msg.prompt_text or "")
 
 
 def _sampling_params(engine: EngineCore, msg: AddRequest, num_prompt: int) -> SamplingParams:
-    """SamplingParams with max_tokens resolved against the context and EOS ids filled in."""
+    """SamplingParams with max_tokens resolved against the context and the KV pool, its
+    ranges checked against the model, and EOS ids filled in."""
     ctx = engine.max_model_len
+    # Tokens the whole KV pool holds: a request needing more can never run to its end.
+    pool = getattr(engine, "kv_capacity_tokens", None) or ctx
     sampling = dict(msg.sampling)
     if sampling.get("max_tokens") is None:
-        sampling["max_tokens"] = ctx - num_prompt
+        sampling["max_tokens"] = min(ctx, pool) - num_prompt
+        if sampling["max_tokens"] < 1:
+            raise AdmissionError(
+                400, f"the prompt has {num_prompt} tokens, but the KV cache holds only {pool} "
+                "tokens in all, so no completion could follow it.", param=msg_param(msg),
+                code="kv_cache_exceeded")
     elif num_prompt + sampling["max_tokens"] > ctx:
         raise AdmissionError(
             400, f"This model's maximum context length is {ctx} tokens. However, you "
             f"requested {num_prompt + sampling['max_tokens']} tokens ({num_prompt} in the "
             f"prompt, {sampling['max_tokens']} for the completion).", param="max_tokens",
             code="context_length_exceeded")
+    elif num_prompt + sampling["max_tokens"] > pool:
+        raise AdmissionError(
+            400, f"The KV cache holds {pool} tokens in all; this request needs "
+            f"{num_prompt + sampling['max_tokens']} ({num_prompt} in the prompt, "
+            f"{sampling['max_tokens']} for the completion), so it could never finish. Lower "
+            "max_tokens.", param="max_tokens", code="kv_cache_exceeded")
+    if sampling.get("min_tokens", 0) > sampling["max_tokens"]:
+        raise AdmissionError(
+            400, f"min_tokens ({sampling['min_tokens']}) must not exceed max_tokens "
+            f"({sampling['max_tokens']}, resolved against the context).", param="min_tokens",
+            code="invalid_value")
+    bad = [t for t in sampling.get("stop_token_ids") or () if not 0 <= t < engine.vocab_size]
+    if bad:
+        raise AdmissionError(
+            400, f"stop_token_ids holds {bad[0]}, outside the vocabulary "
+            f"[0, {engine.vocab_size}).", param="stop_token_ids", code="invalid_token_id")
     if not sampling.get("eos_token_ids"):
         sampling["eos_token_ids"] = list(engine.default_eos_token_ids())
     try:
         return sampling_from_wire(sampling)
     except (ValueError, TypeError) as exc:
         raise AdmissionError(400, str(exc), code="invalid_value") from exc
+
+
+def msg_param(msg: AddRequest) -> str:
+    """The request field that holds the prompt."""
+    return "messages" if msg.chat_messages is not None else "prompt"
 
 
 def check_queue_limits(limits: AdmissionLimits, num_queued: int, queued_tokens: int,
@@ -101,13 +160,13 @@ def check_queue_limits(limits: AdmissionLimits, num_queued: int, queued_tokens: 
                              "retry later", code="queue_full")
 
 
-def admit(engine: EngineCore, msg: AddRequest, limits: AdmissionLimits, num_queued: int,
-          queued_tokens: int) -> AdmittedRequest:
-    """Every admission check, in the order the client should hear about them: the prompt,
-    its length against the context, the sampling fields, then the queue limits."""
+def prepare(engine: EngineCore, msg: AddRequest) -> AdmittedRequest:
+    """Every admission check that needs no queue state, in the order the client should hear
+    about them: the prompt, its length against the context, the sampling fields. Safe to run
+    off the loop thread (it reads the engine's constants and its tokenizer only)."""
     ids = prompt_token_ids(engine, msg)
     n = len(ids)
-    param = "messages" if msg.chat_messages is not None else "prompt"
+    param = msg_param(msg)
     ctx = engine.max_model_len
     if n == 0:
         raise AdmissionError(400, "the prompt is empty (0 tokens)", param=param,
@@ -118,5 +177,12 @@ def admit(engine: EngineCore, msg: AddRequest, limits: AdmissionLimits, num_queu
             f"has {n} tokens, which leaves no room for a completion.", param=param,
             code="context_length_exceeded")
     params = _sampling_params(engine, msg, n)
-    check_queue_limits(limits, num_queued, queued_tokens, n)
     return AdmittedRequest(ids, params, param)
+
+
+def admit(engine: EngineCore, msg: AddRequest, limits: AdmissionLimits, num_queued: int,
+          queued_tokens: int) -> AdmittedRequest:
+    """prepare() then the queue limits, in one call (tests, in-thread use)."""
+    admitted = prepare(engine, msg)
+    check_queue_limits(limits, num_queued, queued_tokens, len(admitted.prompt_token_ids))
+    return admitted

@@ -55,6 +55,7 @@ class EngineInfo:
     max_model_len: int
     vocab_size: int
     pid: int
+    max_token_chars: int | None = None
 
 
 class EngineRejected(Exception):
@@ -100,6 +101,9 @@ class AsyncEngineClient:
         self.last_stats: dict[str, Any] = {}
         self.dead_reason: str | None = None
         self._closing = False
+        # Set once the reader stopped (engine died, failed or shut down): the supervisor waits
+        # on it to respawn the engine.
+        self._stopped = asyncio.Event()
 
     # ---- lifecycle
 
@@ -153,7 +157,7 @@ class AsyncEngineClient:
                 msg = decode_message(await self._out.recv())
                 if isinstance(msg, EngineReady):
                     self.info = EngineInfo(msg.model_name, msg.max_model_len, msg.vocab_size,
-                                           msg.pid)
+                                           msg.pid, msg.max_token_chars)
                     self._apply_stats(msg.stats)
                     return
                 if isinstance(msg, EngineFatal):
@@ -196,6 +200,7 @@ class AsyncEngineClient:
             except (asyncio.CancelledError, Exception):
                 pass
         self._fail_everything(EngineDeadError(self.dead_reason or "engine shut down"))
+        self._stopped.set()
         self._in.close()
         self._out.close()
         if self._thread is not None and self._thread.is_alive():
@@ -211,6 +216,14 @@ class AsyncEngineClient:
         self._metrics = metrics
         if self.last_stats:
             metrics.update_engine_stats(self.last_stats)
+
+    async def wait_stopped(self) -> None:
+        """Return once this client can serve no more (engine dead, failed or shut down)."""
+        await self._stopped.wait()
+
+    @property
+    def is_closing(self) -> bool:
+        return self._closing
 
     @property
     def is_healthy(self) -> bool:
@@ -325,6 +338,7 @@ class AsyncEngineClient:
         except Exception as exc:  # a bug here must not leave streams hanging
             self.dead_reason = f"engine client reader failed: {type(exc).__name__}: {exc}"
         self._fail_everything(EngineDeadError(self.dead_reason or "engine stopped"))
+        self._stopped.set()
 
     def _fail_everything(self, exc: BaseException) -> None:
         for state in self._requests.values():

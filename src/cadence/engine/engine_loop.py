@@ -5,6 +5,11 @@ drains every pending message between two steps, so a burst of arrivals or discon
 handled in one turn. Each turn sends at most one EngineBatch (cadence.engine.wire): admissions,
 rejections, outputs, finished-request telemetry and fresh scheduler stats. The engine
 detokenizes incrementally (RequestOutput.new_text), stop strings included.
+
+Tokenization (and the chat template) run in one worker thread (`admission.prepare`), never
+between two steps: a long prompt cannot stall the running streams (the `tokenizers` library
+releases the GIL while it encodes a long text). A prepared request joins the engine at the next
+turn, in arrival order; the queue limits are checked then.
 """
 
 from __future__ import annotations
@@ -13,10 +18,18 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
 
-from cadence.engine.admission import AdmissionError, AdmissionLimits, admit
+from cadence.engine.admission import (
+    AdmissionError,
+    AdmissionLimits,
+    AdmittedRequest,
+    check_queue_limits,
+    prepare,
+)
 from cadence.engine.engine_core import EngineCore
 from cadence.engine.outputs import RequestOutput
 from cadence.engine.wire import (
@@ -51,6 +64,8 @@ class EngineCoreLoop:
 
     # Idle wake-up period to notice a dead parent; not a spin: the poll blocks until then.
     IDLE_POLL_MS = 1000
+    # While idle with requests being tokenized: how long one turn waits for the tokenizer.
+    PREPARE_WAIT_S = 0.005
 
     def __init__(self, engine: EngineCore, in_socket: Any, out_socket: Any,
                  limits: AdmissionLimits, parent_pid: int | None = None) -> None:
@@ -60,6 +75,10 @@ class EngineCoreLoop:
         self.limits = limits
         self.parent_pid = parent_pid
         self._live: dict[str, _LiveRequest] = {}
+        # Requests being tokenized, in arrival order: req_id -> (message, prepare() future).
+        self._preparing: dict[str, tuple[AddRequest, Future[AdmittedRequest]]] = {}
+        self._tokenizer = ThreadPoolExecutor(max_workers=1,
+                                             thread_name_prefix="cadence-tokenizer")
         self._running = True
 
     # ---- admission
@@ -68,11 +87,32 @@ class EngineCoreLoop:
         queued = [r for r in self._live.values() if r.queued]
         return len(queued), sum(r.num_prompt_tokens for r in queued)
 
-    def _admit(self, msg: AddRequest, batch: EngineBatch) -> None:
-        if msg.req_id in self._live:
-            raise AdmissionError(400, f"duplicate request id {msg.req_id!r}", param="id")
-        admitted = admit(self.engine, msg, self.limits, *self._queued_counts())
+    def _start_admission(self, msg: AddRequest, batch: EngineBatch) -> None:
+        if msg.req_id in self._live or msg.req_id in self._preparing:
+            batch.rejected.append(AdmissionError(
+                400, f"duplicate request id {msg.req_id!r}", param="id").to_wire(msg.req_id))
+            return
+        self._preparing[msg.req_id] = (msg, self._tokenizer.submit(prepare, self.engine, msg))
+
+    def _admit_prepared(self, batch: EngineBatch) -> None:
+        """Add the requests whose tokenization finished, in arrival order."""
+        for req_id, (msg, future) in list(self._preparing.items()):
+            if not future.done():
+                break  # one tokenizer thread: the later ones are not done either
+            del self._preparing[req_id]
+            try:
+                self._admit(msg, future.result(), batch)
+            except AdmissionError as exc:
+                batch.rejected.append(exc.to_wire(req_id))
+            except Exception as exc:  # tokenizer or engine bug: refuse this request, keep going
+                traceback.print_exception(exc)
+                batch.rejected.append(AdmissionError(
+                    500, f"engine failed to admit the request: {type(exc).__name__}: {exc}"
+                ).to_wire(req_id))
+
+    def _admit(self, msg: AddRequest, admitted: AdmittedRequest, batch: EngineBatch) -> None:
         ids = admitted.prompt_token_ids
+        check_queue_limits(self.limits, *self._queued_counts(), len(ids))
         try:
             self.engine.add_request(msg.req_id, ids, admitted.params, msg.priority,
                                     msg.arrival_time)
@@ -105,6 +145,13 @@ class EngineCoreLoop:
         if msg.all_requests and ids:
             print(f"[cadence engine] aborting {len(ids)} live requests: {msg.reason}",
                   file=sys.stderr)
+        for req_id in list(self._preparing) if msg.all_requests else ids:
+            if req_id in self._preparing:
+                del self._preparing[req_id]  # its result is dropped when it arrives
+                if msg.all_requests:
+                    batch.rejected.append(AdmissionError(
+                        503, f"the request was aborted before it started ({msg.reason})",
+                        code="request_aborted").to_wire(req_id))
         for req_id in ids:
             if req_id in self._live:
                 self.engine.abort_request(req_id)
@@ -146,15 +193,7 @@ class EngineCoreLoop:
 
     def _handle(self, msg: Any, batch: EngineBatch) -> None:
         if isinstance(msg, AddRequest):
-            try:
-                self._admit(msg, batch)
-            except AdmissionError as exc:
-                batch.rejected.append(exc.to_wire(msg.req_id))
-            except Exception as exc:  # tokenizer or engine bug: refuse this request, keep going
-                traceback.print_exc()
-                batch.rejected.append(AdmissionError(
-                    500, f"engine failed to admit the request: {type(exc).__name__}: {exc}"
-                ).to_wire(msg.req_id))
+            self._start_admission(msg, batch)
         elif isinstance(msg, AbortRequests):
             self._abort(msg, batch)
         elif isinstance(msg, GetStats):
@@ -189,8 +228,14 @@ class EngineCoreLoop:
         """One turn: messages, then at most one step, then one batch out. False once stopped."""
         batch = EngineBatch()
         busy = self.engine.has_unfinished()
-        for msg in self._receive(block=not busy):
+        for msg in self._receive(block=not busy and not self._preparing):
             self._handle(msg, batch)
+        if self._preparing and not self.engine.has_unfinished():
+            # Idle but tokenizing: wait for the tokenizer a little instead of spinning.
+            first = next(iter(self._preparing.values()))[1]
+            wait_futures([first], timeout=self.PREPARE_WAIT_S)
+        if self._running:
+            self._admit_prepared(batch)
         if self._running and self.engine.has_unfinished():
             try:
                 outputs = self.engine.step()
@@ -210,5 +255,8 @@ class EngineCoreLoop:
         return self._running
 
     def run(self) -> None:
-        while self.run_once():
-            pass
+        try:
+            while self.run_once():
+                pass
+        finally:
+            self._tokenizer.shutdown(wait=False, cancel_futures=True)

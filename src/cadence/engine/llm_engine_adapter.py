@@ -55,6 +55,11 @@ class LLMEngineAdapter:
         self.model_name = model_name
         self.max_model_len = int(engine.max_model_len)
         self.vocab_size = int(self.tokenizer.vocab_size)
+        cache = engine.scheduler.cache
+        # Tokens the whole KV pool can hold: admission refuses requests that need more.
+        self.kv_capacity_tokens = int(cache.num_blocks) * int(cache.block_size)
+        # Bounds a text's token count from its length, before tokenizing it (admission).
+        self.max_token_chars = int(self.tokenizer.max_token_chars())
         self._telemetry = _TelemetryCollector()
         engine.telemetry.add_listener(self._telemetry)
 

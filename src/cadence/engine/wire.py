@@ -78,6 +78,9 @@ class EngineReady:
     vocab_size: int
     pid: int
     stats: dict[str, Any]
+    # The most characters one token covers (None: unknown); the front end refuses longer
+    # prompt texts than max_model_len * max_token_chars without sending them.
+    max_token_chars: int | None = None
 
 
 @dataclass
@@ -127,14 +130,17 @@ class WireError(ValueError):
 
 
 def encode_message(msg: Any) -> bytes:
+    """JSON in UTF-8; never fails on text: a lone surrogate (valid in a JSON string, not in
+    UTF-8) crosses as its surrogatepass bytes and comes back as the same str."""
     body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
     body["type"] = _TYPE_NAMES[type(msg)]
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "surrogatepass")
 
 
 def decode_message(data: bytes) -> Any:
     try:
-        body = json.loads(data)
+        body = json.loads(data.decode("utf-8", "surrogatepass"))
         cls = _MESSAGE_TYPES[body.pop("type")]
         return cls(**body)
     except (ValueError, KeyError, TypeError) as exc:

@@ -21,6 +21,10 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<
                       "</s>", "<|end_of_text|>")
 
 
+# Texts longer than this are encoded without holding the GIL (see Tokenizer.encode).
+GIL_FREE_ENCODE_CHARS = 4096
+
+
 class TokenizerError(ValueError):
     """A tokenizer could not be built, or was asked to encode/decode something invalid."""
 
@@ -47,6 +51,7 @@ class Tokenizer:
             if name in special and token_id is not None and token_id not in stop:
                 stop.append(token_id)
         self.stop_token_ids: tuple[int, ...] = tuple(stop)
+        self._max_token_chars: int | None = None
 
     def _token_text(self, token_id: int | None) -> str | None:
         return None if token_id is None else self.backend.id_to_token(token_id)
@@ -60,7 +65,20 @@ class Tokenizer:
         """Token ids of `text`; special-token text like '<|im_start|>' maps to its single id."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode expects str, got {type(text).__name__}")
+        if len(text) > GIL_FREE_ENCODE_CHARS:
+            # Same ids; `encode_batch` releases the GIL while it works (`encode` holds it), so
+            # a long prompt tokenized in a worker thread does not stall the engine's steps.
+            return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def max_token_chars(self) -> int:
+        """The most characters any one token decodes to (special tokens included): a text of
+        n characters has at least n / max_token_chars() tokens."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max(
+                (len(self.backend.decode([i], skip_special_tokens=False))
+                 for i in range(self.backend.get_vocab_size(with_added_tokens=True))), default=1)
+        return max(1, self._max_token_chars)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; invalid UTF-8 byte sequences become U+FFFD (as HF decodes them)."""

@@ -2,14 +2,16 @@
 
 The engine client is started by the app's lifespan, inside the server's event loop (its ZeroMQ
 sockets belong to that loop), and stopped on shutdown: live requests are aborted with a reason
-and the engine process exits.
+and the engine process exits. An EngineSupervisor respawns an engine that dies (or exits the
+server, with --exit-on-engine-death). The RequestGuard middleware checks the API key and the
+body size before FastAPI reads the body.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -21,7 +23,10 @@ from cadence.server.auth import check_api_key
 from cadence.server.config import ServerConfig
 from cadence.server.dashboard import router as dashboard_router
 from cadence.server.dashboard_feed import LiveTelemetry
-from cadence.server.errors import APIError, install_error_handlers
+from cadence.server.engine_supervisor import EngineSupervisor
+from cadence.server.errors import APIError, error_headers, install_error_handlers
+from cadence.server.openapi_spec import install_openapi
+from cadence.server.request_guard import RequestGuard
 from cadence.server.serving_chat import create_chat_completion
 from cadence.server.serving_completions import create_completion
 from cadence.telemetry.prometheus import CONTENT_TYPE, PrometheusMetrics
@@ -38,15 +43,20 @@ class ServerState:
     telemetry: LiveTelemetry | None = None  # /metrics + attribution + dashboard viewers
     model_name: str = ""
     max_model_len: int = 0
+    # The most characters one token covers (bounds prompt texts before tokenizing; None: unknown).
+    max_token_chars: int | None = None
     started_at: int = 0
+    supervisor: EngineSupervisor | None = None
+    # Set by the launcher: stop the server with this exit code (engine death, with the flag).
+    request_exit: Callable[[int], None] | None = None
 
 
 def _require_engine(request: Request) -> None:
     client = request.app.state.server.client
     if client is None or not client.is_healthy:
         reason = client.dead_reason if client is not None else None
-        raise APIError(503, f"The engine is not available{': ' + reason if reason else ''}.",
-                       code="engine_unavailable")
+        raise APIError(503, f"The engine is not available{': ' + reason if reason else ''}; "
+                       "retry later.", code="engine_unavailable")
 
 
 api = APIRouter(dependencies=[Depends(check_api_key)])
@@ -82,7 +92,8 @@ api.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST
 async def health(request: Request) -> JSONResponse:
     client = request.app.state.server.client
     if client is None or not client.is_healthy:
-        return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "unavailable"}, status_code=503,
+                            headers=error_headers(503))
     return JSONResponse({"status": "ok"})
 
 
@@ -92,8 +103,11 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.client = await AsyncEngineClient.start(
-            engine_config, in_process=config.in_process_engine)
+        state.supervisor = EngineSupervisor(
+            state, engine_config, in_process=config.in_process_engine,
+            exit_on_death=config.exit_on_engine_death,
+            request_exit=lambda code: state.request_exit and state.request_exit(code))
+        await state.supervisor.start()
         state.model_name = config.served_model_name or state.client.info.model_name
         state.metrics = PrometheusMetrics(state.model_name)
         sched = engine_config.engine_config.get("scheduler") or {}
@@ -102,11 +116,12 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
             settings={"model": state.model_name, **sched})
         state.client.attach_metrics(state.telemetry)
         state.max_model_len = state.client.info.max_model_len
+        state.max_token_chars = state.client.info.max_token_chars
         state.started_at = int(time.time())
         try:
             yield
         finally:
-            await state.client.shutdown()
+            await state.supervisor.stop()
 
     app = FastAPI(title="cadence", lifespan=lifespan)
     app.state.server = state
@@ -114,4 +129,7 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
     app.include_router(api)
     app.include_router(dashboard_router)
     app.add_api_route("/health", health, methods=["GET"])
+    install_openapi(app)
+    app.add_middleware(RequestGuard, max_request_bytes=config.max_request_bytes,
+                       api_key=lambda: config.api_key)
     return app

@@ -1,12 +1,13 @@
-"""Bearer API-key check (active only when the server was started with --api-key)."""
+"""Bearer API-key check (active only when the server was started with --api-key).
+
+The RequestGuard middleware checks the key before the body is read; this dependency keeps
+routes outside its prefixes covered too."""
 
 from __future__ import annotations
 
-import hmac
-
 from fastapi import Request
 
-from cadence.server.errors import APIError
+from cadence.server.request_guard import api_key_error
 
 
 def check_api_key(request: Request) -> None:
@@ -14,11 +15,6 @@ def check_api_key(request: Request) -> None:
     expected: str | None = request.app.state.server.config.api_key
     if expected is None:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'.",
-                       code="invalid_api_key")
-    # Constant-time compare: the key must not leak through response timing.
-    if not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+    error = api_key_error(request.headers.get("authorization", ""), expected)
+    if error is not None:
+        raise error

@@ -67,6 +67,8 @@ _FLAGS: tuple[tuple[str, type, str, Any], ...] = (
     ("--api-key", ServerConfig, "api_key", str),
     ("--max-num-queued-requests", ServerConfig, "max_num_queued_requests", int),
     ("--max-num-queued-tokens", ServerConfig, "max_num_queued_tokens", int),
+    ("--max-request-bytes", ServerConfig, "max_request_bytes", parse_size),
+    ("--exit-on-engine-death", ServerConfig, "exit_on_engine_death", bool),
     ("--shutdown-grace-seconds", ServerConfig, "shutdown_grace_s", float),
     ("--in-process-engine", ServerConfig, "in_process_engine", bool),
     ("--engine-threads", ServerConfig, "engine_threads", int),
@@ -146,8 +148,7 @@ def run(args: argparse.Namespace) -> int:
         server, process = configs_from_args(args)
     except (ValueError, TypeError) as exc:
         args.parser.error(str(exc))
-    run_server(server, process, log_level=args.log_level)
-    return 0
+    return run_server(server, process, log_level=args.log_level)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

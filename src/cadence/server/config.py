@@ -38,6 +38,17 @@ class ServerConfig:
         metadata={"help": "Run the engine loop in a thread of the server process instead of its "
                           "own process (for measuring what the split buys)."},
     )
+    max_request_bytes: int = field(
+        default=4 * 2**20,
+        metadata={"help": "Answer 413 to a request body larger than this, before reading it "
+                          "all (the API's prompts fit in far less)."},
+    )
+    exit_on_engine_death: bool = field(
+        default=False,
+        metadata={"help": "Exit non-zero when the engine process dies, for a supervisor to "
+                          "restart the whole server (default: respawn the engine, answering "
+                          "503 with Retry-After until it is back)."},
+    )
     engine_threads: int | None = field(
         default=None,
         metadata={"help": "torch threads of the engine (default: all cores)."},
@@ -46,7 +57,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_num_queued_requests", "max_num_queued_tokens", "engine_threads"):
+        for name in ("max_num_queued_requests", "max_num_queued_tokens", "engine_threads",
+                     "max_request_bytes"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")

@@ -6,6 +6,7 @@ through `install_error_handlers`, so clients only ever see this one shape.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
@@ -14,6 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+# Seconds a client should wait before retrying a 429 (queue full) or a 503 (engine restarting).
+RETRY_AFTER_S = {429: 1, 503: 5}
 
 # HTTP status -> OpenAI error "type".
 _ERROR_TYPES = {
@@ -44,6 +48,7 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str | None = None,  # noqa: A002 - the OpenAI field name
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -51,13 +56,35 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.type = type
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.param, self.code, self.type)
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        return ErrorJSONResponse(self.body(), status_code=self.status,
+                                 headers=error_headers(self.status, self.headers))
+
+
+def error_headers(status: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The headers an error status promises: WWW-Authenticate on 401, Retry-After on 429/503."""
+    headers = dict(extra or {})
+    if status == 401:
+        headers.setdefault("WWW-Authenticate", "Bearer")
+    if status in RETRY_AFTER_S:
+        headers.setdefault("Retry-After", str(RETRY_AFTER_S[status]))
+    return headers
+
+
+class ErrorJSONResponse(JSONResponse):
+    """A JSONResponse that renders any text: a message quoting the client's input may hold a
+    lone surrogate (JSON allows "\\ud800"), which UTF-8 cannot encode; then it is escaped."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def error_body(
@@ -96,6 +123,10 @@ def validation_error_to_api_error(errors: Sequence[dict[str, Any]]) -> APIError:
         param = _loc_to_param(err.get("loc", ()))
         messages.append(f"{param or 'body'}: {err.get('msg', 'invalid value')}")
     param = _loc_to_param(first.get("loc", ()))
+    if first.get("type") == "unencodable_string":
+        param = (first.get("ctx") or {}).get("param")
+        return APIError(400, f"Invalid request: {first.get('msg')}.", param=param,
+                        code="invalid_string")
     if param is not None and first.get("type") == "missing":
         code = "missing_required_parameter"
     else:
@@ -118,7 +149,8 @@ def install_error_handlers(app: FastAPI) -> None:
         except ValueError:
             phrase = "Error"
         message = exc.detail if isinstance(exc.detail, str) else phrase
-        return APIError(exc.status_code, message).response()
+        # Keep Starlette's headers: 405 carries Allow.
+        return APIError(exc.status_code, message, headers=dict(exc.headers or {})).response()
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         return APIError(500, f"Internal server error: {type(exc).__name__}: {exc}").response()

@@ -46,11 +46,25 @@ class GracefulServer(uvicorn.Server):
 
 
 def run_server(config: ServerConfig, engine_config: EngineProcessConfig,
-               log_level: str = "info") -> None:
-    """Serve until SIGINT/SIGTERM (blocking)."""
+               log_level: str = "info") -> int:
+    """Serve until SIGINT/SIGTERM (blocking); the process exit code (non-zero after the engine
+    died with --exit-on-engine-death)."""
     # The front end is asyncio + JSON: one thread; the cores belong to the engine process.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     app = create_app(config, engine_config)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                                access_log=False, lifespan="on")
-    GracefulServer(uv_config, app.state.server, config.shutdown_grace_s).run()
+    state: ServerState = app.state.server
+    server = GracefulServer(uv_config, state, config.shutdown_grace_s)
+    exit_code = 0
+
+    def request_exit(code: int) -> None:
+        nonlocal exit_code
+        exit_code = code
+        server.should_exit = True
+
+    state.request_exit = request_exit
+    server.run()
+    if exit_code == 0 and not server.started:
+        exit_code = 1  # startup failed (the engine did not come up)
+    return exit_code

@@ -10,11 +10,37 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 # OpenAI caps logprobs alternatives at 20 (as does SamplingParams).
 MAX_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 16
+
+
+def unencodable_string_path(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first string in `value` that UTF-8 cannot encode (JSON allows
+    lone surrogates such as "\\ud800"; the tokenizer, the wire and every response cannot
+    carry them), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        key_path = f"{path}.{key}" if path else str(key)
+        found = unencodable_string_path(key, key_path) if isinstance(key, str) else None
+        found = found or unencodable_string_path(item, key_path)
+        if found:
+            return found
+    return None
 
 
 class StreamOptions(BaseModel):
@@ -47,6 +73,17 @@ class SamplingRequestFields(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unencodable_strings(cls, data: Any) -> Any:
+        path = unencodable_string_path(data)
+        if path is not None:
+            raise PydanticCustomError(
+                "unencodable_string",
+                "{param} holds a string that is not valid Unicode (a lone surrogate)",
+                {"param": path})
+        return data
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

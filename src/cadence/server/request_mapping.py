@@ -72,6 +72,31 @@ def sampling_fields(body: SamplingRequestFields, max_tokens: int | None,
     return wire
 
 
+def check_prompt_size(prompt: EnginePrompt, max_model_len: int,
+                      max_token_chars: int | None) -> None:
+    """400 for a prompt that cannot fit the context, decided without tokenizing it: token ids
+    are counted, a text is measured against the longest token (`max_token_chars`), so an
+    oversized prompt never reaches the engine."""
+    too_long = (f"This model's maximum context length is {max_model_len} tokens. However, the "
+                "prompt has {what}, which leaves no room for a completion.")
+    if prompt.token_ids is not None and len(prompt.token_ids) >= max_model_len:
+        raise APIError(400, too_long.format(what=f"{len(prompt.token_ids)} tokens"),
+                       param="prompt", code="context_length_exceeded")
+    if not max_token_chars:
+        return
+    if prompt.text is not None:
+        num_chars, param = len(prompt.text), "prompt"
+    elif prompt.chat_messages is not None:
+        num_chars = sum(len(m.get("content") or "") for m in prompt.chat_messages)
+        param = "messages"
+    else:
+        return
+    if num_chars > max_model_len * max_token_chars:
+        raise APIError(400, too_long.format(
+            what=f"{num_chars} characters (no token is longer than {max_token_chars})"),
+            param=param, code="context_length_exceeded")
+
+
 def completion_prompt(body: CompletionRequest) -> EnginePrompt:
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):

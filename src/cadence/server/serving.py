@@ -37,6 +37,7 @@ from cadence.server.protocol import SamplingRequestFields
 from cadence.server.request_mapping import (
     EnginePrompt,
     check_model,
+    check_prompt_size,
     reject_unsupported,
     sampling_fields,
 )
@@ -96,6 +97,7 @@ async def serve_generation(
     check_model(body.model, server.model_name)
     reject_unsupported(body.unsupported_features())
     prompt = build_prompt(body)
+    check_prompt_size(prompt, server.max_model_len, server.max_token_chars)
     sampling = sampling_fields(body, max_tokens, logprobs, server.max_model_len)
     req_id = new_request_id(id_prefix)
     stream = await submit(server.client, req_id, prompt, sampling, body.priority, arrival,

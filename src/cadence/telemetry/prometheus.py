@@ -55,6 +55,8 @@ class _EngineStatsCollector(Collector):
 
     def __init__(self) -> None:
         self.stats: dict[str, Any] = {}
+        self.engine_up = 1
+        self.engine_restarts = 0
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats
@@ -88,6 +90,11 @@ class _EngineStatsCollector(Collector):
                         "is below what this machine reaches without slowing prefills by more "
                         "than --max-prefill-slowdown (= the target while it is reachable).",
                         reachable if reachable is not None else s["itl_target_s"])
+        yield gauge("engine_up", "1 while an engine process serves, 0 while it is restarting.",
+                    self.engine_up)
+        yield CounterMetricFamily(PREFIX + "engine_restarts",
+                                  "Engine processes respawned after one died.",
+                                  value=float(self.engine_restarts))
         yield counter("num_preemptions", "Preemptions since start.", "num_preemptions_total")
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                       "prefix_cache_queries")
@@ -168,6 +175,16 @@ class PrometheusMetrics:
 
     def update_engine_stats(self, stats: Mapping[str, Any]) -> None:
         self._engine_stats.stats = dict(stats)
+
+    def engine_down(self) -> None:
+        """The engine died: its running/waiting requests and KV blocks are gone with it."""
+        self._engine_stats.stats = {}
+        self._engine_stats.engine_up = 0
+
+    def engine_up(self, num_restarts: int) -> None:
+        """A respawned engine serves again (its stats arrive with its batches)."""
+        self._engine_stats.engine_up = 1
+        self._engine_stats.engine_restarts = num_restarts
 
     # ---- output
 
