@@ -210,12 +210,22 @@ class InterferenceTracker:
         for req_id, _, prompt in facts.prefill:
             self._request(req_id).prompt_tokens = prompt
         new: list[Stall] = []
+        # Fast path, the common case: a pure decode step right after the stream's previous
+        # token (the window is this step alone, nothing else ran in it) and a gap under the
+        # target: a clean gap, nothing to attribute.
+        plain = not facts.prefill and not facts.preempted
+        before = self._steps[-2].t_end if len(self._steps) > 1 else float("-inf")
+        last, target, t_end = self._last_token, self.target_itl_s, facts.t_end
         for req_id in facts.sampled:
-            prev = self._last_token.get(req_id)
-            self._last_token[req_id] = facts.t_end
+            prev = last.get(req_id)
+            last[req_id] = t_end
             if prev is None:
                 continue  # the first token ends the TTFT, not a gap
-            stall = self._gap(req_id, prev, facts.t_end)
+            if plain and prev >= before and t_end - prev <= target:
+                self._solo.add(req_id, t_end - prev)
+                self._request(req_id).num_gaps += 1
+                continue
+            stall = self._gap(req_id, prev, t_end)
             if stall is not None:
                 new.append(stall)
         return new
