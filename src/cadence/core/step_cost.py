@@ -274,11 +274,12 @@ def fit_coefficients(
         used += 1
     if used == 0:
         raise ValueError("no usable step samples to fit (need positive, finite seconds)")
-    # The ridge is relative to the data's own scale so it never dominates real samples.
+    # The ridge of each coefficient is relative to its own data (a feature the samples do
+    # exercise is barely pulled; one they never exercise sits at the prior).
     scale = max(gram[i][i] for i in range(d))
-    ridge = prior_strength * scale
-    matrix = [[gram[i][j] + (ridge if i == j else 0.0) for j in range(d)] for i in range(d)]
-    rhs = [moment[i] + ridge * prior_scaled[i] for i in range(d)]
+    ridge = [prior_strength * (gram[i][i] if gram[i][i] > 0 else scale) for i in range(d)]
+    matrix = [[gram[i][j] + (ridge[i] if i == j else 0.0) for j in range(d)] for i in range(d)]
+    rhs = [moment[i] + ridge[i] * prior_scaled[i] for i in range(d)]
     theta = _solve_nonnegative(matrix, rhs)
     return StepCostCoefficients(*(max(0.0, t) / s for t, s in zip(theta, _FEATURE_SCALES)))
 

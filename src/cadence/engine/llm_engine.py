@@ -75,7 +75,7 @@ class LLMEngine:
         executor = ModelExecutor(loaded, cache_cfg.num_blocks, cache_cfg.block_size, seed=cfg.seed)
         scheduler = Scheduler(sched_cfg, cache_cfg)
         if cfg.startup_profile and hasattr(scheduler.policy, "calibrate"):
-            from cadence.engine.step_profile import profile_steps
+            from cadence.core.step_profile import profile_steps
 
             samples = profile_steps(executor.execute, cache_cfg.block_size,
                                     cache_cfg.num_blocks, sched_cfg.max_model_len)

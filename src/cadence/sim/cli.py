@@ -1,6 +1,8 @@
 """`cadence sim` (or `python -m cadence.sim`): compare batching policies on a simulated
-doc-burst workload and print a table. No model, no torch: the real scheduler on a virtual
-clock with a roofline (or trace-fitted) step cost."""
+doc-burst workload and print a table: the real scheduler on a virtual clock with a step cost
+calibrated from a short profile of this machine (--calibrate, or a saved --calibration FILE),
+fitted to a --trace, or a roofline --profile. `--validate` runs six workloads on the real
+engine and in the simulator and prints each metric's error."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from rich.console import Console
+from rich.table import Table
 
+from cadence.sim.calibration import cost_model_from_samples, load_profile, save_profile
 from cadence.sim.compare import policy_variants, run_comparison
 from cadence.sim.cost_model import CostModel, RooflineCostModel
 from cadence.sim.hardware import PROFILES, get_profile
@@ -71,6 +75,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trace", metavar="FILE",
         help="fit the step cost to a `cadence ... --trace FILE` JSONL file instead",
     )
+    cost.add_argument(
+        "--calibrate", action="store_true",
+        help="time a dozen synthetic steps of the model on this machine (a few seconds) and "
+        "fit the step cost to them (needs the model; see --model, --dtype)",
+    )
+    cost.add_argument("--calibration", metavar="FILE",
+                      help="use a profile saved with --save-calibration")
+    cost.add_argument("--save-calibration", metavar="FILE",
+                      help="with --calibrate or --validate: save the machine profile here")
+    cost.add_argument("--model", default=None, help="model to calibrate (default: the default)")
+    cost.add_argument("--dtype", default="auto", help="dtype to calibrate (default: auto)")
+    parser.add_argument(
+        "--validate", action="store_true",
+        help="run six workloads (streams, document lengths, eager/chunked/slo) on the real "
+        "engine and in the simulator calibrated on this machine; print each metric's error",
+    )
+    parser.add_argument("--validate-scale", type=float, default=1.0, metavar="X",
+                        help="--validate: multiply the workloads' token counts (default: 1)")
     work = parser.add_argument_group("doc-burst workload")
     work.add_argument("--streams", type=int, default=8, help="streams decoding (default: 8)")
     work.add_argument("--stream-prompt", type=_positive_int, default=256, metavar="TOKENS",
@@ -96,14 +118,77 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the summaries as JSON")
 
 
+def _machine_profile(args: argparse.Namespace):
+    """(loaded model, samples) timed on this machine now."""
+    from cadence.model.loader import load_model
+    from cadence.sim.validate import profile_machine
+
+    loaded = load_model(args.model, dtype=args.dtype)
+    samples = profile_machine(loaded)
+    if args.save_calibration:
+        save_profile(args.save_calibration, samples,
+                     machine=f"{loaded.name} {loaded.dtype} {loaded.device}")
+    return loaded, samples
+
+
+def run_validation(args: argparse.Namespace) -> int:
+    from cadence.sim.validate import ACCEPTANCE, compare, default_cases, run_real, run_sim
+
+    loaded, samples = _machine_profile(args)
+    cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
+    console = Console(width=160)
+    c = cost_model.coefficients
+    console.print(
+        f"calibrated ({loaded.name}, {loaded.dtype}): base {c.base_s * 1e3:.1f} ms, "
+        f"prefill {c.per_prefill_token_s * 1e3:.3f} ms/token, decode "
+        f"{c.per_decode_token_s * 1e3:.3f} ms/token, attention {c.per_attention_pair_s * 1e9:.2f}"
+        " ns/pair"
+    )
+    table = Table(title="simulator vs real engine (error = (sim - real) / real)")
+    for col in ("workload", "metric", "real (ms)", "sim (ms)", "error"):
+        table.add_column(col, justify="right" if col != "workload" else "left")
+    worst = 0.0
+    rows_json = []
+    for case in default_cases(args.validate_scale):
+        console.print(f"running {case.name} ...")
+        real = run_real(loaded, case, samples)
+        sim = run_sim(case, cost_model, samples, loaded.config.vocab_size)
+        for row in compare(case, real, sim):
+            err = row.error
+            if row.metric in ACCEPTANCE and err is not None:
+                worst = max(worst, abs(err))
+            table.add_row(
+                case.name, row.metric,
+                f"{row.real_s * 1e3:.0f}" if row.real_s is not None else "-",
+                f"{row.sim_s * 1e3:.0f}" if row.sim_s is not None else "-",
+                f"{err:+.0%}" if err is not None else "-",
+            )
+            rows_json.append({"case": row.case, "metric": row.metric, "real_s": row.real_s,
+                              "sim_s": row.sim_s, "error": err})
+    console.print(table)
+    console.print(f"worst error of {' and '.join(ACCEPTANCE)}: {worst:.0%} (goal <= 15%)")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"rows": rows_json, "worst_acceptance_error": worst}, f, indent=2)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.streams < 0:
         print("cadence sim: --streams must be >= 0", file=sys.stderr)
         return 2
+    if args.validate:
+        return run_validation(args)
     try:
         cost_model: CostModel
         if args.trace:
             cost_model = fit_trace(args.trace)
+        elif args.calibration:
+            cost_model = cost_model_from_samples(load_profile(args.calibration),
+                                                 name=f"calibrated ({args.calibration})")
+        elif args.calibrate:
+            _, samples = _machine_profile(args)
+            cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
         else:
             cost_model = RooflineCostModel(SMOLLM2_135M, get_profile(args.profile))
     except (OSError, ValueError) as exc:

@@ -90,10 +90,16 @@ def simulate(
     executor=None,
     vocab_size: int = 49152,
     max_steps: int = 1_000_000,
+    calibration: list | None = None,
 ) -> SimResult:
-    """Run `workload` to completion under `sched`; deterministic for a given input."""
+    """Run `workload` to completion under `sched`; deterministic for a given input.
+    `calibration`: (plan, seconds) samples of a machine profile, handed to the scheduler as
+    the engine does at start (Scheduler.calibrate), so an slo policy starts from the same
+    step-time model in the simulator as on the machine."""
     cache = cache or default_cache(workload)
     scheduler = Scheduler(sched, cache)
+    if calibration:
+        scheduler.calibrate(calibration)
     executor = executor or HashSampler(vocab_size)
     clock = VirtualClock()
     telemetry = TelemetryRecorder(max_finished=max(1, len(workload.requests)))

@@ -8,7 +8,8 @@ a few sizes, early and late in a context, alone and with decodes riding along) a
 (plan, seconds) pairs to `Scheduler.calibrate`, which makes the fit this machine's prior. The
 same samples calibrate the simulator (`cadence sim --calibrate`).
 
-The synthetic steps write KV into blocks that no request owns yet (the pool is untouched, no
+Pure Python (the executor is a callable), so the simulator can rebuild the same plans from a
+saved profile. The synthetic steps write KV into blocks that no request owns yet (the pool is untouched, no
 prefix hash is registered), so nothing a real request reads is affected.
 """
 
@@ -120,3 +121,15 @@ def profile_steps(
             best = min(best, time.perf_counter() - t0)
         samples.append((plan, best))
     return samples
+
+
+def shape_of(plan: StepPlan) -> ProfileShape:
+    """The ProfileShape a synthetic plan was built from (for saving a profile)."""
+    decodes = [c for c in plan.chunks if not c.is_prefill]
+    chunks = [c for c in plan.chunks if c.is_prefill]
+    return ProfileShape(
+        decodes=len(decodes),
+        decode_ctx=decodes[0].start_pos if decodes else 64,
+        chunk=chunks[0].num_new_tokens if chunks else 0,
+        chunk_start=chunks[0].start_pos if chunks else 0,
+    )

@@ -1,0 +1,67 @@
+"""The simulator calibrated from a profile of the machine, and the validation against the
+real engine (on a tiny random model here; the numbers for the real model are in the README)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cadence.core.step_cost import StepCostCoefficients, StepFeatures
+from cadence.core.step_profile import DEFAULT_SHAPES, build_plan
+from cadence.sim.calibration import cost_model_from_samples, load_profile, save_profile
+from cadence.sim.cli import main
+
+MACHINE = StepCostCoefficients(0.02, 0.002, 0.004, 3e-7)
+
+
+def machine_seconds(plan) -> float:
+    f = StepFeatures.of_plan(plan)
+    return (MACHINE.base_s + MACHINE.per_prefill_token_s * f.prefill_tokens
+            + MACHINE.per_decode_token_s * f.decode_tokens
+            + MACHINE.per_attention_pair_s * f.attention_pairs)
+
+
+def profile():
+    plans = [build_plan(s, 16, 1 << 20) for s in DEFAULT_SHAPES]
+    return [(p, machine_seconds(p)) for p in plans]
+
+
+def test_a_profile_recovers_the_machine_and_survives_a_round_trip(tmp_path):
+    samples = profile()
+    model = cost_model_from_samples(samples)
+    for got, want in zip(model.coefficients.as_tuple(), MACHINE.as_tuple()):
+        assert got == pytest.approx(want, rel=0.02)
+    path = tmp_path / "profile.json"
+    save_profile(path, samples, machine="test")
+    again = load_profile(path)
+    assert [p.chunks for p, _ in again] == [p.chunks for p, _ in samples]
+    assert cost_model_from_samples(again).coefficients == model.coefficients
+
+
+def test_a_bad_profile_file_is_a_clear_error(tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text('{"samples": [{"decodes": "x"}]}')
+    with pytest.raises(ValueError, match="not a cadence step profile"):
+        load_profile(path)
+    assert main(["--calibration", str(path)]) == 2
+    assert "not a cadence step profile" in capsys.readouterr().err
+
+
+def test_validation_runs_the_same_workloads_on_the_engine_and_in_the_simulator(
+        tiny_llama_dir, tmp_path, capsys):
+    out = tmp_path / "validation.json"
+    saved = tmp_path / "profile.json"
+    assert main(["--validate", "--model", tiny_llama_dir, "--dtype", "float32",
+                 "--validate-scale", "0.1", "--json", str(out),
+                 "--save-calibration", str(saved)]) == 0
+    text = capsys.readouterr().out
+    assert "simulator vs real engine" in text and "p99 ITL" in text
+    rows = json.loads(out.read_text())["rows"]
+    assert len({r["case"] for r in rows}) >= 6
+    ttft = [r for r in rows if r["metric"] == "mean TTFT"]
+    assert all(r["real_s"] > 0 and r["sim_s"] > 0 for r in ttft)
+    # The saved profile drives a plain simulation without the model.
+    assert main(["--calibration", str(saved), "--streams", "2", "--doc-tokens", "256",
+                 "--stream-output", "20", "--budgets", "64", "--targets", "100"]) == 0
+    assert "calibrated" in capsys.readouterr().out
