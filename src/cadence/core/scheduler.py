@@ -116,6 +116,11 @@ class Scheduler:
         self.kv.cache_computed_blocks(req)
         return True
 
+    def waits_only_on_remote_kv(self) -> bool:
+        """True when every unfinished request is loading its KV: a step would do nothing
+        until a transfer ends (the engine loop then blocks instead of spinning)."""
+        return bool(self.remote.loading) and len(self._requests) == len(self.remote.loading)
+
     def release_kv_lease(self, req_id: str) -> bool:
         """Free the blocks a finished `hold_kv_on_finish` request left leased."""
         return self.kv.release_lease(req_id)

@@ -243,6 +243,7 @@ class AsyncEngineClient:
         priority: int = 0,
         arrival_time: float | None = None,
         want_prompt_text: bool = False,
+        kv_transfer_params: Mapping[str, Any] | None = None,
     ) -> RequestStream:
         """Send one request and wait until the engine admits it (EngineRejected if not)."""
         if not self.is_healthy:
@@ -255,7 +256,9 @@ class AsyncEngineClient:
                          prompt_token_ids=prompt_token_ids, chat_messages=chat_messages,
                          add_generation_prompt=add_generation_prompt, priority=priority,
                          arrival_time=time.monotonic() if arrival_time is None else arrival_time,
-                         want_prompt_text=want_prompt_text)
+                         want_prompt_text=want_prompt_text,
+                         kv_transfer_params=None if kv_transfer_params is None
+                         else dict(kv_transfer_params))
         try:
             await self._in.send(encode_message(msg))
             accepted = await state.accepted

@@ -113,9 +113,11 @@ class EngineCoreLoop:
     def _admit(self, msg: AddRequest, admitted: AdmittedRequest, batch: EngineBatch) -> None:
         ids = admitted.prompt_token_ids
         check_queue_limits(self.limits, *self._queued_counts(), len(ids))
+        # Only disaggregation-aware engines (cadence.disagg) take the extra argument.
+        extra = {"kv_transfer_params": msg.kv_transfer_params} if msg.kv_transfer_params else {}
         try:
             self.engine.add_request(msg.req_id, ids, admitted.params, msg.priority,
-                                    msg.arrival_time)
+                                    msg.arrival_time, **extra)
         except ValueError as exc:  # the engine's own input checks
             raise AdmissionError(400, str(exc), param=admitted.prompt_param) from exc
         self._live[msg.req_id] = _LiveRequest(msg.req_id, len(ids))
@@ -165,10 +167,28 @@ class EngineCoreLoop:
         import zmq
 
         msgs = []
+        # An engine with work outside the step (KV transfers of cadence.disagg) may add a
+        # socket that wakes the loop, and a shorter idle wait (its next deadline).
+        wakeup = getattr(self.engine, "wakeup_socket", None)
         if block:
-            while not self.in_socket.poll(self.IDLE_POLL_MS, zmq.POLLIN):
+            poller = zmq.Poller()
+            poller.register(self.in_socket, zmq.POLLIN)
+            if wakeup is not None:
+                poller.register(wakeup, zmq.POLLIN)
+            while True:
+                timeout = self.IDLE_POLL_MS
+                idle_timeout = getattr(self.engine, "idle_timeout_ms", None)
+                if idle_timeout is not None:
+                    timeout = min(timeout, max(1, int(idle_timeout())))
+                events = dict(poller.poll(timeout))
+                if self.in_socket in events or wakeup in events:
+                    break
                 if self._parent_gone():
                     return [Shutdown(reason="parent exited")]
+                if idle_timeout is not None:
+                    break  # a deadline of the engine's is due
+            if wakeup is not None:
+                _drain(wakeup)
         elif self._parent_gone():
             # Busy: without this check an orphan would step (and fill its send queue) forever.
             return [Shutdown(reason="parent exited")]
@@ -227,7 +247,13 @@ class EngineCoreLoop:
     def run_once(self) -> bool:
         """One turn: messages, then at most one step, then one batch out. False once stopped."""
         batch = EngineBatch()
+        service = getattr(self.engine, "service", None)
+        if service is not None:
+            service()  # finished transfers, acknowledgements, expired leases
         busy = self.engine.has_unfinished()
+        waiting_only = getattr(self.engine, "waits_only_on_transfers", None)
+        if busy and waiting_only is not None and waiting_only():
+            busy = False  # nothing to step until a transfer ends: block on the sockets
         for msg in self._receive(block=not busy and not self._preparing):
             self._handle(msg, batch)
         if self._preparing and not self.engine.has_unfinished():
@@ -260,3 +286,13 @@ class EngineCoreLoop:
                 pass
         finally:
             self._tokenizer.shutdown(wait=False, cancel_futures=True)
+
+
+def _drain(socket: Any) -> None:
+    import zmq
+
+    while True:
+        try:
+            socket.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return

@@ -146,8 +146,17 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        *,
+        hold_kv: bool = False,
+        prefilled_token: int | None = None,
     ) -> tuple[int, ...]:
-        """Queue a request; returns its prompt token ids. Raises ValueError on bad input."""
+        """Queue a request; returns its prompt token ids. Raises ValueError on bad input.
+
+        Disaggregation (cadence.disagg): `hold_kv` leases the request's blocks when it finishes
+        (a prefill worker's request, read by a decode worker); `prefilled_token` is the first
+        output token another engine sampled after prefilling this prompt: the request then
+        waits for its KV (scheduler.take_kv_loads / finish_remote_kv) and that token is
+        returned by the next step() at once."""
         if not isinstance(req_id, str) or not req_id:
             raise ValueError(f"req_id must be a non-empty str, got {req_id!r}")
         if req_id in self._texts:
@@ -166,10 +175,32 @@ class LLMEngine:
             params = dataclasses.replace(params, eos_token_ids=tuple(self.tokenizer.stop_token_ids))
         text = RequestText(self.tokenizer, params)
         arrival = self._clock() if arrival_time is None else float(arrival_time)
-        self.scheduler.add_request(Request(req_id, prompt_ids, params, arrival, priority))
+        request = Request(req_id, prompt_ids, params, arrival, priority)
+        request.hold_kv_on_finish = hold_kv
+        if prefilled_token is None:
+            self.scheduler.add_request(request)
+        else:
+            request.append_output_token(int(prefilled_token))
+            self.scheduler.add_remote_request(request)
         self._texts[req_id] = text
         self.telemetry.request_arrived(req_id, arrival, len(prompt_ids))
+        if prefilled_token is not None:
+            self._emit_prefilled_token(request, text)
         return prompt_ids
+
+    def _emit_prefilled_token(self, request: Request, text: RequestText) -> None:
+        """The first token came with the request: stream it now, before its KV arrives."""
+        new_text = text.push((request.output_token_ids[0],), finished=False)
+        finished = text.stopped
+        if finished:  # a stop string ends it on its first token: nothing to load
+            self.scheduler.finish_request(request.req_id, reason="stop")
+            del self._texts[request.req_id]
+            self.telemetry.finish_request(request.req_id, "stop", self._clock())
+        self._pending.append(RequestOutput(
+            req_id=request.req_id, new_token_ids=(request.output_token_ids[0],),
+            new_text=new_text, finished=finished, finish_reason="stop" if finished else None,
+            num_prompt_tokens=request.num_prompt_tokens, num_output_tokens=1,
+            num_cached_tokens=0))
 
     def abort_request(self, req_id: str) -> bool:
         """Stop a request at once (its blocks are freed now). The next step() returns its final
@@ -182,6 +213,18 @@ class LLMEngine:
         self.telemetry.finish_request(req_id, "abort", self._clock())
         self._pending.append(_final_output(req_id, req, "abort"))
         return True
+
+    def fail_request(self, req_id: str, message: str) -> bool:
+        """End a request with finish_reason "error" and `message` (blocks freed now); the next
+        step() returns its final output. False when the id is unknown or finished."""
+        if req_id not in self._texts:
+            return False
+        self._pending.append(self._fail_request(req_id, message))
+        return True
+
+    @property
+    def has_pending_outputs(self) -> bool:
+        return bool(self._pending)
 
     def has_unfinished(self) -> bool:
         return bool(self._pending) or bool(self._texts) or self.scheduler.has_unfinished()

@@ -28,3 +28,6 @@ class RequestOutput:
     num_cached_tokens: int
     logprobs: tuple[SampledToken, ...] | None = None
     error: str | None = None
+    # Disaggregation: the prefill side's handoff (engine id, address, block ids, first token)
+    # or the decode side's transfer record (bytes, seconds); None otherwise.
+    kv_transfer_params: dict | None = None

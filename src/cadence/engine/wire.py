@@ -45,6 +45,9 @@ class AddRequest:
     # system-wide, so the engine's timelines (same clock) include the front end's share.
     arrival_time: float | None = None
     want_prompt_text: bool = False
+    # Disaggregated serving: {"do_remote_decode": true} on a prefill worker, the prefill's
+    # handoff ({"do_remote_prefill": true, ...}) on a decode worker (cadence.disagg).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,7 @@ def output_to_wire(out: Any, token_text: Callable[[int], str]) -> dict[str, Any]
         "logprobs": logprobs_to_wire(getattr(out, "logprobs", None), token_ids, token_text),
         # Why a request ended with "error" (e.g. it can never fit the KV pool): reaches the client.
         "error": getattr(out, "error", None),
+        "kv_transfer_params": getattr(out, "kv_transfer_params", None),
     }
 
 
@@ -248,6 +252,7 @@ def output_from_wire(wire: Mapping[str, Any]) -> RequestOutput:
         num_cached_tokens=wire.get("num_cached_tokens", 0),
         logprobs=logprobs_from_wire(wire.get("logprobs")),
         error=wire.get("error"),
+        kv_transfer_params=wire.get("kv_transfer_params"),
     )
 
 

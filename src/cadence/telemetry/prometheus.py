@@ -100,6 +100,24 @@ class _EngineStatsCollector(Collector):
                       "prefix_cache_queries")
         yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                       "prefix_cache_hits")
+        # Disaggregated serving (cadence.disagg); zero on a colocated engine.
+        yield gauge("num_requests_waiting_for_kv",
+                    "Prefilled requests waiting for blocks or for their KV transfer.",
+                    s.get("num_waiting_for_kv", 0))
+        yield gauge("kv_cache_blocks_leased",
+                    "Blocks of finished prefills kept for a decode engine to pull.",
+                    s.get("num_leased_blocks", 0))
+        yield counter("kv_transfers", "KV loads completed (decode side).", "kv_transfers_total")
+        yield counter("kv_transfer_bytes", "KV bytes pulled from prefill engines.",
+                      "kv_transfer_bytes_total")
+        yield counter("kv_transfer_seconds", "Time spent pulling KV (sum over requests).",
+                      "kv_transfer_seconds_total")
+        yield counter("kv_transfer_failures", "KV loads that failed (request ended in error).",
+                      "kv_transfer_failures_total")
+        yield counter("kv_leases_expired", "Prefill leases freed by expiry, not by an ack.",
+                      "kv_leases_expired_total")
+        yield counter("kv_bytes_served", "KV bytes sent to decode engines (prefill side).",
+                      "kv_bytes_served_total")
 
 
 class PrometheusMetrics:

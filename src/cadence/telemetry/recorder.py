@@ -30,6 +30,9 @@ class TelemetryListener:
     def on_request_finished(self, timeline: RequestTimeline) -> None:
         """A request reached a final state (stop, length, abort, error)."""
 
+    def on_event(self, record: dict) -> None:
+        """Any other timed event (e.g. a KV transfer of a disaggregated request)."""
+
     def close(self) -> None:
         """The recorder is shutting down: flush."""
 
@@ -56,6 +59,13 @@ class TelemetryRecorder:
         self.num_finished_total = 0
 
     # listeners -----------------------------------------------------------------------------
+    def record_event(self, record: dict) -> None:
+        """Hand a plain JSON-able event record (with a "type") to every listener."""
+        for listener in self._listeners:
+            on_event = getattr(listener, "on_event", None)
+            if on_event is not None:
+                on_event(record)
+
     def add_listener(self, listener: TelemetryListener) -> None:
         self._listeners.append(listener)
 

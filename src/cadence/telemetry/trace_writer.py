@@ -48,6 +48,9 @@ class TraceWriter(TelemetryListener):
         if self._tracker is not None:
             self._tracker.forget(timeline.req_id)
 
+    def on_event(self, record: dict[str, Any]) -> None:
+        self._write(dict(record))
+
     def close(self) -> None:
         if self._file.closed:
             return

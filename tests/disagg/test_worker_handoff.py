@@ -1,0 +1,172 @@
+"""Prefill and decode engines hand requests over through the real KV transport: greedy fp32
+tokens equal a colocated run (IPC and TCP; prompts shorter than a block; decode-side prefix hits
+that pull only the missing blocks; preemption while others wait for KV); leases freed on the
+decode side's release, on expiry, and when the decode side aborts before its pull."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from cadence.model.loader import load_model
+from tests.disagg.core_harness import GREEDY, colocated, drive, make_core, prefill, tokens
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    return load_model(tiny_llama_dir, dtype="float32", device="cpu")
+
+
+SHARED = "Continuous batching mixes prefill chunks with decode steps. "
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    enc = tiny.tokenizer.encode
+    return [enc("Hi"),                           # shorter than one block (block_size 4)
+            enc(SHARED + "The quick brown fox"),
+            enc(SHARED + "Hello world! How are"),  # shares full blocks with the previous one
+            enc("Paged attention stores keys and values in fixed-size blocks. " * 2)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, prompts):
+    return colocated(tiny, prompts)
+
+
+def _handoff(pre, dec, prompts, reference, ids_prefix="r"):
+    outs = {}
+    for i, ids in enumerate(prompts):
+        rid = f"{ids_prefix}{i}"
+        done = prefill(pre, rid, ids)
+        params = done.kv_transfer_params
+        assert params["do_remote_prefill"] and params["first_token_id"] == done.new_token_ids[0]
+        dec.add_request(rid, ids, GREEDY, 0, None, kv_transfer_params=params)
+        if i == 1:  # let the shared prefix land in the decode cache before its sibling
+            drive(dec, outs)
+    drive(dec, outs)
+    got = [tokens(outs[f"{ids_prefix}{i}"]) for i in range(len(prompts))]
+    assert got == reference
+    return outs
+
+
+@pytest.mark.parametrize("address", [None, "tcp://127.0.0.1:0"], ids=["ipc", "tcp"])
+def test_one_prefill_one_decode_match_colocated(tiny, prompts, reference, address):
+    pre = make_core(tiny, "prefill", address=address)
+    dec = make_core(tiny, "decode")
+    try:
+        outs = _handoff(pre, dec, prompts, reference)
+        rec = {rid: o[-1].kv_transfer_params for rid, o in outs.items()}
+        # r2 found r1's shared full blocks in the decode-side prefix cache: it pulled fewer.
+        assert rec["r2"]["local_prefix_hit_tokens"] > 0
+        assert rec["r2"]["transfer_blocks"] < -(-len(prompts[2]) // 4)
+        assert rec["r0"]["transfer_blocks"] == 1 and rec["r0"]["transfer_bytes"] > 0
+        # Every lease was released by the decode side's acknowledgement.
+        deadline = time.monotonic() + 5
+        while pre.scheduler.stats().num_blocks_used and time.monotonic() < deadline:
+            pre.service()
+            time.sleep(0.01)
+        assert pre.scheduler.stats().num_blocks_used == 0 and len(pre.leases) == 0
+        assert dec.scheduler.stats().num_blocks_used == 0
+        assert dec.stats()["kv_transfers_total"] == 4
+        assert dec.stats()["kv_transfer_bytes_total"] == pre.stats()["kv_bytes_served_total"]
+        pre.scheduler.check_integrity()
+        dec.scheduler.check_integrity()
+    finally:
+        pre.close()
+        dec.close()
+
+
+def test_two_prefill_workers_one_decode(tiny, prompts, reference):
+    pres = [make_core(tiny, "prefill"), make_core(tiny, "prefill", address="tcp://127.0.0.1:0")]
+    dec = make_core(tiny, "decode")
+    try:
+        outs = {}
+        for i, ids in enumerate(prompts):
+            done = prefill(pres[i % 2], f"q{i}", ids)
+            dec.add_request(f"q{i}", ids, GREEDY, 0, None,
+                            kv_transfer_params=done.kv_transfer_params)
+        drive(dec, outs)
+        assert [tokens(outs[f"q{i}"]) for i in range(len(prompts))] == reference
+    finally:
+        for c in (*pres, dec):
+            c.close()
+
+
+def test_preemption_while_waiting_for_kv(tiny, prompts, reference):
+    # A decode pool too small for all four: running requests get preempted (and recomputed
+    # locally) while later ones wait for blocks and for their KV.
+    pre = make_core(tiny, "prefill")
+    dec = make_core(tiny, "decode", num_blocks=20, budget=16)
+    try:
+        outs = {}
+        for i, ids in enumerate(prompts):
+            done = prefill(pre, f"p{i}", ids)
+            dec.add_request(f"p{i}", ids, GREEDY, 0, None,
+                            kv_transfer_params=done.kv_transfer_params)
+        drive(dec, outs)
+        assert [tokens(outs[f"p{i}"]) for i in range(len(prompts))] == reference
+        assert dec.scheduler.stats().num_preemptions_total > 0
+        assert dec.scheduler.stats().num_blocks_used == 0
+    finally:
+        pre.close()
+        dec.close()
+
+
+def test_lease_expiry_and_abort_before_pull(tiny, prompts, tmp_path):
+    pre = make_core(tiny, "prefill", lease_timeout_s=0.3)
+    dec = make_core(tiny, "decode", trace_path=str(tmp_path / "trace.jsonl"))
+    try:
+        # 1. Nobody pulls: the lease expires and frees the blocks.
+        prefill(pre, "e1", prompts[3])
+        assert pre.scheduler.stats().num_leased_blocks > 0
+        time.sleep(0.35)
+        pre.service()
+        assert pre.scheduler.stats().num_blocks_used == 0
+        assert pre.stats()["kv_leases_expired_total"] == 1
+        # 2. Too late: the decode side's pull of an expired lease ends the request with an
+        # explicit error (after its first token), and its blocks are freed.
+        done = prefill(pre, "e2", prompts[1])
+        time.sleep(0.35)
+        pre.service()
+        dec.add_request("e2", prompts[1], GREEDY, 0, None,
+                        kv_transfer_params=done.kv_transfer_params)
+        outs = drive(dec, {})
+        assert outs["e2"][-1].finish_reason == "error"
+        assert "KV transfer" in outs["e2"][-1].error and "no live lease" in outs["e2"][-1].error
+        assert dec.stats()["kv_transfer_failures_total"] == 1
+        # 3. The decode side aborts before its pull: its release frees the prefill's lease.
+        done = prefill(pre, "a1", prompts[3])
+        dec.add_request("a1", prompts[3], GREEDY, 0, None,
+                        kv_transfer_params=done.kv_transfer_params)
+        dec.abort_request("a1")
+        drive(dec, {})
+        deadline = time.monotonic() + 5
+        while pre.scheduler.stats().num_blocks_used and time.monotonic() < deadline:
+            pre.service()
+            time.sleep(0.01)
+        assert pre.scheduler.stats().num_blocks_used == 0
+        assert dec.scheduler.stats().num_blocks_used == 0
+        pre.scheduler.check_integrity()
+        dec.scheduler.check_integrity()
+    finally:
+        pre.close()
+        dec.close()
+    # The trace has no kv_transfer record of the failed pull, only step and request lines.
+    kinds = {json.loads(line)["type"] for line in open(tmp_path / "trace.jsonl")}
+    assert "request" in kinds
+
+
+def test_role_checks(tiny, prompts):
+    dec = make_core(tiny, "decode")
+    try:
+        with pytest.raises(ValueError, match="role is decode"):
+            dec.add_request("x", prompts[0], GREEDY, 0, None,
+                            kv_transfer_params={"do_remote_decode": True})
+        with pytest.raises(ValueError, match="lacks a valid"):
+            dec.add_request("y", prompts[0], GREEDY, 0, None,
+                            kv_transfer_params={"do_remote_prefill": True})
+    finally:
+        dec.close()
