@@ -14,6 +14,7 @@ _SUBCOMMAND_MODULES = (
     "cadence.bench.cli",
     "cadence.sim.cli",
     "cadence.diagnose.cli",
+    "cadence.disagg.cli",
 )
 
 

@@ -323,6 +323,7 @@ class DisaggEngineCore:
             stats["kv_leases_expired_total"] = self.leases.num_expired_total
             stats["kv_bytes_served_total"] = self.leases.bytes_served_total
             stats["num_leases"] = len(self.leases)
+        stats["kv_bytes_per_token"] = self.layout.bytes_per_block / self.block_size
         stats["disagg_role"] = self.cfg.role
         stats["kv_transfer_address"] = self.kv_address
         return stats

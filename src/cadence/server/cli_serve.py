@@ -112,6 +112,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"),
                         help="uvicorn log level (default: info).")
+    from cadence.disagg.cli import add_disagg_serve_arguments
+
+    add_disagg_serve_arguments(parser)
 
 
 def _values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -144,10 +147,21 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EnginePro
 def run(args: argparse.Namespace) -> int:
     from cadence.server.launcher import run_server
 
+    from cadence.disagg.cli import disagg_config_from_args
+    from cadence.disagg.launcher import run_disagg, worker_process_config
+
     try:
         server, process = configs_from_args(args)
+        disagg = disagg_config_from_args(args)
     except (ValueError, TypeError) as exc:
         args.parser.error(str(exc))
+    if getattr(args, "disagg", None):
+        try:
+            return run_disagg(args, server, process, disagg)
+        except ValueError as exc:
+            args.parser.error(str(exc))
+    if getattr(args, "role", None):
+        process = worker_process_config(process, disagg, process.engine_threads)
     return run_server(server, process, log_level=args.log_level)
 
 

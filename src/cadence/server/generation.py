@@ -38,14 +38,16 @@ def new_request_id(prefix: str) -> str:
 
 async def submit(client: AsyncEngineClient, req_id: str, prompt: EnginePrompt,
                  sampling: dict[str, Any], priority: int, arrival_time: float,
-                 add_generation_prompt: bool = True) -> RequestStream:
+                 add_generation_prompt: bool = True,
+                 kv_transfer_params: dict[str, Any] | None = None) -> RequestStream:
     """Admit the request or raise the APIError the client should see."""
     try:
         return await client.submit(
             req_id, sampling=sampling, prompt_text=prompt.text,
             prompt_token_ids=prompt.token_ids, chat_messages=prompt.chat_messages,
             add_generation_prompt=add_generation_prompt, priority=priority,
-            arrival_time=arrival_time)
+            arrival_time=arrival_time,
+            **({"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}))
     except EngineRejected as exc:
         raise APIError(exc.status, exc.message, param=exc.param, code=exc.code) from exc
     except EngineDeadError as exc:
@@ -70,6 +72,7 @@ class CollectedGeneration:
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     error: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 async def _collect_outputs(stream: RequestStream, result: CollectedGeneration) -> None:
@@ -84,6 +87,7 @@ async def _collect_outputs(stream: RequestStream, result: CollectedGeneration) -
         if out.finished:
             result.finish_reason = out.finish_reason
             result.error = out.error
+            result.kv_transfer_params = out.kv_transfer_params
     result.text = "".join(parts)
 
 

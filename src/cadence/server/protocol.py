@@ -73,6 +73,9 @@ class SamplingRequestFields(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
+    # Disaggregated serving (vLLM's field): what a router tells a prefill or decode worker,
+    # passed to the engine as is (cadence.disagg.worker documents the keys).
+    kv_transfer_params: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod

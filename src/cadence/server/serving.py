@@ -101,7 +101,8 @@ async def serve_generation(
     sampling = sampling_fields(body, max_tokens, logprobs, server.max_model_len)
     req_id = new_request_id(id_prefix)
     stream = await submit(server.client, req_id, prompt, sampling, body.priority, arrival,
-                          add_generation_prompt=add_generation_prompt)
+                          add_generation_prompt=add_generation_prompt,
+                          kv_transfer_params=body.kv_transfer_params)
     ctx = ResponseContext(req_id, created_timestamp(), server.model_name, body.include_usage(),
                           logprobs is not None)
     render = renderer(ctx)
@@ -112,7 +113,11 @@ async def serve_generation(
     result = await collect(request, stream)
     usage = fmt.usage_dict(result.num_prompt_tokens, result.num_output_tokens,
                            result.num_cached_tokens)
-    return JSONResponse(render.whole_response(result, usage))
+    response = render.whole_response(result, usage)
+    if result.kv_transfer_params is not None:
+        # A prefill worker's handoff (or a decode worker's transfer record), as vLLM answers.
+        response["kv_transfer_params"] = result.kv_transfer_params
+    return JSONResponse(response)
 
 
 async def stream_events(stream: RequestStream, ctx: ResponseContext,

@@ -116,6 +116,8 @@ class _EngineStatsCollector(Collector):
                       "kv_transfer_failures_total")
         yield counter("kv_leases_expired", "Prefill leases freed by expiry, not by an ack.",
                       "kv_leases_expired_total")
+        yield gauge("kv_bytes_per_token", "KV cache bytes one token takes (all layers, K+V).",
+                    s.get("kv_bytes_per_token", 0))
         yield counter("kv_bytes_served", "KV bytes sent to decode engines (prefill side).",
                       "kv_bytes_served_total")
 

@@ -1,0 +1,238 @@
+"""`cadence router`: the OpenAI-compatible front end of disaggregated serving.
+
+Each POST to /v1/completions or /v1/chat/completions is decided (policy.py): colocated, it goes
+whole to the decode worker with the fewest outstanding tokens; disaggregated, a prefill worker
+computes the prompt and the first token and answers with the handoff, then a decode worker pulls
+the KV and streams every token (the first one at once). Workers validate requests themselves:
+their errors reach the client unchanged. /metrics has the router's decisions, fallbacks and its
+cost model; a background task scrapes the workers' /metrics for queue depths and KV transfer
+counters (and the hop's round trip).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cadence.disagg.router.config import RouterConfig
+from cadence.disagg.router.forward import Forwarder, error_json
+from cadence.disagg.router.policy import CostModel, RoutingPolicy
+from cadence.disagg.router.workers import Worker, WorkerPool
+
+logger = logging.getLogger("cadence.router")
+
+ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("cadence_router:requests", "Requests by how they were served.",
+                                ["route"], registry=self.registry)
+        self.decisions = Counter("cadence_router:decisions", "Routing decisions by reason.",
+                                 ["reason"], registry=self.registry)
+        self.fallbacks = Counter("cadence_router:fallbacks",
+                                 "Disaggregated requests served colocated instead, by reason.",
+                                 ["reason"], registry=self.registry)
+        self.prefill_seconds = Histogram(
+            "cadence_router:prefill_call_seconds", "Wall time of prefill calls (handoff).",
+            registry=self.registry, buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+        self.cost = Gauge("cadence_router:cost_model", "The auto policy's measured estimates.",
+                          ["term"], registry=self.registry)
+
+
+def _prompt_size(kind: str, body: dict[str, Any]) -> tuple[int, int | None]:
+    """(characters of prompt text, exact token count when the prompt is token ids)."""
+    if kind == "chat":
+        chars = 0
+        for m in body.get("messages") or []:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            chars += len(content or "") + 16  # the chat template's markers
+        return chars, None
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return len(prompt), None
+    if isinstance(prompt, list):
+        return 0, len(prompt)
+    return 0, 1
+
+
+class Router:
+    def __init__(self, cfg: RouterConfig) -> None:
+        self.cfg = cfg
+        self.prefill = WorkerPool("prefill", cfg.prefill_urls)
+        self.decode = WorkerPool("decode", cfg.decode_urls)
+        self.model = CostModel()
+        self.policy = RoutingPolicy(cfg.routing_policy, self.model, cfg.min_disagg_prompt_tokens)
+        self.metrics = RouterMetrics()
+        self.client: httpx.AsyncClient | None = None
+        self.forward: Forwarder | None = None
+        self._scraped: dict[str, dict[str, float]] = {}
+
+    async def start(self) -> None:
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.cfg.request_timeout_s, connect=self.cfg.connect_timeout_s),
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+        headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+        self.forward = Forwarder(self.client, self.cfg.unhealthy_cooldown_s, headers)
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    # ---- one request
+    async def handle(self, request: Request, path: str) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse(error_json(400, "the body is not valid JSON", "invalid_json"), 400)
+        if not isinstance(body, dict):
+            return JSONResponse(error_json(400, "the body must be a JSON object", "invalid_json"),
+                                400)
+        body.pop("kv_transfer_params", None)  # the router's own field towards workers
+        chars, exact = _prompt_size(ROUTES[path], body)
+        tokens = exact if exact is not None else self.model.estimate_tokens(chars)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+        max_tokens = max_tokens if isinstance(max_tokens, int) else 16
+        decode = self.decode.pick()
+        decision = self.policy.decide(tokens, self.prefill.pick(), decode,
+                                      wants_logprobs=bool(body.get("logprobs")))
+        if max_tokens == 1 and decision.disaggregate:
+            decision = type(decision)(False, "one token asked")
+        self.metrics.decisions.labels(decision.reason).inc()
+        if decision.disaggregate:
+            handoff = await self.forward.prefill(self.prefill, path, body, tokens)
+            if isinstance(handoff, Response):
+                return handoff
+            if handoff is None:
+                self.metrics.fallbacks.labels("no prefill worker answered").inc()
+            elif handoff.kv_transfer_params is None:
+                self.metrics.fallbacks.labels("finished at its first token").inc()
+            else:
+                self.metrics.prefill_seconds.observe(handoff.seconds)
+                if exact is None:
+                    self.model.observe_prompt(chars, handoff.num_prompt_tokens)
+                if handoff.worker_was_idle:
+                    self.model.observe_prefill(
+                        handoff.num_prompt_tokens - handoff.num_cached_tokens, handoff.seconds)
+                self.metrics.requests.labels("disaggregated").inc()
+                return await self.forward.relay(
+                    self.decode, path, {**body, "kv_transfer_params": handoff.kv_transfer_params},
+                    handoff.num_prompt_tokens + max_tokens)
+        self.metrics.requests.labels("colocated").inc()
+        return await self.forward.relay(self.decode, path, body, tokens + max_tokens)
+
+    # ---- worker /metrics
+    async def scrape_forever(self) -> None:
+        while True:
+            await asyncio.gather(*(self._scrape(w) for w in self.prefill.workers
+                                   + self.decode.workers), return_exceptions=True)
+            await asyncio.sleep(self.cfg.scrape_interval_s)
+
+    async def _scrape(self, worker: Worker) -> None:
+        start = time.perf_counter()
+        try:
+            resp = await self.client.get(worker.url + "/metrics", timeout=5.0,
+                                         headers=self.forward.headers)
+            resp.raise_for_status()
+        except httpx.HTTPError:
+            worker.mark_failed(self.cfg.unhealthy_cooldown_s)
+            return
+        self.model.observe_hop(time.perf_counter() - start)
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(resp.text):
+            for sample in family.samples:
+                values.setdefault(sample.name, sample.value)
+        worker.num_running = int(values.get("cadence:num_requests_running", 0))
+        worker.num_waiting = int(values.get("cadence:num_requests_waiting", 0))
+        per_token = values.get("cadence:kv_bytes_per_token", 0.0)
+        if per_token:
+            self.model.kv_bytes_per_token = per_token
+        previous = self._scraped.get(worker.url)
+        if previous is not None:
+            num_bytes = values.get("cadence:kv_transfer_bytes_total", 0) - previous.get(
+                "cadence:kv_transfer_bytes_total", 0)
+            seconds = values.get("cadence:kv_transfer_seconds_total", 0) - previous.get(
+                "cadence:kv_transfer_seconds_total", 0)
+            self.model.observe_transfers(num_bytes, seconds)
+        self._scraped[worker.url] = values
+        worker.metrics = values
+
+    def render_metrics(self) -> bytes:
+        for term, value in self.model.to_dict().items():
+            if isinstance(value, float):
+                self.metrics.cost.labels(term).set(value)
+        return generate_latest(self.metrics.registry)
+
+
+def create_router_app(cfg: RouterConfig) -> FastAPI:
+    router = Router(cfg)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await router.start()
+        scraper = asyncio.create_task(router.scrape_forever())
+        try:
+            yield
+        finally:
+            scraper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await scraper
+            await router.stop()
+
+    app = FastAPI(title="cadence router", lifespan=lifespan)
+    app.state.router = router
+
+    for path in ROUTES:
+        async def route(request: Request, _path: str = path) -> Response:
+            return await router.handle(request, _path)
+        app.add_api_route(path, route, methods=["POST"])
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        for worker in router.decode.candidates():
+            try:
+                resp = await router.client.get(worker.url + "/v1/models",
+                                               headers=router.forward.headers)
+            except httpx.HTTPError:
+                worker.mark_failed(cfg.unhealthy_cooldown_s)
+                continue
+            return Response(resp.content, status_code=resp.status_code,
+                            media_type="application/json")
+        return JSONResponse(error_json(503, "no decode worker reachable", "no_worker_available"),
+                            503)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = any(w.healthy for w in router.decode.workers)
+        return JSONResponse({"status": "ok" if ok else "unavailable",
+                             "routing_policy": cfg.routing_policy,
+                             "cost_model": router.model.to_dict()},
+                            status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(router.render_metrics(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def run_router(cfg: RouterConfig, log_level: str = "info") -> None:
+    import uvicorn
+
+    uvicorn.run(create_router_app(cfg), host=cfg.host, port=cfg.port, log_level=log_level,
+                access_log=False)

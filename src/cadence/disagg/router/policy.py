@@ -1,0 +1,113 @@
+"""Per request: serve it colocated on a decode worker, or prefill it on a prefill worker and
+hand its KV over? `always` and `never` are there for comparison; `auto` weighs, in seconds:
+
+    gain  = streams * P / prefill_rate
+            (the stall a P-token prefill adds to each of the `streams` requests decoding on the
+            decode worker if it ran there: the prefill/decode interference it avoids)
+    cost  = prefill_queue + P * kv_bytes_per_token / transfer_bandwidth + hop
+            (what the handoff adds to this request: the prefill worker's backlog, moving its
+            KV, the extra HTTP hop)
+
+and disaggregates when gain > cost. With no stream to protect, or a prompt shorter than
+`min_disagg_prompt_tokens`, colocated wins outright (no handoff is cheaper than any handoff).
+Every term is measured while serving (`CostModel`): prefill throughput from prefill calls made
+to an idle worker, transfer bandwidth and bytes per token from the decode workers' /metrics
+counters, the hop from the round trip of those scrapes, tokens per character from usage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cadence.disagg.router.workers import Worker
+
+
+def _ema(old: float, sample: float, alpha: float = 0.2) -> float:
+    return (1 - alpha) * old + alpha * sample
+
+
+@dataclass
+class CostModel:
+    """Online estimates; the defaults only matter until the first measurements arrive."""
+
+    tokens_per_char: float = 0.3
+    prefill_tok_s: float = 1000.0
+    transfer_bytes_s: float = 1e9
+    kv_bytes_per_token: float = 0.0
+    hop_s: float = 0.005
+    samples: dict[str, int] = field(default_factory=lambda: {
+        "prompt": 0, "prefill": 0, "transfer": 0, "hop": 0})
+
+    def observe_prompt(self, num_chars: int, num_tokens: int) -> None:
+        if num_chars > 0 and num_tokens > 0:
+            self.tokens_per_char = _ema(self.tokens_per_char, num_tokens / num_chars)
+            self.samples["prompt"] += 1
+
+    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        """A prefill call to a worker that had nothing else outstanding."""
+        if num_tokens >= 16 and seconds > 0:
+            self.prefill_tok_s = _ema(self.prefill_tok_s, num_tokens / seconds)
+            self.samples["prefill"] += 1
+
+    def observe_transfers(self, num_bytes: float, seconds: float) -> None:
+        if num_bytes > 0 and seconds > 0:
+            self.transfer_bytes_s = _ema(self.transfer_bytes_s, num_bytes / seconds)
+            self.samples["transfer"] += 1
+
+    def observe_hop(self, seconds: float) -> None:
+        if seconds > 0:
+            self.hop_s = _ema(self.hop_s, seconds)
+            self.samples["hop"] += 1
+
+    def estimate_tokens(self, num_chars: int) -> int:
+        return max(1, round(num_chars * self.tokens_per_char))
+
+    def transfer_s(self, num_tokens: int) -> float:
+        return num_tokens * self.kv_bytes_per_token / self.transfer_bytes_s
+
+    def to_dict(self) -> dict:
+        return {"tokens_per_char": self.tokens_per_char, "prefill_tok_s": self.prefill_tok_s,
+                "transfer_bytes_s": self.transfer_bytes_s,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "hop_s": self.hop_s,
+                "samples": dict(self.samples)}
+
+
+@dataclass(frozen=True)
+class Decision:
+    disaggregate: bool
+    reason: str
+    gain_s: float = 0.0
+    cost_s: float = 0.0
+
+
+class RoutingPolicy:
+    """`auto` | `always` | `never` over one CostModel (see the module docstring)."""
+
+    def __init__(self, name: str, model: CostModel, min_prompt_tokens: int = 64) -> None:
+        self.name = name
+        self.model = model
+        self.min_prompt_tokens = min_prompt_tokens
+
+    def decide(self, num_prompt_tokens: int, prefill: Worker | None, decode: Worker,
+               wants_logprobs: bool = False) -> Decision:
+        if prefill is None:
+            return Decision(False, "no prefill worker")
+        if self.name == "never":
+            return Decision(False, "policy never")
+        if wants_logprobs:
+            # The first token's logprobs stay on the prefill worker: serve it whole.
+            return Decision(False, "logprobs asked")
+        if self.name == "always":
+            return Decision(True, "policy always")
+        if num_prompt_tokens < self.min_prompt_tokens:
+            return Decision(False, "short prompt")
+        streams = max(decode.outstanding_requests, decode.num_running)
+        if streams == 0:
+            return Decision(False, "no stream to protect")
+        m = self.model
+        gain = streams * num_prompt_tokens / m.prefill_tok_s
+        queue = prefill.outstanding_tokens / m.prefill_tok_s
+        cost = queue + m.transfer_s(num_prompt_tokens) + m.hop_s
+        if gain > cost:
+            return Decision(True, "interference outweighs handoff", gain, cost)
+        return Decision(False, "handoff costs more", gain, cost)

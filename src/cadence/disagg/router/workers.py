@@ -1,0 +1,68 @@
+"""Worker pools: pick the worker with the fewest outstanding tokens, skip failed ones for a
+while, and keep what each worker's /metrics says about its queues."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Worker:
+    url: str
+    role: str  # "prefill" | "decode"
+    # What this router sent and has not seen finish (tokens: prompt + expected output).
+    outstanding_tokens: int = 0
+    outstanding_requests: int = 0
+    unhealthy_until: float = 0.0
+    failures: int = 0
+    # From the worker's /metrics (scraped): its own view of its queues.
+    num_running: int = 0
+    num_waiting: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        return time.monotonic() >= self.unhealthy_until
+
+    def mark_failed(self, cooldown_s: float) -> None:
+        self.failures += 1
+        self.unhealthy_until = time.monotonic() + cooldown_s
+
+
+class WorkerPool:
+    """One role's workers; least outstanding tokens first, healthy ones before failed ones."""
+
+    def __init__(self, role: str, urls: tuple[str, ...]) -> None:
+        self.role = role
+        self.workers = [Worker(url.rstrip("/"), role) for url in urls]
+
+    def __bool__(self) -> bool:
+        return bool(self.workers)
+
+    def candidates(self, exclude: set[str] = frozenset()) -> list[Worker]:
+        """Workers to try in order: healthy by outstanding tokens, then the failed ones (a
+        worker back from a restart is found again)."""
+        live = [w for w in self.workers if w.url not in exclude]
+        return sorted(live, key=lambda w: (not w.healthy, w.outstanding_tokens,
+                                           w.outstanding_requests))
+
+    def pick(self) -> Worker | None:
+        order = self.candidates()
+        return order[0] if order else None
+
+
+class Outstanding:
+    """Context manager counting one request's tokens on a worker while it runs."""
+
+    def __init__(self, worker: Worker, tokens: int) -> None:
+        self.worker, self.tokens = worker, tokens
+
+    def __enter__(self) -> Worker:
+        self.worker.outstanding_tokens += self.tokens
+        self.worker.outstanding_requests += 1
+        return self.worker
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker.outstanding_tokens -= self.tokens
+        self.worker.outstanding_requests -= 1

@@ -1,0 +1,167 @@
+"""Disaggregated serving end to end, with the official `openai` client through `cadence
+router`: 2 prefill workers (KV over IPC and over TCP) and a decode worker, routers with
+policies always / never / auto over them. Greedy outputs are identical whichever way a request
+goes (1P1D IPC, 1P1D TCP, 2P1D); then the faults: kill -9 of the prefill worker (the router falls
+back to colocated), kill -9 of the decode worker mid-stream (the stream ends with an explicit
+error naming it)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.disagg.procs import spawn, wait_all, worker_args
+
+pytestmark = pytest.mark.timeout(600)
+
+PROMPTS = [
+    "Hi",  # shorter than one block
+    "Continuous batching mixes prefill chunks with decode steps under a token budget. " * 2,
+    "Paged attention stores keys and values in fixed-size blocks. The quick brown fox",
+]
+CHAT = [{"role": "user", "content": "Hello world! How are you today? " * 3}]
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_llama_dir, tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("disagg"))
+    p_ipc = spawn(tmp, *worker_args(tiny_llama_dir, "prefill"))
+    p_tcp = spawn(tmp, *worker_args(tiny_llama_dir, "prefill",
+                                    "--kv-transfer-address", "tcp://127.0.0.1:0"))
+    dec = spawn(tmp, *worker_args(tiny_llama_dir, "decode"))
+    workers = [p_ipc, p_tcp, dec]
+    routers = {}
+    try:
+        wait_all(workers)
+        for name, prefills, policy in (("ipc", [p_ipc], "always"), ("tcp", [p_tcp], "always"),
+                                       ("2p1d", [p_ipc, p_tcp], "always"),
+                                       ("never", [p_ipc], "never"),
+                                       ("auto", [p_ipc], "auto")):
+            routers[name] = spawn(tmp, "router", "--prefill", *[p.url for p in prefills],
+                                  "--decode", dec.url, "--routing-policy", policy)
+        wait_all(list(routers.values()))
+        yield {"prefill_ipc": p_ipc, "prefill_tcp": p_tcp, "decode": dec, **routers}
+    finally:
+        for p in [*routers.values(), *workers]:
+            p.stop(signal.SIGKILL)
+
+
+def _client(proc) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def _complete(proc, prompt, stream=False, max_tokens=12):
+    client = _client(proc)
+    if not stream:
+        r = client.completions.create(model=None, prompt=prompt, max_tokens=max_tokens,
+                                      temperature=0, extra_body={"ignore_eos": True})
+        return r.choices[0].text, r.usage.completion_tokens
+    chunks = client.completions.create(model=None, prompt=prompt, max_tokens=max_tokens,
+                                       temperature=0, stream=True,
+                                       stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    text, usage = [], None
+    for c in chunks:
+        if c.choices:
+            text.append(c.choices[0].text)
+        if c.usage is not None:
+            usage = c.usage.completion_tokens
+    return "".join(text), usage
+
+
+def _chat(proc, stream=False):
+    client = _client(proc)
+    model = client.models.list().data[0].id
+    if not stream:
+        r = client.chat.completions.create(model=model, messages=CHAT, max_tokens=10,
+                                           temperature=0, extra_body={"ignore_eos": True})
+        return r.choices[0].message.content
+    parts = []
+    for c in client.chat.completions.create(model=model, messages=CHAT, max_tokens=10,
+                                            temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True}):
+        if c.choices and c.choices[0].delta.content:
+            parts.append(c.choices[0].delta.content)
+    return "".join(parts)
+
+
+def test_outputs_identical_colocated_and_disaggregated(cluster):
+    reference = [_complete(cluster["never"], p) for p in PROMPTS]
+    assert all(n == 12 for _, n in reference)
+    chat_ref = _chat(cluster["never"])
+    for name in ("ipc", "tcp", "2p1d"):
+        router = cluster[name]
+        assert [_complete(router, p) for p in PROMPTS] == reference, name
+        assert [_complete(router, p, stream=True) for p in PROMPTS] == reference, name
+        assert _chat(router) == chat_ref and _chat(router, stream=True) == chat_ref, name
+    # Prefix-cache hit on the decode side: the same long prompt again pulls fewer blocks.
+    before = cluster["decode"].metrics()
+    assert _complete(cluster["ipc"], PROMPTS[1]) == reference[1]
+    after = cluster["decode"].metrics()
+    moved = after["cadence:kv_transfer_bytes_total"] - before["cadence:kv_transfer_bytes_total"]
+    per_token = after["cadence:kv_bytes_per_token"]
+    assert after["cadence:kv_transfers_total"] == before["cadence:kv_transfers_total"] + 1
+    assert moved < per_token * 4  # at most the last partial block
+    m = cluster["ipc"].metrics()
+    assert m["cadence_router:requests_total{route=disaggregated}"] >= 7
+    assert cluster["never"].metrics()["cadence_router:requests_total{route=colocated}"] >= 4
+    served = sum(cluster[p].metrics()["cadence:kv_bytes_served_total"]
+                 for p in ("prefill_ipc", "prefill_tcp"))
+    assert served == after["cadence:kv_transfer_bytes_total"] > 0
+    # Every prefill lease was released by the decode side: no blocks held anywhere.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        used = [cluster[p].metrics()["cadence:kv_cache_blocks_used"]
+                for p in ("prefill_ipc", "prefill_tcp", "decode")]
+        if used == [0, 0, 0]:
+            break
+        time.sleep(0.2)
+    assert used == [0, 0, 0]
+
+
+def test_auto_policy_serves_short_prompts_colocated(cluster):
+    router = cluster["auto"]
+    _complete(router, PROMPTS[0])
+    m = router.metrics()
+    assert m["cadence_router:decisions_total{reason=short prompt}"] >= 1
+    health = httpx.get(router.url + "/health").json()
+    assert health["routing_policy"] == "auto" and "prefill_tok_s" in health["cost_model"]
+
+
+def test_worker_errors_reach_the_client(cluster):
+    client = _client(cluster["ipc"])
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=None, prompt="", max_tokens=4)
+    models = client.models.list()
+    assert models.data
+
+
+def test_prefill_death_falls_back_then_decode_death_is_explicit(cluster):
+    # kill -9 the prefill worker: the router's next disaggregated request finds it gone and is
+    # served colocated on the decode worker (same tokens).
+    reference = _complete(cluster["never"], PROMPTS[2])
+    cluster["prefill_ipc"].proc.send_signal(signal.SIGKILL)
+    cluster["prefill_ipc"].proc.wait()
+    assert _complete(cluster["ipc"], PROMPTS[2]) == reference
+    m = cluster["ipc"].metrics()
+    assert m["cadence_router:fallbacks_total{reason=no prefill worker answered}"] >= 1
+    # kill -9 the decode worker mid-stream: the stream ends with an explicit error event.
+    client = _client(cluster["tcp"])
+    stream = client.completions.create(model=None, prompt=PROMPTS[1], max_tokens=400,
+                                       temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    got_tokens = 0
+    killer = None
+    with pytest.raises(openai.APIError, match="decode worker .* failed mid-stream"):
+        for chunk in stream:
+            got_tokens += 1
+            if got_tokens == 3 and killer is None:
+                killer = threading.Thread(
+                    target=lambda: cluster["decode"].proc.send_signal(signal.SIGKILL))
+                killer.start()
+    assert got_tokens >= 3
