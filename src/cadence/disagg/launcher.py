@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -120,6 +121,10 @@ def stop_processes(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_disagg(args: Any, server: ServerConfig, process: EngineProcessConfig,
                disagg: DisaggConfig) -> int:
     """Start the workers, run the router on server.host:server.port until it stops."""
@@ -136,6 +141,7 @@ def run_disagg(args: Any, server: ServerConfig, process: EngineProcessConfig,
 
             handles = start_ray_workers(specs, args.log_level)
             urls = [h.url for h in handles]
+            specs = [dataclasses.replace(s, role=h.role) for s, h in zip(specs, handles)]
         else:
             procs = [start_worker_process(s, args.log_level) for s in specs]
             handles = procs
@@ -148,6 +154,9 @@ def run_disagg(args: Any, server: ServerConfig, process: EngineProcessConfig,
             decode_urls=tuple(u for u, r in zip(urls, roles) if r == "decode"),
             host=server.host, port=server.port, routing_policy=args.routing_policy,
             api_key=server.api_key)
+        # uvicorn re-raises SIGTERM once it has stopped: as an exception it reaches the
+        # `finally` below, which stops the workers (the default action would skip it).
+        signal.signal(signal.SIGTERM, _exit_on_signal)
         print(f"[cadence] router on http://{server.host}:{server.port}: prefill "
               f"{list(cfg.prefill_urls)}, decode {list(cfg.decode_urls)}, policy "
               f"{cfg.routing_policy}", file=sys.stderr, flush=True)

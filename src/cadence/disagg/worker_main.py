@@ -8,11 +8,29 @@ import json
 import sys
 
 
+def _exit_with_parent() -> None:
+    """A worker whose launcher died (even by SIGKILL) stops itself, engine process included."""
+    import os
+    import signal
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="cadence-parent-watch", daemon=True).start()
+
+
 def main() -> int:
     from cadence.engine.engine_process import EngineProcessConfig
     from cadence.server.config import ServerConfig
     from cadence.server.launcher import run_server
 
+    _exit_with_parent()
     spec = json.loads(sys.stdin.read())
     server = ServerConfig(**spec["server"])
     process = EngineProcessConfig.from_json(json.dumps(spec["process"]))

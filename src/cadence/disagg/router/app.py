@@ -31,6 +31,13 @@ from cadence.disagg.router.workers import Worker, WorkerPool
 
 logger = logging.getLogger("cadence.router")
 
+# Re-exported on the router's /metrics (per worker): what a benchmark of the whole needs.
+WORKER_METRICS = ("cadence:kv_transfers_total", "cadence:kv_transfer_bytes_total",
+                  "cadence:kv_transfer_seconds_total", "cadence:kv_transfer_failures_total",
+                  "cadence:kv_bytes_served_total", "cadence:kv_leases_expired_total",
+                  "cadence:num_requests_running", "cadence:num_requests_waiting",
+                  "cadence:kv_cache_blocks_used")
+
 ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
@@ -49,6 +56,9 @@ class RouterMetrics:
             registry=self.registry, buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
         self.cost = Gauge("cadence_router:cost_model", "The auto policy's measured estimates.",
                           ["term"], registry=self.registry)
+        self.worker = Gauge("cadence_router:worker_metric",
+                            "Queue and KV transfer counters last scraped from each worker.",
+                            ["worker", "role", "name"], registry=self.registry)
 
 
 def _prompt_size(kind: str, body: dict[str, Any]) -> tuple[int, int | None]:
@@ -176,6 +186,11 @@ class Router:
         for term, value in self.model.to_dict().items():
             if isinstance(value, float):
                 self.metrics.cost.labels(term).set(value)
+        for worker in self.prefill.workers + self.decode.workers:
+            for name in WORKER_METRICS:
+                if name in worker.metrics:
+                    self.metrics.worker.labels(worker.url, worker.role, name).set(
+                        worker.metrics[name])
         return generate_latest(self.metrics.registry)
 
 

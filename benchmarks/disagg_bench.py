@@ -1,0 +1,169 @@
+"""Colocated chunked prefill vs 1P1D disaggregation vs the router's automatic choice.
+
+    .venv/bin/python benchmarks/disagg_bench.py                # default model, both workloads
+    .venv/bin/python benchmarks/disagg_bench.py --quick        # smaller workloads
+
+Configurations (same model, same machine):
+  colocated  `cadence serve --policy chunked` with all cores (--engine-threads = cores)
+  1p1d       `cadence serve --disagg 1:1 --routing-policy always`: one prefill and one decode
+             worker with an equal share of the cores each, every request handed off
+  auto       the same 1P1D workers, `--routing-policy auto` (the measured cost model decides
+             per request)
+Workloads (`cadence bench`): doc-burst (decoding chat streams, then long documents arrive) and
+mix (Poisson arrivals, lognormal short/long prompt mix). Printed per run: the chat streams' max
+stall and ITL p99 while long prompts ran (itl_interfered), document TTFT p50/max (ttft_long),
+short-request TTFT p50, output throughput, KV bytes moved and transfer ms per handed-off request
+(from the workers' counters, through the router's /metrics), and the router's decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args: list[str], log_path: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "cadence.cli", "serve", "--port", str(port),
+           "--log-level", "warning", *args]
+    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+                            env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited; see {log_path}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"server not ready; see {log_path}")
+
+
+def scrape(url: str) -> dict[str, float]:
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = s.name
+            if "name" in s.labels:
+                key = f"{s.labels['role']}:{s.labels['name']}"
+                out[key] = out.get(key, 0.0) + s.value
+                continue
+            if "reason" in s.labels or "route" in s.labels:
+                key = f"{s.name}[{s.labels.get('reason') or s.labels.get('route')}]"
+            out[key] = s.value
+    return out
+
+
+def run_bench(url: str, workload_args: list[str], out_dir: str) -> dict:
+    cmd = [sys.executable, "-m", "cadence.cli", "bench", "--url", url, "--out", out_dir,
+           *workload_args]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(out_dir, "result.json")) as f:
+        return json.load(f)["runs"][0]["metrics"]
+
+
+def ms(v) -> str:
+    return "-" if v is None else f"{1000 * v:.0f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="default: the bundled SmolLM2 model")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--configs", default="colocated,1p1d,auto")
+    parser.add_argument("--workloads", default="doc-burst,mix")
+    parser.add_argument("--budget", type=int, default=256, help="--max-num-batched-tokens")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    out = args.out or tempfile.mkdtemp(prefix="disagg-bench-")
+    cores = os.cpu_count() or 2
+    common = ["--policy", "chunked", "--max-num-batched-tokens", str(args.budget)]
+    if args.model:
+        common += ["--model", args.model]
+    configs = {
+        "colocated": common + ["--engine-threads", str(cores)],
+        "1p1d": common + ["--disagg", "1:1", "--routing-policy", "always"],
+        "auto": common + ["--disagg", "1:1", "--routing-policy", "auto"],
+    }
+    long_tokens = "1000" if args.quick else "2000"
+    workloads = {
+        "doc-burst": ["--workload", "doc-burst", "--streams", "3", "--docs", "2",
+                      "--long-tokens", long_tokens, "--output-tokens", "96:128",
+                      "--doc-output-tokens", "16", "--doc-delay", "3", "--doc-gap", "1.5"],
+        "mix": ["--workload", "mix", "--arrival", "poisson", "--rate", "1.0",
+                "--num-requests", "12" if args.quick else "24", "--short-tokens", "32:160",
+                "--long-tokens", long_tokens, "--output-tokens", "24:64"],
+    }
+    rows = []
+    for name in args.configs.split(","):
+        proc, url = start(configs[name], os.path.join(out, f"{name}.log"))
+        try:
+            for wl in args.workloads.split(","):
+                before = scrape(url)
+                m = run_bench(url, workloads[wl], os.path.join(out, f"{name}-{wl}"))
+                time.sleep(2.5)  # one more scrape of the workers by the router
+                after = scrape(url)
+                delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+                transfers = delta.get("decode:cadence:kv_transfers_total", 0)
+                inter = m["interference"]
+                rows.append({
+                    "config": name, "workload": wl,
+                    "ok": f"{m['requests']['ok']}/{m['requests']['total']}",
+                    "stall_max_ms": ms(inter["itl_interfered"]["max"]),
+                    "itl_p99_ms": ms(inter["itl_interfered"]["p99"]),
+                    "itl_p99_all_ms": ms(m["itl"]["p99"]),
+                    "doc_ttft_p50_ms": ms(inter["ttft_long"]["p50"]),
+                    "doc_ttft_max_ms": ms(inter["ttft_long"]["max"]),
+                    "short_ttft_p50_ms": ms(inter["ttft_short"]["p50"]),
+                    "out_tok_s": f"{m['throughput']['output_tps']:.1f}",
+                    "handoffs": int(transfers),
+                    "kv_MB_per_req": (f"{delta.get('decode:cadence:kv_transfer_bytes_total', 0) / transfers / 1e6:.2f}"
+                                      if transfers else "-"),
+                    "xfer_ms_per_req": (f"{1000 * delta.get('decode:cadence:kv_transfer_seconds_total', 0) / transfers:.1f}"
+                                        if transfers else "-"),
+                    "decisions": {k.split("[", 1)[1][:-1]: int(v) for k, v in delta.items()
+                                  if k.startswith("cadence_router:decisions_total[") and v},
+                })
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    keys = [k for k in rows[0] if k != "decisions"]
+    print(" | ".join(keys) + " | decisions")
+    for r in rows:
+        print(" | ".join(str(r[k]) for k in keys) + f" | {r['decisions']}")
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"(results in {out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""`cadence serve --disagg 1:1`: local prefill + decode worker processes and the router in front;
+one request is handed off (the router's /metrics shows the decode worker's transfer), and
+SIGTERM stops the router and both workers."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.disagg.procs import spawn, wait_all
+from tests.disagg.test_router_e2e import PROMPTS, _complete
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_serve_disagg_starts_workers_and_router(tiny_llama_dir, tmp_path):
+    proc = spawn(str(tmp_path), "serve", "--model", tiny_llama_dir, "--dtype", "float32",
+                 "--device", "cpu", "--num-kv-blocks", "512", "--block-size", "4",
+                 "--disagg", "1:1", "--routing-policy", "always")
+    try:
+        wait_all([proc])
+        text, n = _complete(proc, PROMPTS[1])
+        assert n == 12 and text
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the router scrapes its workers every second
+            m = proc.metrics()
+            moved = [v for k, v in m.items()
+                     if "name=cadence:kv_transfer_bytes_total" in k and "role=decode" in k]
+            if moved and moved[0] > 0:
+                break
+            time.sleep(0.3)
+        assert moved and moved[0] > 0
+        assert m["cadence_router:requests_total{route=disaggregated}"] == 1
+        workers = {k.split("worker=")[1].split(",")[0].rstrip("}") for k in m if "worker=" in k}
+        assert len(workers) == 2
+    finally:
+        proc.stop(signal.SIGTERM)
+    assert proc.proc.returncode is not None
+    for url in workers:  # the launcher stopped its workers
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url + "/health", timeout=2)
