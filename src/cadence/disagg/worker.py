@@ -112,6 +112,12 @@ class DisaggEngineCore:
                                 cfg.kv_transfer_timeout_s, self._wake)
                        if cfg.serves_decode else None)
 
+    def __getattr__(self, name: str) -> Any:
+        # Anything else the engine loop or front end asks of an EngineCore: the inner one's.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     @property
     def kv_address(self) -> str | None:
         return self.server.address if self.server is not None else None
