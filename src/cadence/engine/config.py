@@ -44,6 +44,12 @@ class EngineConfig:
             "with a policy that models step time)."
         },
     )
+    deterministic: bool = field(
+        default=False,
+        metadata={"help": "Compute in float32 so that greedy and seeded outputs do not depend on "
+                          "batch, chunk split, prefix-cache hits or preemption (bf16 rounding can "
+                          "flip near-tied logits); needs --dtype auto or float32."},
+    )
     telemetry_max_steps: int = field(
         default=10_000, metadata={"help": "Recent step records kept in memory."}
     )
@@ -56,6 +62,14 @@ class EngineConfig:
             raise ValueError("scheduler must be a SchedulerConfig")
         if not isinstance(self.cache, CacheConfig):
             raise ValueError("cache must be a CacheConfig")
+        if self.deterministic and self.dtype not in ("auto", "float32"):
+            raise ValueError(f"deterministic computes in float32; it cannot run with "
+                             f"dtype={self.dtype!r} (use auto or float32)")
+
+    @property
+    def model_dtype(self) -> str:
+        """The dtype to load the model in: float32 when deterministic."""
+        return "float32" if self.deterministic else self.dtype
 
 
 def resolve_num_blocks(

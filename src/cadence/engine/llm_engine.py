@@ -41,14 +41,17 @@ class LLMEngine:
         from cadence.model.loader import load_model
 
         cfg = cfg or EngineConfig()
-        self._build(load_model(cfg.model, dtype=cfg.dtype, device=cfg.device), cfg)
+        self._build(load_model(cfg.model, dtype=cfg.model_dtype, device=cfg.device), cfg)
 
     @classmethod
     def from_loaded(cls, loaded: Any, cfg: EngineConfig | None = None) -> LLMEngine:
         """An engine over an already loaded model (cfg.model, dtype and device are then
         ignored): benchmarks and tests run many configs without reloading the weights."""
+        cfg = cfg or EngineConfig()
+        if cfg.deterministic and str(loaded.dtype) != "torch.float32":
+            raise ValueError("deterministic needs a model loaded in float32")
         engine = cls.__new__(cls)
-        engine._build(loaded, cfg or EngineConfig())
+        engine._build(loaded, cfg)
         return engine
 
     def _build(self, loaded: Any, cfg: EngineConfig) -> None:

@@ -46,6 +46,7 @@ _FLAGS: tuple[tuple[str, type, str, Any], ...] = (
     ("--device", EngineConfig, "device", str),
     ("--trace", EngineConfig, "trace_path", str),
     ("--seed", EngineConfig, "seed", int),
+    ("--deterministic", EngineConfig, "deterministic", bool),
     ("--startup-profile", EngineConfig, "startup_profile", bool),
     ("--policy", SchedulerConfig, "policy", str),
     ("--max-num-batched-tokens", SchedulerConfig, "max_num_batched_tokens", int),

@@ -50,9 +50,19 @@ _OPERATION_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("/v1/models", "get"): (),
     ("/metrics", "get"): (),
     ("/health", "get"): (503,),
+    ("/dashboard/plotly.min.js", "get"): (503,),
+    ("/dashboard/events", "get"): (503,),
 }
 _PUBLIC_PATHS = ("/health",)
 _STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions")
+# Operations whose 200 is not JSON (FastAPI cannot see what a handler's Response holds).
+_CONTENT_TYPES = {
+    "/metrics": "text/plain",
+    "/dashboard": "text/html",
+    "/dashboard/app.js": "text/javascript",
+    "/dashboard/plotly.min.js": "text/javascript",
+    "/dashboard/events": "text/event-stream",
+}
 
 
 def _error_response(status: int) -> dict[str, Any]:
@@ -76,8 +86,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             if path in _STREAMING_PATHS:
                 ok.setdefault("content", {}).setdefault(
                     "text/event-stream", {"schema": {"type": "string"}})
-            if path == "/metrics":
-                ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+            if path in _CONTENT_TYPES:
+                ok["content"] = {_CONTENT_TYPES[path]: {"schema": {"type": "string"}}}
             statuses = set(_OPERATION_ERRORS.get((path, method), (400,) if "requestBody" in op
                                                  else ()))
             if path not in _PUBLIC_PATHS:
