@@ -58,6 +58,7 @@ class LLMEngine:
         # Imported here so that from_parts (fake executor tests) never needs the model stack.
         from cadence.core.scheduler import Scheduler
         from cadence.executor.model_runner import ModelExecutor
+        from cadence.engine.memory_bound import check_memory_bound
         from cadence.model.kv_cache import kv_bytes_per_block
 
         sched_cfg = cfg.scheduler
@@ -70,6 +71,12 @@ class LLMEngine:
             sched_cfg.max_num_seqs,
             sched_cfg.max_model_len,
         )
+        # Fail now, not under load, when the pool and one full step cannot fit.
+        self.memory_bound = check_memory_bound(
+            loaded,
+            cache_cfg.num_blocks * kv_bytes_per_block(loaded.config, cache_cfg.block_size,
+                                                      loaded.dtype),
+            sched_cfg.max_num_batched_tokens, sched_cfg.max_num_seqs)
         if loaded.device.type == "cpu":
             # Build/load the compiled CPU kernels before the first request, not inside it.
             from cadence.model.kernels.cpu_ops import load_cpu_kernels

@@ -1,0 +1,90 @@
+"""The engine's memory bound: weights + KV pool + the activations of the largest step.
+
+Stated at startup (stderr) and checked before the KV pool is allocated: an engine that could
+not hold its own pool and one full step fails at once with a clear message, instead of being
+killed by the OOM killer under load.
+
+    activations <= T * (6 * hidden + 3 * intermediate + q/k/v width) * 4 bytes   (T = budget)
+                 + S * vocab * 4 bytes * 2                                        (logits, sampler)
+
+where T is max_num_batched_tokens and S max_num_seqs. The per-token term counts the residual
+stream, norms, attention input/output, the MLP's gate/up/act tensors and the query/key/value
+projections, in float32 (the widest dtype a step uses); the logits term is the [S, vocab]
+float32 logits plus one same-sized sampler temporary.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class MemoryBound:
+    weights_bytes: int
+    kv_pool_bytes: int
+    activation_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_pool_bytes + self.activation_bytes
+
+    def describe(self) -> str:
+        return (f"weights {self.weights_bytes / MIB:.0f} MiB + KV pool "
+                f"{self.kv_pool_bytes / MIB:.0f} MiB + activations <= "
+                f"{self.activation_bytes / MIB:.0f} MiB = {self.total_bytes / MIB:.0f} MiB")
+
+
+def activation_bytes(config: Any, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    """Upper estimate of one step's activations (see the module docstring)."""
+    qkv = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+    per_token = (6 * config.hidden_size + 3 * config.intermediate_size + qkv) * 4
+    logits = max_num_seqs * config.vocab_size * 4 * 2
+    return max_num_batched_tokens * per_token + logits
+
+
+def model_bytes(model: Any) -> int:
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def available_bytes(device: Any) -> int | None:
+    """Memory a new allocation can still get: CUDA's free memory, or MemAvailable on Linux."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def check_memory_bound(loaded: Any, kv_pool_bytes: int, max_num_batched_tokens: int,
+                       max_num_seqs: int) -> MemoryBound:
+    """State the bound on stderr; ValueError when the pool plus one step cannot fit in what is
+    available now (the weights are already loaded, so they are not counted again)."""
+    bound = MemoryBound(model_bytes(loaded.model), kv_pool_bytes,
+                        activation_bytes(loaded.config, max_num_batched_tokens, max_num_seqs))
+    print(f"[cadence engine] memory bound: {bound.describe()}", file=sys.stderr)
+    available = available_bytes(loaded.device)
+    needed = bound.kv_pool_bytes + bound.activation_bytes
+    if available is not None and needed > available:
+        raise ValueError(
+            f"the KV pool ({bound.kv_pool_bytes / MIB:.0f} MiB) and one step's activations "
+            f"(<= {bound.activation_bytes / MIB:.0f} MiB) need {needed / MIB:.0f} MiB, but only "
+            f"{available / MIB:.0f} MiB are available: lower --kv-cache-memory / "
+            "--num-kv-blocks, --max-num-batched-tokens or --max-num-seqs")
+    return bound

@@ -1,0 +1,40 @@
+"""The engine states its memory bound at startup and refuses a pool that cannot fit (issue 13)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadence.core.config import CacheConfig
+from cadence.engine.config import EngineConfig
+from cadence.engine.llm_engine import LLMEngine
+from cadence.engine.memory_bound import activation_bytes, available_bytes
+
+
+@pytest.fixture(scope="module")
+def tiny_loaded(tiny_llama_dir):
+    from cadence.model.loader import load_model
+
+    return load_model(tiny_llama_dir, dtype="float32", device="cpu")
+
+
+def test_bound_is_stated_and_adds_up(tiny_loaded, capsys):
+    engine = LLMEngine.from_loaded(tiny_loaded, EngineConfig(cache=CacheConfig(num_blocks=64)))
+    bound = engine.memory_bound
+    assert "memory bound: weights" in capsys.readouterr().err
+    kv = engine.executor.kv_cache
+    allocated = sum(t.numel() * t.element_size() for t in list(kv.k) + list(kv.v))
+    assert bound.kv_pool_bytes == allocated
+    sched = engine.config.scheduler
+    assert bound.activation_bytes == activation_bytes(tiny_loaded.config,
+                                                      sched.max_num_batched_tokens,
+                                                      sched.max_num_seqs)
+    assert bound.total_bytes == bound.weights_bytes + bound.kv_pool_bytes + bound.activation_bytes
+    engine.close()
+
+
+def test_pool_that_cannot_fit_fails_at_startup(tiny_loaded):
+    available = available_bytes(tiny_loaded.device)
+    assert available is not None and available > 0
+    # Far more blocks than this machine's memory could hold: refused before allocating.
+    with pytest.raises(ValueError, match="available"):
+        LLMEngine.from_loaded(tiny_loaded, EngineConfig(cache=CacheConfig(num_blocks=10**9)))
