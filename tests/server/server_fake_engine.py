@@ -58,6 +58,8 @@ class FakeEngine:
 
     # tokenizer side
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if text.startswith("SLOW TOKENIZER"):
+            time.sleep(3.0)  # a tokenizer busy for seconds (without holding the GIL)
         return [b + 3 for b in text.encode("utf-8")]
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:

@@ -17,7 +17,8 @@ MAX_BYTES = 1_000_000
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = start_server(str(tmp_path_factory.mktemp("guards")),
-                       *fake_engine_args(max_model_len=512, kv_capacity_tokens=300),
+                       *fake_engine_args(max_model_len=512, kv_capacity_tokens=300,
+                                         step_delay_s=0.005),
                        "--max-request-bytes", str(MAX_BYTES))
     yield srv
     srv.stop()
@@ -86,6 +87,29 @@ def test_chat_that_cannot_fit_is_refused(server):
     body = {"messages": [{"role": "user", "content": "z" * 300}] * 2}
     err = _error(_post(server, body, "/v1/chat/completions"), 400)
     assert err["param"] == "messages" and err["code"] == "context_length_exceeded"
+
+
+def test_slow_tokenization_does_not_stall_running_streams(server):
+    """Tokenization runs off the step loop: a prompt whose tokenizing takes 3 s leaves the
+    running stream's token rhythm alone."""
+    import threading
+    import time
+
+    times: list[float] = []
+    body = {"prompt": "stream", "max_tokens": 250, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=body,
+                      timeout=60) as resp:
+        lines = resp.iter_lines()
+        next(lines)
+        slow = threading.Thread(target=_post, args=(server, {"prompt": "SLOW TOKENIZER",
+                                                             "max_tokens": 2}))
+        slow.start()
+        for line in lines:
+            if line.startswith("data: "):
+                times.append(time.monotonic())
+        slow.join(30)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(times) > 100 and max(gaps) < 1.0, max(gaps)
 
 
 # ---- unencodable strings -----------------------------------------------------------------------
