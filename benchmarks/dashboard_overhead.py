@@ -130,7 +130,7 @@ def main() -> None:
         model = httpx.get(base + "/v1/models").json()["data"][0]["id"]
         load(base, model, a.streams, 8)  # warm-up
         results: dict[str, list[float]] = {"no viewer": [], "viewer": []}
-        # Front-end CPU per second of load: what a viewer can take from the engine's cores,
+        # Front-end CPU per engine step: what a viewer can take from the engine's cores,
         # whatever the neighbours do (the step times above move with the host's load).
         frontend: dict[str, list[float]] = {"no viewer": [], "viewer": []}
         engine = engine_pid(server.pid)
@@ -145,7 +145,7 @@ def main() -> None:
                 load(base, model, a.streams, a.tokens)
                 f1, e1, t1 = cpu_seconds(server.pid), cpu_seconds(engine), time.monotonic()
                 s1, c1 = step_totals(base)
-                frontend[name].append((f1 - f0) / (e1 - e0))
+                frontend[name].append((f1 - f0) / max(1.0, c1 - c0))
                 if viewer is not None:
                     viewer.close()
                 mean_ms = (s1 - s0) / max(1.0, c1 - c0) * 1000
@@ -158,11 +158,11 @@ def main() -> None:
         kind = "headless chromium page" if a.browser else "SSE client"
         print(f"median step time: no viewer {base_ms:.2f} ms, {kind} connected {with_ms:.2f} ms "
               f"({100 * (with_ms / base_ms - 1):+.1f}%)")
-        extra = statistics.median(frontend["viewer"]) - statistics.median(frontend["no viewer"])
-        print(f"front-end CPU per engine CPU second: no viewer "
-              f"{100 * statistics.median(frontend['no viewer']):.2f}%, viewer "
-              f"{100 * statistics.median(frontend['viewer']):.2f}% (the viewer's share: "
-              f"{100 * extra:+.2f}% of the engine's CPU)")
+        plain = statistics.median(frontend["no viewer"]) * 1000
+        viewed = statistics.median(frontend["viewer"]) * 1000
+        print(f"front-end CPU per engine step: no viewer {plain:.3f} ms, viewer {viewed:.3f} ms "
+              f"(the viewer's extra {viewed - plain:+.3f} ms = "
+              f"{100 * (viewed - plain) / base_ms:+.2f}% of the median step)")
     finally:
         server.terminate()
         server.wait(30)
