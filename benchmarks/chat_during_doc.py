@@ -1,0 +1,90 @@
+"""A short chat message arriving while a long document is in prefill: its TTFT against its TTFT
+on an idle engine (acceptance of issue 18: <= 2x), with several partial prefills (short prompts
+first, the slo default) and with one (the document holds the queue).
+
+Offline through the engine, default scheduler flags unless --partial is given. The chat arrives
+halfway through a step of the document's prefill (its arrival time is set to the middle of the
+step that is running when it is added), so the TTFT includes the average wait for the step in
+flight, as on a server. `--streams` requests may decode meanwhile. Run:
+    .venv/bin/python benchmarks/chat_during_doc.py --dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from interference_offline import STREAM_PROMPTS, document_ids
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.sampling_params import SamplingParams
+from cadence.engine.config import EngineConfig
+from cadence.engine.llm_engine import LLMEngine
+from cadence.model.loader import load_model
+
+CHAT = "What is the capital of France? Answer in one word."
+
+
+def run(loaded, partial: int | None, args, with_doc: bool) -> float:
+    """The chat's TTFT (s) on a fresh engine, with or without the document in prefill."""
+    knobs = {"max_model_len": args.doc_tokens + 128}
+    if partial is not None:
+        knobs["max_num_partial_prefills"] = partial
+    engine = LLMEngine.from_loaded(loaded, EngineConfig(
+        scheduler=SchedulerConfig(**knobs),
+        cache=CacheConfig(kv_cache_memory_bytes=1 << 30),
+    ))
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for i in range(args.streams):
+        engine.add_request(f"s{i}", STREAM_PROMPTS[i % len(STREAM_PROMPTS)],
+                           SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True))
+    while any(engine.scheduler.get_request(f"s{i}").num_output_tokens == 0
+              for i in range(args.streams)):
+        engine.step()
+    if with_doc:
+        engine.add_request("doc", document_ids(loaded.tokenizer, args.doc_tokens), params)
+        # Let the document get part-way through its prompt.
+        while engine.scheduler.get_request("doc").num_computed_tokens < args.doc_tokens // 4:
+            engine.step()
+    t_start = time.monotonic()
+    engine.step()  # the step in flight when the chat arrives (halfway through it)
+    mid = (t_start + time.monotonic()) / 2
+    engine.add_request("chat", CHAT, params, arrival_time=mid)
+    while engine.scheduler.get_request("chat") is not None and \
+            engine.scheduler.get_request("chat").num_output_tokens == 0:
+        engine.step()
+    return engine.telemetry.timeline("chat").ttft
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--doc-tokens", type=int, default=2000)
+    p.add_argument("--streams", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args(argv)
+    loaded = load_model(args.model, dtype=args.dtype)
+    print(f"model {loaded.name}, {loaded.dtype}; {args.streams} streams decoding; "
+          f"a {args.doc_tokens}-token document; median of {args.repeats}")
+    run(loaded, None, argparse.Namespace(**{**vars(args), "doc_tokens": 256}), True)  # warm-up
+    rows = []
+    for label, partial in (("default (slo, 4 partial prefills)", None),
+                           ("--max-num-partial-prefills 1", 1)):
+        idle, busy = [], []
+        for _ in range(args.repeats):
+            idle.append(run(loaded, partial, args, with_doc=False))
+            busy.append(run(loaded, partial, args, with_doc=True))
+        rows.append((label, statistics.median(idle), statistics.median(busy)))
+    print(f"{'scheduler':38s} {'idle TTFT':>10s} {'mid-doc TTFT':>13s} {'ratio':>6s}")
+    for label, idle, busy in rows:
+        print(f"{label:38s} {idle * 1e3:8.0f}ms {busy * 1e3:11.0f}ms {busy / idle:6.2f}")
+    print("acceptance: mid-doc TTFT <= 2x idle TTFT")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
