@@ -30,6 +30,7 @@ def make_scheduler(
     max_model_len: int = 8192,
     partial_prefills: int | None = None,
     long_partial_prefills: int = 1,
+    swap_blocks: int = 0,
 ) -> Scheduler:
     return Scheduler(
         SchedulerConfig(
@@ -43,7 +44,8 @@ def make_scheduler(
             scheduling=scheduling,
         ),
         CacheConfig(
-            block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix_caching
+            block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix_caching,
+            num_swap_blocks=swap_blocks,
         ),
     )
 

@@ -63,7 +63,9 @@ def scheduler_configs(draw):
     policy = draw(st.sampled_from(["eager", "chunked"]))
     # chunked also with several partial prefills (short prompts overtaking long ones).
     partial = draw(st.sampled_from([1, 3])) if policy == "chunked" else 1
-    return dict(policy=policy, partial_prefills=partial, **draw_limits(draw))
+    # Sometimes a host tier for swap preemption (small: it fills up and falls back too).
+    swap = draw(st.sampled_from([0, 0, 4, 64]))
+    return dict(policy=policy, partial_prefills=partial, swap_blocks=swap, **draw_limits(draw))
 
 
 def draw_num_blocks(data, specs, block_size: int) -> int:

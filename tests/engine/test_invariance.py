@@ -47,13 +47,14 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
 
 
 def run(loaded, prompts, *, policy, budget, max_seqs, prefix, num_blocks=None, block_size=16,
-        params=GREEDY):
+        params=GREEDY, swap_blocks=0):
     cfg = EngineConfig(
         scheduler=SchedulerConfig(
             policy=policy, max_num_batched_tokens=budget, max_num_seqs=max_seqs
         ),
         cache=CacheConfig(
-            block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix
+            block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix,
+            num_swap_blocks=swap_blocks,
         ),
     )
     engine = LLMEngine.from_loaded(loaded, cfg)
@@ -124,6 +125,21 @@ def test_tiny_model_outputs_survive_preemption(
         num_blocks=num_blocks, block_size=4,
     )
     assert stats.num_preemptions_total > 0
+    assert tokens == tiny_preempt_reference
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("prefix", PREFIX)
+def test_tiny_model_outputs_survive_swap_preemption(tiny_loaded, tiny_preempt_reference, policy,
+                                                    prefix):
+    """Preempted requests' KV goes to the host tier and back (no recompute): same tokens."""
+    num_blocks = tight_cache_blocks(tiny_loaded, PREEMPT_PROMPTS, block_size=4)
+    tokens, stats = run(
+        tiny_loaded, PREEMPT_PROMPTS, policy=policy, budget=64, max_seqs=64, prefix=prefix,
+        num_blocks=num_blocks, block_size=4, swap_blocks=256,
+    )
+    assert stats.num_swap_preemptions_total > 0
+    assert stats.num_blocks_swapped_in_total > 0
     assert tokens == tiny_preempt_reference
 
 

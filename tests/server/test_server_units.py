@@ -101,7 +101,8 @@ def test_cli_flags_come_from_config_metadata():
     assert engine["scheduler"]["max_num_batched_tokens"] == 256
     assert engine["scheduler"]["scheduling"] == "priority"
     assert engine["cache"] == {"block_size": 16, "num_blocks": 100,
-                               "kv_cache_memory_bytes": 2**30, "enable_prefix_caching": False}
+                               "kv_cache_memory_bytes": 2**30, "enable_prefix_caching": False,
+                               "num_swap_blocks": 0}
     assert engine["trace_path"] == "/tmp/t.jsonl"
     assert server.api_key == "k" and process.limits.max_num_queued_requests == 5
     # Unset flags keep the dataclass defaults.
@@ -109,7 +110,8 @@ def test_cli_flags_come_from_config_metadata():
     # The slo policy's knobs are on serve too (vLLM's names where vLLM has the concept).
     _, args = _parse("--target-itl-ms", "250", "--max-prefill-slowdown", "1.3",
                      "--max-num-partial-prefills", "4", "--max-long-partial-prefills", "1",
-                     "--long-prefill-token-threshold", "256", "--no-startup-profile")
+                     "--long-prefill-token-threshold", "256", "--no-startup-profile",
+                     "--num-swap-blocks", "512")
     _, process = configs_from_args(args)
     sched = process.engine_config["scheduler"]
     assert (sched["policy"], sched["target_itl_ms"], sched["max_prefill_slowdown"]) == (
@@ -117,6 +119,7 @@ def test_cli_flags_come_from_config_metadata():
     assert (sched["max_num_partial_prefills"], sched["max_long_partial_prefills"],
             sched["long_prefill_token_threshold"]) == (4, 1, 256)
     assert process.engine_config["startup_profile"] is False
+    assert process.engine_config["cache"]["num_swap_blocks"] == 512
 
 
 def test_cli_rejects_bad_values():

@@ -159,6 +159,12 @@ class CacheConfig:
         default=True,
         metadata={"help": "Reuse KV blocks of identical full-block prompt prefixes."},
     )
+    num_swap_blocks: int = field(
+        default=0,
+        metadata={"help": "Blocks of host KV memory that preempted requests are swapped out "
+                  "to when copying their KV out and back is cheaper than recomputing it "
+                  "(0 = always recompute)."},
+    )
 
     def __post_init__(self) -> None:
         _require_int("block_size", self.block_size, minimum=1)
@@ -166,6 +172,7 @@ class CacheConfig:
             _require_int("num_blocks", self.num_blocks, minimum=1)
         if self.kv_cache_memory_bytes is not None:
             _require_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, minimum=1)
+        _require_int("num_swap_blocks", self.num_swap_blocks, minimum=0)
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"

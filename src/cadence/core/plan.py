@@ -58,6 +58,11 @@ class StepPlan:
     # Blocks whose contents must be copied before the forward (src, dst): copy-on-write. Unused
     # unless a policy shares a partially filled block.
     block_copies: tuple[tuple[int, int], ...] = ()
+    # Swap preemption (core/swap.py), done by the executor before the forward, out first:
+    # (device block, host block) pairs to copy to the host tier, (host block, device block)
+    # pairs to copy back.
+    swap_out: tuple[tuple[int, int], ...] = ()
+    swap_in: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:

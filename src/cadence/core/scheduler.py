@@ -25,6 +25,8 @@ from cadence.core.request import Request, RequestStatus
 from cadence.core.request_queue import RankKey, make_waiting_queue
 from cadence.core.scheduler_types import RequestUpdate, SchedulerStats
 from cadence.core.step_builder import StepBuilder
+from cadence.core.step_cost import StepFeatures
+from cadence.core.swap import SwapSpace
 from cadence.core.stop_checker import check_stop
 
 __all__ = ["KVLoad", "RequestUpdate", "Scheduler", "SchedulerStats"]
@@ -40,6 +42,11 @@ class Scheduler:
         self.cache = cache
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.policy = make_policy(sched)
+        # Host tier for swap preemption (None: preemption always recomputes).
+        self.swap = SwapSpace(cache.num_swap_blocks) if cache.num_swap_blocks else None
+        # Seconds to copy one KV block between tiers, one way (the engine measures it).
+        self.swap_block_copy_s = 2e-4
+        self.num_swap_preemptions_total = 0
         # Stages that run before the policy's own, chosen once by the config: with priority
         # scheduling a waiting request may preempt running ones that rank below it.
         self._before_policy = (
@@ -153,6 +160,8 @@ class Scheduler:
         that is never updated (its forward failed) is simply dropped, and its tokens are
         scheduled again. Only the latest plan can be updated."""
         preempted: list[str] = []
+        swap_out: list[tuple[int, int]] = []
+        swap_in: list[tuple[int, int]] = []
         # Disaggregated decode (a stage before the policy): loaded requests take free seats,
         # queued ones take the blocks their KV will land in.
         self.remote.start_ready(self.running, self.sched.max_num_seqs)
@@ -169,19 +178,27 @@ class Scheduler:
                 rank=self._rank,
                 fail=self._fail_request,
                 preempted_before=preempted,
+                swap=self.swap,
+                should_swap=self._should_swap,
             )
             for stage in self._before_policy:
                 stage(step)
             self.policy.build(step)
             preempted += step.preempted
+            swap_out += step.swap_out
+            swap_in += step.swap_in
             # A request that failed (cannot fit the cache) freed its blocks and its seat after
             # the policy had passed others over: build again rather than emit an empty step.
             # Each round fails at least one more request, so this ends.
             if not step.is_empty or len(self._finished_unreported) == num_failed:
                 break
-        plan = step.build_plan(self._next_step_id, preempted)
+        plan = step.build_plan(self._next_step_id, preempted, swap_out, swap_in)
+        if self.swap is not None:
+            self.swap.end_step()
         self._next_step_id += 1
         self.num_preemptions_total += len(plan.preempted)
+        self.num_swap_preemptions_total += sum(
+            1 for r in plan.preempted if self.swap is not None and self.swap.holds(r))
         self._outstanding_step_id = None if plan.is_empty else plan.step_id
         return plan
 
@@ -268,6 +285,9 @@ class Scheduler:
             num_leased_blocks=self.kv.num_leased_blocks,
             itl_target_s=self.sched.target_itl_ms / 1000.0 if self._models_steps else None,
             itl_target_reachable_s=getattr(self.policy, "reachable_itl_s", None),
+            num_swap_preemptions_total=self.num_swap_preemptions_total,
+            num_blocks_swapped_out_total=self.swap.num_blocks_swapped_out if self.swap else 0,
+            num_blocks_swapped_in_total=self.swap.num_blocks_swapped_in if self.swap else 0,
         )
 
     @property
@@ -285,8 +305,11 @@ class Scheduler:
         for req in self.waiting:
             if req.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
                 raise RuntimeError(f"waiting {req} has status {req.status}")
-            if self.kv.holds_blocks(req.req_id) or req.num_computed_tokens:
+            swapped = self.swap is not None and self.swap.holds(req.req_id)
+            if self.kv.holds_blocks(req.req_id) or (req.num_computed_tokens and not swapped):
                 raise RuntimeError(f"waiting {req} holds blocks or computed tokens")
+        if self.swap is not None:
+            self.swap.check_integrity()
         self.remote.check_integrity(self.kv)
         live = {r.req_id for r in self.running} | {r.req_id for r in self.waiting}
         live |= {r.req_id for r in self.remote}
@@ -315,12 +338,28 @@ class Scheduler:
             self.kv.lease(req)  # the decode side pulls it; the engine releases the lease
         else:
             self.kv.free(req)
+        if self.swap is not None:
+            self.swap.release(req.req_id, swapped_in=False)
         req.set_finished(status, message)
 
     def _blocks_for_next_decodes(self) -> int:
         """Free blocks that the running requests' next token needs (kept out of admissions
         that run before the policy, so they do not cause preemptions)."""
         return sum(self.kv.num_free_blocks_needed(r, 1) for r in self.running)
+
+    def _should_swap(self, req: Request) -> bool:
+        """Swap rather than recompute when copying the request's full blocks out and back is
+        predicted cheaper than computing its tokens again (the policy's step-time model when
+        it has one, else 1 ms a token)."""
+        num_blocks = req.num_computed_tokens // self.cache.block_size
+        tokens = num_blocks * self.cache.block_size
+        model = getattr(self.policy, "cost_model", None)
+        if model is not None:
+            recompute_s = model.predict(StepFeatures.of_chunk(0, tokens)) - model.predict(
+                StepFeatures())
+        else:
+            recompute_s = 1e-3 * tokens
+        return 2 * num_blocks * self.swap_block_copy_s < recompute_s
 
     def _fail_request(self, req: Request, message: str) -> None:
         self._finish(req, RequestStatus.FINISHED_ERROR, message)

@@ -44,6 +44,11 @@ class SchedulerStats:
     # None for other policies / while the target is reachable.
     itl_target_s: float | None = None
     itl_target_reachable_s: float | None = None
+    # Swap preemption (core/swap.py): preemptions that swapped instead of recomputing, and
+    # blocks copied to the host tier and back.
+    num_swap_preemptions_total: int = 0
+    num_blocks_swapped_out_total: int = 0
+    num_blocks_swapped_in_total: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -14,6 +14,7 @@ from cadence.core.kv_cache_manager import KVCacheManager
 from cadence.core.plan import ScheduledChunk, StepPlan
 from cadence.core.request import Request, RequestStatus
 from cadence.core.request_queue import RankKey, WaitingQueue
+from cadence.core.swap import SwapSpace
 
 # (tokens the request still needs, token budget left, nothing scheduled yet) -> tokens to
 # schedule now; 0 means "not this step".
@@ -32,6 +33,8 @@ class StepBuilder:
         rank: Callable[[Request], RankKey],
         fail: Callable[[Request, str], None],
         preempted_before: Iterable[str] = (),
+        swap: SwapSpace | None = None,
+        should_swap: Callable[[Request], bool] | None = None,
     ) -> None:
         self._kv = kv
         self._running = running
@@ -51,6 +54,12 @@ class StepBuilder:
         self._preempted_before = frozenset(preempted_before)
         # The waiting request _admit is sizing a chunk for (peek_waiting returns it).
         self._admitting: Request | None = None
+        # Swap preemption (core/swap.py): the host tier, the cost choice, this step's copies.
+        self._swap = swap
+        self._should_swap = should_swap
+        self.swap_out: list[tuple[int, int]] = []
+        self.swap_in: list[tuple[int, int]] = []
+        self._swapped_in: set[str] = set()
 
     @property
     def is_empty(self) -> bool:
@@ -156,8 +165,14 @@ class StepBuilder:
             self._waiting.remove(request)
             self._fail(request, self._too_big_message(request, request.num_tokens))
             return False
-        computed_blocks = self._kv.get_computed_blocks(request)
-        num_hit_tokens = len(computed_blocks) * self._kv.block_size
+        swapped = self._swap is not None and self._swap.holds(request.req_id)
+        if swapped:
+            # Its KV comes back from the host tier: no prefix lookup, it resumes where it was.
+            computed_blocks: list[int] = []
+            num_hit_tokens = request.num_computed_tokens
+        else:
+            computed_blocks = self._kv.get_computed_blocks(request)
+            num_hit_tokens = len(computed_blocks) * self._kv.block_size
         self._admitting = request
         try:
             num_new = rule(request.num_tokens - num_hit_tokens, self.token_budget, self.is_empty)
@@ -169,6 +184,16 @@ class StepBuilder:
         if need + reserved > self._kv.pool.num_free_blocks:
             return False
         self._waiting.remove(request)
+        if swapped:
+            self._kv.allocate(request, num_new)
+            device = self._kv.get_block_table(request.req_id)
+            host = self._swap.release(request.req_id, swapped_in=True)
+            self.swap_in.extend(zip(host, device))
+            self._swapped_in.add(request.req_id)
+            request.status = RequestStatus.RUNNING
+            self._running.append(request)
+            self._add(request, num_new)
+            return True
         self._kv.allocate(request, num_new, computed_blocks)
         self._kv.record_prefix_lookup(request.num_tokens, num_hit_tokens)
         request.num_computed_tokens = num_hit_tokens
@@ -180,8 +205,15 @@ class StepBuilder:
         return True
 
     # -- the plan ---------------------------------------------------------------------------
-    def build_plan(self, step_id: int, preempted: list[str] | None = None) -> StepPlan:
-        """Freeze the scheduled work; `preempted` defaults to this builder's preemptions."""
+    def build_plan(
+        self,
+        step_id: int,
+        preempted: list[str] | None = None,
+        swap_out: list[tuple[int, int]] | None = None,
+        swap_in: list[tuple[int, int]] | None = None,
+    ) -> StepPlan:
+        """Freeze the scheduled work; `preempted` and the swaps default to this builder's
+        (the scheduler passes those of every build of the step)."""
         chunks = []
         for request, num_new in self._scheduled.values():
             start = request.num_computed_tokens
@@ -204,6 +236,8 @@ class StepBuilder:
             chunks=tuple(chunks),
             block_size=self._kv.block_size,
             preempted=tuple(self.preempted if preempted is None else preempted),
+            swap_out=tuple(self.swap_out if swap_out is None else swap_out),
+            swap_in=tuple(self.swap_in if swap_in is None else swap_in),
         )
 
     # -- helpers ----------------------------------------------------------------------------
@@ -231,14 +265,33 @@ class StepBuilder:
         return True
 
     def _preempt(self, request: Request) -> None:
-        """Recompute preemption: free its blocks, forget its KV, requeue it at the front. Its
-        output tokens stay and are recomputed as part of its sequence later."""
+        """Preempt: free its blocks and requeue it at the front. By recompute (its KV is
+        forgotten; its output tokens stay and are recomputed as part of its sequence later),
+        or by swap when the scheduler's cost choice says copying is cheaper (its full blocks
+        go to the host tier before this step's forward; it resumes where it was)."""
         scheduled = self._scheduled.pop(request.req_id, None)
         if scheduled is not None:
             self.token_budget += scheduled[1]
+        # Only whole blocks are swapped: a partial last block is recomputed (a few tokens).
+        num_full = request.num_computed_tokens // self._kv.block_size
+        if request.req_id in self._swapped_in:
+            # Swapped in earlier in this very step: its copy back is cancelled and it is
+            # recomputed (its device blocks hold nothing yet).
+            device_blocks = set(self._kv.get_block_table(request.req_id))
+            self.swap_in = [(h, d) for h, d in self.swap_in if d not in device_blocks]
+            self._swapped_in.discard(request.req_id)
+            num_full = 0
+        if (num_full and self._swap is not None and self._should_swap is not None
+                and num_full <= self._swap.num_free_blocks and self._should_swap(request)):
+            device = self._kv.get_block_table(request.req_id)[:num_full]
+            host = self._swap.take(request.req_id, num_full)
+            self.swap_out.extend(zip(device, host))
+            kept = num_full * self._kv.block_size
+        else:
+            kept = 0
         self._kv.free(request)
         self._running.remove(request)
-        request.num_computed_tokens = 0
+        request.num_computed_tokens = kept
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self._waiting.add_front(request)

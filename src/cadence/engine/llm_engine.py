@@ -82,8 +82,11 @@ class LLMEngine:
             from cadence.model.kernels.cpu_ops import load_cpu_kernels
 
             load_cpu_kernels()
-        executor = ModelExecutor(loaded, cache_cfg.num_blocks, cache_cfg.block_size, seed=cfg.seed)
+        executor = ModelExecutor(loaded, cache_cfg.num_blocks, cache_cfg.block_size, seed=cfg.seed,
+                                 num_swap_blocks=cache_cfg.num_swap_blocks)
         scheduler = Scheduler(sched_cfg, cache_cfg)
+        if cache_cfg.num_swap_blocks:
+            scheduler.swap_block_copy_s = executor.measure_swap_block_copy_s()
         if cfg.startup_profile and hasattr(scheduler.policy, "calibrate"):
             from cadence.core.step_profile import profile_steps
 

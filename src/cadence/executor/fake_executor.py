@@ -40,12 +40,21 @@ class FakeExecutor:
         self.eos_one_in = eos_one_in
         # block id -> token id per slot (None = never written).
         self._kv: dict[int, list[int | None]] = {}
+        # host block id -> contents (the host tier of swap preemption).
+        self._host: dict[int, list[int | None]] = {}
         # Every chunk computed: (req_id, start_pos, end_pos), in execution order.
         self.computed: list[tuple[str, int, int]] = []
         self.num_steps = 0
 
     def execute(self, plan: StepPlan) -> StepOutput:
         sampled: dict[str, SampledToken] = {}
+        # Swap preemption: out to the host tier first, then back in (as the real executor).
+        for dev, host in plan.swap_out:
+            self._host[host] = list(self._kv.get(dev, ()))
+        for host, dev in plan.swap_in:
+            if host not in self._host:
+                raise FakeExecutorError(f"swap-in of host block {host} that holds nothing")
+            self._kv[dev] = list(self._host[host])
         for chunk in plan.chunks:
             self._write(chunk, plan.block_size)
             self.computed.append((chunk.req_id, chunk.start_pos, chunk.end_pos))

@@ -22,7 +22,7 @@ class ModelExecutor:
     """
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
-                 seed: int | None = None):
+                 seed: int | None = None, num_swap_blocks: int = 0):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -30,6 +30,14 @@ class ModelExecutor:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.kv_cache = KVCache(loaded.config, num_blocks, block_size, loaded.dtype, self.device)
+        # The host tier of swap preemption (core/swap.py): [num_layers, 2, num_swap_blocks,
+        # block_size, num_kv_heads, head_dim] in host memory (pinned when the cache is on CUDA).
+        self.host_kv: torch.Tensor | None = None
+        if num_swap_blocks:
+            shape = list(self.kv_cache.storage.shape)
+            shape[2] = num_swap_blocks
+            self.host_kv = torch.zeros(shape, dtype=loaded.dtype, device="cpu",
+                                       pin_memory=self.device.type == "cuda")
         self.model.prepare_fast_path()  # pack fast-path weights now, not in the first request
         self.generator = torch.Generator(device=self.device)
         if seed is not None:
@@ -55,9 +63,42 @@ class ModelExecutor:
         self._check_plan(plan)
         inputs = ModelInputs.from_plan(plan, self.config.vocab_size, self.num_blocks, self.device)
         self.kv_cache.copy_blocks(plan.block_copies)
+        self.swap_blocks(plan)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache)  # [T, H]
         logits, argmax = self.model.compute_logits_and_argmax(hidden[inputs.sample_rows])  # [S_sample, V]
         return logits, argmax, inputs
+
+    def swap_blocks(self, plan: StepPlan) -> None:
+        """The plan's swap preemption copies, before its forward: out to the host tier first
+        (the freed device blocks may be reused in this step), then back in."""
+        if not plan.swap_out and not plan.swap_in:
+            return
+        if self.host_kv is None:
+            raise ValueError("the plan swaps KV blocks but the executor has no host tier")
+        storage = self.kv_cache.storage  # [layers, 2, num_blocks, ...]
+        if plan.swap_out:
+            dev = torch.tensor([d for d, _ in plan.swap_out], device=self.device)
+            host = torch.tensor([h for _, h in plan.swap_out])
+            self.host_kv[:, :, host] = storage[:, :, dev].to("cpu")
+        if plan.swap_in:
+            host = torch.tensor([h for h, _ in plan.swap_in])
+            dev = torch.tensor([d for _, d in plan.swap_in], device=self.device)
+            storage[:, :, dev] = self.host_kv[:, :, host].to(self.device, non_blocking=True)
+
+    def measure_swap_block_copy_s(self, num_blocks: int = 8) -> float:
+        """Seconds to copy one block one way between the tiers (measured, for the scheduler's
+        swap-or-recompute choice)."""
+        if self.host_kv is None:
+            return 0.0
+        n = min(num_blocks, self.num_blocks, self.host_kv.shape[2])
+        pairs = tuple((i, i) for i in range(n))
+        plan = StepPlan(step_id=-1, chunks=(), block_size=self.block_size, swap_out=pairs)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            self.swap_blocks(plan)
+            best = min(best, time.perf_counter() - t0)
+        return best / n
 
     def forward_logits(self, plan: StepPlan) -> torch.Tensor:
         """Logits [S_sample, V] float32 for the plan's sampling chunks (writes the KV cache)."""
@@ -69,6 +110,7 @@ class ModelExecutor:
         """Run one step; one SampledToken per chunk with sample=True, keyed by req_id."""
         if plan.is_empty:
             self.kv_cache.copy_blocks(plan.block_copies)
+            self.swap_blocks(plan)
             return StepOutput(step_id=plan.step_id)
         start = time.perf_counter()
         logits, argmax, inputs = self._forward(plan)

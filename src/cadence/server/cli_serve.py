@@ -62,6 +62,7 @@ _FLAGS: tuple[tuple[str, type, str, Any], ...] = (
     ("--num-kv-blocks", CacheConfig, "num_blocks", int),
     ("--kv-cache-memory", CacheConfig, "kv_cache_memory_bytes", parse_size),
     ("--enable-prefix-caching", CacheConfig, "enable_prefix_caching", bool),
+    ("--num-swap-blocks", CacheConfig, "num_swap_blocks", int),
     ("--host", ServerConfig, "host", str),
     ("--port", ServerConfig, "port", int),
     ("--served-model-name", ServerConfig, "served_model_name", str),

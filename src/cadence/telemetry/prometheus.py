@@ -13,7 +13,8 @@ records from the telemetry recorder, step token counts, scheduler stats):
   prefix_cache_hits_total (the last three are the scheduler's cumulative totals).
 - gauges: num_requests_running, num_requests_waiting, kv_cache_usage_perc (0..1, as vLLM),
   kv_cache_blocks_used / _free / _total / _cached; with the slo policy itl_target_seconds and
-  itl_target_reachable_seconds.
+  itl_target_reachable_seconds; num_swap_preemptions_total, kv_blocks_swapped_out_total,
+  kv_blocks_swapped_in_total (swap preemption).
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ class _EngineStatsCollector(Collector):
                                   "Engine processes respawned after one died.",
                                   value=float(self.engine_restarts))
         yield counter("num_preemptions", "Preemptions since start.", "num_preemptions_total")
+        yield counter("num_swap_preemptions", "Preemptions that swapped the request's KV to the "
+                      "host tier instead of recomputing it.", "num_swap_preemptions_total")
+        yield counter("kv_blocks_swapped_out", "KV blocks copied to the host tier.",
+                      "num_blocks_swapped_out_total")
+        yield counter("kv_blocks_swapped_in", "KV blocks copied back from the host tier.",
+                      "num_blocks_swapped_in_total")
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                       "prefix_cache_queries")
         yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
