@@ -149,3 +149,20 @@ def test_aborted_prefill_frees_instead_of_leasing():
     pre.schedule()
     pre.abort_request("z")
     assert pre.stats().num_blocks_used == 0 and pre.kv.num_leases == 0
+
+
+def test_waits_only_on_remote_kv_when_blocks_are_leased():
+    # One pool plays both roles: a lease holds most blocks, a prefilled request waits for
+    # them; the engine may block (nothing to step) until the lease is released.
+    sched = make_scheduler(block_size=4, num_blocks=4)
+    fake = FakeExecutor(VOCAB)
+    t0 = _prefill(sched, fake, "held", list(range(5, 15)), 8)  # 3 blocks leased
+    sched.add_remote_request(_decode_request("r", list(range(20, 28)), t0, 4))
+    assert sched.waits_only_on_remote_kv()
+    _step(sched, fake)
+    assert sched.take_kv_loads() == [] and sched.waits_only_on_remote_kv()
+    sched.release_kv_lease("held")
+    assert not sched.waits_only_on_remote_kv()  # its blocks are free: a step admits it
+    _step(sched, fake)
+    assert [len(l.local_block_ids) for l in sched.take_kv_loads()] == [2]
+    assert sched.waits_only_on_remote_kv()  # now loading

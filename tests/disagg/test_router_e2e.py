@@ -150,6 +150,9 @@ def test_prefill_death_falls_back_then_decode_death_is_explicit(cluster):
     assert _complete(cluster["ipc"], PROMPTS[2]) == reference
     m = cluster["ipc"].metrics()
     assert m["cadence_router:fallbacks_total{reason=no prefill worker answered}"] >= 1
+    # The surviving pools hold no blocks (the other prefill worker's leases all released).
+    for name in ("decode", "prefill_tcp"):
+        assert cluster[name].metrics()["cadence:kv_cache_blocks_used"] == 0, name
     # kill -9 the decode worker mid-stream: the stream ends with an explicit error event.
     client = _client(cluster["tcp"])
     stream = client.completions.create(model=None, prompt=PROMPTS[1], max_tokens=400,

@@ -102,6 +102,14 @@ class RemoteKVStage:
             self.loading[req.req_id] = req
             self._loads.append(KVLoad(req.req_id, tuple(new_blocks), len(hits), num_hit_tokens))
 
+    def can_admit_head(self, kv: KVCacheManager) -> bool:
+        """Whether the first queued request's prompt blocks are free now."""
+        req = self.queued[0]
+        hits = kv.get_computed_blocks(req)
+        need = kv.num_free_blocks_needed(req, req.num_prompt_tokens - len(hits) * kv.block_size,
+                                         hits)
+        return need <= kv.pool.num_free_blocks
+
     def take_loads(self) -> list[KVLoad]:
         """The loads admitted since the last call (of requests still loading)."""
         loads, self._loads = self._loads, []

@@ -124,9 +124,13 @@ class Scheduler:
         return True
 
     def waits_only_on_remote_kv(self) -> bool:
-        """True when every unfinished request is loading its KV: a step would do nothing
-        until a transfer ends (the engine loop then blocks instead of spinning)."""
-        return bool(self.remote.loading) and len(self._requests) == len(self.remote.loading)
+        """True when every unfinished request is loading its KV or queued for blocks that only
+        a freed lease can give: a step would do nothing until a transfer or a lease ends (the
+        engine loop then blocks instead of spinning)."""
+        stuck = len(self.remote.loading) + len(self.remote.queued)
+        if not stuck or len(self._requests) != stuck:
+            return False
+        return not self.remote.queued or not self.remote.can_admit_head(self.kv)
 
     def release_kv_lease(self, req_id: str) -> bool:
         """Free the blocks a finished `hold_kv_on_finish` request left leased."""

@@ -1,0 +1,67 @@
+"""The router's per-request decision and its balancing, without processes: auto hands off only
+when the decode worker has streams whose stall (P / prefill rate each) outweighs the measured
+handoff cost; always / never ignore the numbers; least outstanding tokens picks workers."""
+
+from __future__ import annotations
+
+from cadence.disagg.router.policy import CostModel, RoutingPolicy
+from cadence.disagg.router.workers import Outstanding, Worker, WorkerPool
+
+
+def _model() -> CostModel:
+    m = CostModel(prefill_tok_s=1000.0, transfer_bytes_s=1e8, kv_bytes_per_token=20_000.0,
+                  hop_s=0.01)
+    return m
+
+
+def test_auto_chooses_both_sides_of_the_line():
+    policy = RoutingPolicy("auto", _model(), min_prompt_tokens=64)
+    prefill, decode = Worker("p", "prefill"), Worker("d", "decode")
+    # No stream to protect: colocated, whatever the length.
+    assert not policy.decide(4000, prefill, decode).disaggregate
+    decode.outstanding_requests = 3
+    # Long prompt, three streams: 3 * 2 s of stall vs 0.8 s transfer + hop -> hand off.
+    d = policy.decide(2000, prefill, decode)
+    assert d.disaggregate and d.gain_s > d.cost_s
+    # Short prompt: under the floor.
+    assert policy.decide(32, prefill, decode).reason == "short prompt"
+    # Mid prompt where moving the KV costs more than the stall it avoids (slow transfer).
+    slow = _model()
+    slow.transfer_bytes_s = 1e6
+    d = RoutingPolicy("auto", slow).decide(200, prefill, decode)
+    assert not d.disaggregate and d.cost_s > d.gain_s
+    # A backlogged prefill worker makes the handoff lose too.
+    prefill.outstanding_tokens = 100_000
+    assert not policy.decide(2000, prefill, decode).disaggregate
+
+
+def test_always_never_and_missing_prefill():
+    prefill, decode = Worker("p", "prefill"), Worker("d", "decode")
+    assert RoutingPolicy("always", _model()).decide(3, prefill, decode).disaggregate
+    assert not RoutingPolicy("never", _model()).decide(5000, prefill, decode).disaggregate
+    assert not RoutingPolicy("always", _model()).decide(5000, None, decode).disaggregate
+    assert not RoutingPolicy("always", _model()).decide(
+        5000, prefill, decode, wants_logprobs=True).disaggregate
+
+
+def test_cost_model_learns():
+    m = CostModel()
+    for _ in range(30):
+        m.observe_prefill(2000, 1.0)
+        m.observe_transfers(4e6, 0.01)
+        m.observe_prompt(1000, 250)
+    assert abs(m.prefill_tok_s - 2000) < 50
+    assert abs(m.transfer_bytes_s - 4e8) < 1e7
+    assert abs(m.tokens_per_char - 0.25) < 0.01 and m.estimate_tokens(400) == 100
+
+
+def test_least_outstanding_tokens_and_failed_workers_last():
+    pool = WorkerPool("decode", ("http://a", "http://b", "http://c"))
+    a, b, c = pool.workers
+    with Outstanding(a, 500), Outstanding(b, 100):
+        assert pool.pick() is c
+        with Outstanding(c, 1000):
+            assert pool.pick() is b
+            b.mark_failed(60.0)
+            assert [w.url for w in pool.candidates()] == ["http://a", "http://c", "http://b"]
+    assert a.outstanding_tokens == 0 and a.outstanding_requests == 0
