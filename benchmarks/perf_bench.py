@@ -41,6 +41,7 @@ from cadence.core.sampling_params import SamplingParams  # noqa: E402
 from cadence.executor.model_runner import ModelExecutor  # noqa: E402
 from cadence.model.config import ModelConfig  # noqa: E402
 from cadence.model.kernels.cpu_ops import load_cpu_kernels  # noqa: E402
+from cadence.model.kernels.isa import describe  # noqa: E402
 from cadence.model.loader import LoadedModel, default_model_path, load_model  # noqa: E402
 
 from _common import median_time, run_times  # noqa: E402
@@ -75,8 +76,9 @@ class Row:
 DECODE_MIN_STEPS = 10
 
 
-def measure_machine(repeats: int) -> Machine:
-    """Read bandwidth from summing a 512 MB tensor; GEMM rate from 2048^3 matmuls per dtype.
+def measure_machine(repeats: int, dtypes=(torch.float32, torch.bfloat16)) -> Machine:
+    """Read bandwidth from summing a 512 MB tensor; GEMM rate from 2048^3 matmuls per dtype
+    (only the dtypes asked: bf16 matmul is a slow fallback on CPUs without native bf16).
 
     The best of the repeats, not the median: a floor is what the hardware can do, and
     neighbours on shared cores only ever make a run slower (this keeps ratios conservative).
@@ -87,7 +89,7 @@ def measure_machine(repeats: int) -> Machine:
     del big
     rates = {}
     n = 2048
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in dtypes:
         a = torch.randn(n, n).to(dtype)
         b = torch.randn(n, n).to(dtype)
         rates[dtype] = 2 * n ** 3 / min(run_times(lambda: a @ b, 2 * repeats))
@@ -112,11 +114,22 @@ def kv_bytes_per_token(c: ModelConfig, dtype: torch.dtype) -> int:
     return 2 * c.num_layers * c.kv_size * torch.empty((), dtype=dtype).element_size()
 
 
+# Bytes per weight of each storage format (int8: one float32 scale per 32 weights).
+WEIGHT_BYTES = {"float32": 4.0, "bf16": 2.0, "int8": 1.125}
+
+
+def weight_bytes_per_param(dtype: torch.dtype, storage: str) -> float:
+    """What a decode step streams per weight: the packed format for float32 compute."""
+    if dtype == torch.float32:
+        return WEIGHT_BYTES[storage]
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def decode_floor_s(c: ModelConfig, dtype: torch.dtype, batch: int, context: int,
-                   m: Machine) -> float:
-    """Seconds per decode step: weights + every sequence's KV read once, or the FLOPs."""
-    element = torch.empty((), dtype=dtype).element_size()
-    weight_bytes = (matmul_params(c) + c.vocab_size * c.hidden_size) * element
+                   m: Machine, storage: str = "float32") -> float:
+    """Seconds per decode step: weights (in their stored format) + every sequence's KV read once,
+    or the FLOPs at the compute dtype's GEMM rate."""
+    weight_bytes = (matmul_params(c) + c.vocab_size * c.hidden_size) * weight_bytes_per_param(dtype, storage)
     kv_bytes = batch * context * kv_bytes_per_token(c, dtype)
     flops = 2 * batch * (matmul_params(c) + c.vocab_size * c.hidden_size)
     flops += 2 * 2 * batch * c.num_layers * c.q_size * context  # q.K and p.V
@@ -280,14 +293,18 @@ def _run_all(args: argparse.Namespace) -> list[Row]:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY')}, CPU kernels {'on' if kernels else 'OFF'}, "
           f"block_size {BLOCK_SIZE}{', with a busy neighbour process' if args.busy_neighbour else ''}")
-    machine = measure_machine(args.repeats)
-    print(f"measured: memory read {machine.bandwidth / 1e9:.1f} GB/s, GEMM fp32 "
-          f"{machine.gemm_flops[torch.float32] / 1e9:.0f} GFLOP/s, bf16 "
-          f"{machine.gemm_flops[torch.bfloat16] / 1e9:.0f} GFLOP/s")
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    from cadence.model.kernels.isa import native_bf16
+
+    machine = measure_machine(args.repeats, (torch.float32, torch.bfloat16) if native_bf16() or args.dtype == "bfloat16"
+                              else (torch.float32,))
+    print(f"measured: memory read {machine.bandwidth / 1e9:.1f} GB/s, GEMM "
+          + ", ".join(f"{str(d).replace('torch.', '')} {r / 1e9:.0f} GFLOP/s" for d, r in machine.gemm_flops.items()))
     start = time.perf_counter()
-    loaded = load_model(args.model, dtype=dtype, device="cpu")
-    print(f"cadence: {loaded.name} {dtype}, loaded in {time.perf_counter() - start:.1f} s")
+    loaded = load_model(args.model, dtype=args.dtype, device="cpu", quantization=args.quantization)
+    dtype = loaded.dtype
+    storage = loaded.model.decode_weight_format
+    print(f"cadence: {loaded.name} {dtype} compute, {storage if dtype == torch.float32 else dtype} weights, "
+          f"{describe()}, loaded in {time.perf_counter() - start:.1f} s")
     hf = hf_dtype = None
     if not args.no_hf and args.only in (None, "prefill", "decode"):
         hf, hf_dtype = load_hf(dtype)
@@ -316,7 +333,7 @@ def _run_all(args: argparse.Namespace) -> list[Row]:
             for context in args.contexts:
                 for batch in args.batches:
                     what = f"decode b{batch} ctx{context}"
-                    floor_s = decode_floor_s(c, dtype, batch, context, machine)
+                    floor_s = decode_floor_s(c, dtype, batch, context, machine, storage)
                     # At least DECODE_MIN_STEPS steps: a 45 ms step times 3 repeats is short
                     # enough for one slow phase of the shared host to move the median.
                     step_s = cadence_decode_s(loaded, batch, context, max(args.repeats, DECODE_MIN_STEPS))
@@ -347,7 +364,10 @@ def _run_all(args: argparse.Namespace) -> list[Row]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2)")
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                        help="compute dtype (auto: bf16 where the CPU has it natively, else float32)")
+    parser.add_argument("--quantization", default="auto", choices=("auto", "none", "bf16", "int8"),
+                        help="weight storage of the float32 fast path (auto: int8 with --dtype auto)")
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048])

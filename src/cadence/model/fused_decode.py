@@ -1,12 +1,16 @@
-"""The fused CPU decode path: every decoder layer of a small bf16 batch in one C++ call.
+"""The fused CPU decode path: every decoder layer of a small batch in one C++ call.
 
-`kernels.DecodeStack` (src/cadence/model/kernels/decode_stack.cpp) holds the layers' weights
-packed for the AVX512-BF16 GEMM and runs the whole decoder inside one OpenMP parallel region:
-no Python per layer, no thread wake-up per op, and every GEMM (even the 0.7 MB ones) split over
-all threads. Steps it takes: bf16 on CPU, at most STACK_MAX_ROWS new tokens, no prefill chunk
-longer than STACK_MAX_CHUNK (attention there runs one query row at a time over its context;
-long chunks go to the flash/SDPA prefill path). Everything else takes the per-op path.
-CADENCE_DECODE_STACK=0 turns it off (A/B runs, debugging).
+Two stacks, by compute dtype:
+- bf16 (`kernels.DecodeStack`, decode_stack.cpp): weights packed for the AVX512-BF16 GEMM; only
+  in the avx512bf16 kernel tier.
+- float32 (`kernels.DecodeStackF32`, avx2/decode_stack_f32.cpp): float32 compute on weights stored
+  compressed (float32, bf16 or int8 with per-group scales) and widened in registers; every tier
+  with AVX2 + FMA. Which storage: the model's `decode_weight_format` (`--quantization`).
+Both run the whole decoder inside one OpenMP parallel region: no Python per layer, no thread
+wake-up per op, every GEMM split over all threads. Steps they take: CPU, at most STACK_MAX_ROWS
+new tokens, no prefill chunk longer than STACK_MAX_CHUNK (attention there runs one query row at a
+time over its context; long chunks go to the prefill path). Everything else takes the per-op
+path. CADENCE_DECODE_STACK=0 turns them off (A/B runs, debugging).
 """
 
 from __future__ import annotations
@@ -37,22 +41,82 @@ def stack_enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+# Packed weight formats of the float32 stack and LM head (avx2/packed_gemm_f32.h).
+WEIGHT_FORMATS = {"float32": 0, "bf16": 1, "int8": 2}
+
+
 def takes_stack(x: torch.Tensor, meta: AttentionMetadata) -> bool:
     """Whether this step's rows (x: [T, H] embeddings) go through the fused stack."""
-    return (x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.shape[0] <= STACK_MAX_ROWS
-            and meta.max_new_tokens <= STACK_MAX_CHUNK)
+    return (x.dtype in (torch.bfloat16, torch.float32) and x.device.type == "cpu"
+            and x.shape[0] <= STACK_MAX_ROWS and meta.max_new_tokens <= STACK_MAX_CHUNK)
+
+
+def has_f32_stack(kernels: ModuleType) -> bool:
+    """Whether this kernel build has the float32 stack (any tier with AVX2 + FMA)."""
+    return hasattr(kernels, "DecodeStackF32") and kernels.kernel_tier() in ("avx2", "avx512", "avx512bf16")
+
+
+def resolve_weight_format(model: "LlamaForCausalLM") -> str:
+    """The storage format of the float32 fast path's packed weights: the model's
+    `decode_weight_format` (set by the loader from `--quantization` and `--dtype`), with int8
+    falling back to bf16 where a GEMM's K does not split into int8's groups of 32."""
+    fmt = getattr(model, "decode_weight_format", "float32")
+    cfg = model.config
+    ks = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
+    if fmt == "int8" and any(k % 32 for k in ks):
+        return "bf16"
+    return fmt
+
+
+def stored_values(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The float32 values a packed copy of `weight` [N, K] in `fmt` computes with: bf16-rounded,
+    or int8 with a scale per row and group of 32 along K (the same float32 operations as
+    pack_weight_f32, so the values match the kernel's exactly)."""
+    w = weight.detach().float()
+    if fmt == "bf16":
+        return w.bfloat16().float()
+    if fmt == "int8":
+        groups = w.reshape(w.shape[0], -1, 32)  # [N, K/32, 32]
+        scale = groups.abs().amax(-1, keepdim=True) / 127.0
+        q = torch.where(scale == 0, torch.zeros_like(groups), torch.round(groups / scale)).clamp_(-127, 127)
+        return (q * scale).reshape(w.shape)
+    return w
+
+
+def round_weights_to_format(model: "LlamaForCausalLM", fmt: str) -> None:
+    """Replace the float32 model's GEMM weights (and the tied or untied LM head) in place by the
+    values their compressed packed copies hold, so every path (the fused stack, the per-op and
+    prefill GEMMs of torch) computes with the same weights: scheduling then never changes
+    results (DESIGN.md invariant 1), only summation order differs as between any two kernels."""
+    if fmt == "float32":
+        return
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for w in (layer.self_attn.fused_weight, layer.self_attn.o_proj.weight,
+                      layer.mlp.fused_weight, layer.mlp.down_proj.weight):
+                w.copy_(stored_values(w, fmt))
+        model.lm_head.weight.copy_(stored_values(model.lm_head.weight, fmt))
 
 
 def build_decode_stack(model: "LlamaForCausalLM", kernels: ModuleType):
-    """A kernels.DecodeStack over the model's current weights, or None when the model's shapes
-    (head_dim, sizes) or the build (no AVX512-BF16) do not allow it."""
-    if not stack_enabled() or not kernels.has_avx512bf16():
+    """The fused stack for the model's dtype over its current weights, or None when the model's
+    shapes (head_dim, sizes) or the kernel build do not allow it."""
+    if not stack_enabled():
         return None
+    dtype = model.lm_head.weight.dtype
+    if dtype == torch.bfloat16 and kernels.has_avx512bf16():
+        return _build(model, kernels.DecodeStack, {})
+    if dtype == torch.float32 and has_f32_stack(kernels):
+        return _build(model, kernels.DecodeStackF32, {"format": WEIGHT_FORMATS[resolve_weight_format(model)]})
+    return None
+
+
+def _build(model: "LlamaForCausalLM", stack_class, extra: dict):
     layers = model.model.layers
     attn = [layer.self_attn for layer in layers]
     mlp = [layer.mlp for layer in layers]
     try:
-        return kernels.DecodeStack(
+        return stack_class(
             qkv=[a.fused_weight for a in attn],
             qkv_bias=[a.fused_bias for a in attn] if attn[0].fused_bias is not None else [],
             o=[a.o_proj.weight.detach() for a in attn],
@@ -64,6 +128,7 @@ def build_decode_stack(model: "LlamaForCausalLM", kernels: ModuleType):
             num_heads=model.config.num_heads,
             num_kv_heads=model.config.num_kv_heads,
             eps=model.config.rms_norm_eps,
+            **extra,
         )
     except RuntimeError as exc:
         logger.info("fused decode stack not used for this model: %s", exc)

@@ -25,7 +25,8 @@ from cadence.model.attention import paged_attention
 from cadence.model.attention_cpu import paged_attention_cpu
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.config import ModelConfig
-from cadence.model.fused_decode import build_decode_stack, takes_stack
+from cadence.model.fused_decode import (WEIGHT_FORMATS, build_decode_stack, has_f32_stack,
+                                        resolve_weight_format, round_weights_to_format, takes_stack)
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 from cadence.model.kv_cache import KVCache
 from cadence.model.rope import apply_rope, rope_cos_sin
@@ -228,6 +229,9 @@ class LlamaForCausalLM(nn.Module):
         # the weights: built on first use, dropped when weights are loaded again.
         self._decode_stack = None
         self._packed_lm_head = None
+        # Storage of the float32 fast path's packed weights: float32, bf16 or int8 (the loader
+        # sets it from `--quantization`; fused_decode.resolve_weight_format).
+        self.decode_weight_format = "float32"
         self.register_load_state_dict_post_hook(lambda module, _keys: module.drop_packed_weights())
 
     def drop_packed_weights(self) -> None:
@@ -235,11 +239,23 @@ class LlamaForCausalLM(nn.Module):
         self._decode_stack = None
         self._packed_lm_head = None
 
+    def set_decode_weight_format(self, fmt: str) -> None:
+        """Store the float32 fast path's weights as `fmt` (float32, bf16 or int8): the model's
+        GEMM weights become the values of their compressed packed copies
+        (fused_decode.round_weights_to_format), so every path computes with the same weights."""
+        if fmt not in WEIGHT_FORMATS:
+            raise ValueError(f"unknown weight format {fmt!r}; use one of {sorted(WEIGHT_FORMATS)}")
+        if fmt != "float32" and self.lm_head.weight.dtype != torch.float32:
+            raise ValueError(f"{fmt} weight storage is for float32 compute (got {self.lm_head.weight.dtype})")
+        self.decode_weight_format = fmt
+        round_weights_to_format(self, resolve_weight_format(self))
+        self.drop_packed_weights()
+
     def prepare_fast_path(self) -> None:
         """Pack the CPU bf16 fast path's weights now (~0.4 s for SmolLM2), so that the first
         decode step does not pay for it. A no-op where that path does not apply."""
         kernels = cpu_kernels_for(self.lm_head.weight)
-        if kernels is not None and self.lm_head.weight.dtype == torch.bfloat16:
+        if kernels is not None:
             self._stack_for(kernels)
             self._lm_head_for(kernels)
 
@@ -255,11 +271,17 @@ class LlamaForCausalLM(nn.Module):
             self._decode_stack = build_decode_stack(self, kernels) or False
         return self._decode_stack
 
-    def _lm_head_for(self, kernels: ModuleType) -> torch.Tensor | None:
-        """The LM head packed for kernels.linear_packed_bf16 (built once), None without
-        AVX512-BF16."""
-        if self._packed_lm_head is None and kernels.has_avx512bf16():
-            self._packed_lm_head = kernels.pack_linear_bf16(self.lm_head.weight.detach(), False)
+    def _lm_head_for(self, kernels: ModuleType):
+        """The LM head packed once for the fast path of the model's dtype: for
+        kernels.linear_packed_bf16 (bf16, AVX512-BF16) or a (data, scales, format) triple for
+        kernels.linear_packed_f32 (float32, AVX2); None where neither applies."""
+        if self._packed_lm_head is None:
+            weight = self.lm_head.weight.detach()
+            if weight.dtype == torch.bfloat16 and kernels.has_avx512bf16():
+                self._packed_lm_head = kernels.pack_linear_bf16(weight, False)
+            elif weight.dtype == torch.float32 and has_f32_stack(kernels):
+                fmt = WEIGHT_FORMATS[resolve_weight_format(self)]
+                self._packed_lm_head = (*kernels.pack_weight_f32(weight, fmt), fmt)
         return self._packed_lm_head
 
     def tie_weights(self) -> None:
@@ -311,7 +333,14 @@ class LlamaForCausalLM(nn.Module):
         takes the argmax (greedy sampling's answer) inside the LM head's GEMM, other paths
         leave it to the sampler (None)."""
         kernels = cpu_kernels_for(hidden)
-        packed = self._lm_head_for(kernels) if kernels is not None and hidden.dtype == torch.bfloat16 else None
+        packed = self._lm_head_for(kernels) if kernels is not None and hidden.dtype == self.lm_head.weight.dtype else None
+        if isinstance(packed, tuple):
+            # float32 compute on the compressed packed copy; argmax from the GEMM's epilogue.
+            data, scales, fmt = packed
+            argmax = torch.empty(hidden.shape[0], dtype=torch.int64)
+            logits = kernels.linear_packed_f32(hidden.contiguous(), data, scales, fmt, self.config.vocab_size,
+                                               None, argmax)
+            return logits, argmax
         if packed is not None:
             # The LM head is the largest GEMM of a decode step: packed once, it streams at
             # memory speed for one row and runs the dot-product units for a whole batch.

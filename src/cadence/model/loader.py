@@ -57,12 +57,18 @@ def default_model_path() -> str:
     return path
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """'auto' -> bfloat16 (CPU and CUDA); also 'float32', 'bfloat16', 'float16' or a torch dtype."""
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """'auto' -> the fast compute dtype of `device`: bfloat16 on CUDA and on CPUs with native
+    bf16 dot products (AVX512-BF16), float32 on every other CPU (torch's bf16 matmul is a slow
+    fallback there); also 'float32', 'bfloat16', 'float16' or a torch dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16
+        if torch.device(device).type != "cpu":
+            return torch.bfloat16
+        from cadence.model.kernels.isa import native_bf16
+
+        return torch.bfloat16 if native_bf16() else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPES)}")
     return _DTYPES[dtype]
@@ -81,12 +87,43 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
+QUANTIZATIONS = ("auto", "none", "bf16", "int8")
+
+
+def resolve_weight_storage(quantization: str | None, dtype: str | torch.dtype, torch_dtype: torch.dtype,
+                           device: torch.device) -> str:
+    """How the CPU float32 fast path stores weights (fused_decode.WEIGHT_FORMATS): `--quantization`
+    int8 or bf16 as asked (both compute in float32); auto: int8 where `--dtype auto` chose float32
+    on a CPU with the float32 fused stack (a decode step then streams a quarter of the bytes),
+    float32 otherwise (an explicit --dtype float32 keeps float32 weights)."""
+    quant = (quantization or "auto").lower()
+    if quant not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)}")
+    if quant in ("int8", "bf16"):
+        if torch_dtype != torch.float32:
+            raise ValueError(f"--quantization {quant} stores weights for float32 compute; "
+                             f"use --dtype float32 or auto (got {torch_dtype})")
+        return quant
+    if quant == "none" or dtype != "auto" or torch_dtype != torch.float32 or device.type != "cpu":
+        return "float32"
+    from cadence.model.fused_decode import has_f32_stack
+    from cadence.model.kernels.cpu_ops import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
+    return "int8" if kernels is not None and has_f32_stack(kernels) else "float32"
+
+
 def load_model(path: str | None = None, dtype: str | torch.dtype = "auto",
-               device: str | torch.device = "auto") -> LoadedModel:
-    """Load a GGUF file or an HF folder (default: the bundled SmolLM2 GGUF)."""
+               device: str | torch.device = "auto", quantization: str | None = None) -> LoadedModel:
+    """Load a GGUF file or an HF folder (default: the bundled SmolLM2 GGUF). `quantization`
+    (auto, none, bf16, int8): how the CPU float32 fast path stores the weights
+    (resolve_weight_storage); int8 and bf16 with `dtype` auto compute in float32."""
     path = default_model_path() if path is None else os.path.expanduser(path)
-    torch_dtype = resolve_dtype(dtype)
     torch_device = resolve_device(device)
+    if dtype == "auto" and (quantization or "").lower() in ("int8", "bf16"):
+        dtype = "float32" if torch_device.type == "cpu" else dtype
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    storage = resolve_weight_storage(quantization, dtype, torch_dtype, torch_device)
     if os.path.isdir(path):
         model, config, tokenizer = load_hf_dir(path, torch_dtype, torch_device)
     elif os.path.isfile(path):
@@ -95,6 +132,8 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto",
         model, config, tokenizer = load_gguf(path, torch_dtype, torch_device)
     else:
         raise ModelLoadError(f"model path does not exist: {path}")
+    if storage != "float32":
+        model.set_decode_weight_format(storage)
     name = os.path.basename(os.path.normpath(path))
     if name.endswith(".gguf"):
         name = name[: -len(".gguf")]

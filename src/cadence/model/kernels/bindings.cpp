@@ -22,6 +22,7 @@
 //  DecodeStack       every decoder layer of a small bf16 batch in one call (decode_stack.cpp).
 #include <torch/extension.h>
 
+#include "avx2/decode_stack_f32.h"
 #include "decode_stack.h"
 #include "ops.h"
 
@@ -40,6 +41,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "argmax_out ([M] int64, with float_out): filled with each row's torch.argmax",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(),
         py::arg("float_out") = false, py::arg("argmax_out") = py::none());
+  m.def("pack_weight_f32", &cadence_kernels::pack_weight_f32,
+        "pack a float32/bf16 [N, K] weight for linear_packed_f32 in format 0 (float32), 1 (bf16) or "
+        "2 (int8, a scale per 16 columns x 32 k); returns (data, scales)",
+        py::arg("w"), py::arg("format"), py::arg("interleave_halves") = false);
+  m.def("linear_packed_f32", &cadence_kernels::linear_packed_f32,
+        "float32 x @ w.T on a packed compressed weight (+ bias); argmax_out ([M] int64): each row's "
+        "torch.argmax",
+        py::arg("x"), py::arg("data"), py::arg("scales"), py::arg("format"), py::arg("N"),
+        py::arg("bias") = py::none(), py::arg("argmax_out") = py::none());
   py::class_<cadence_kernels::DecodeStack>(m, "DecodeStack", py::module_local(),
                                            "every decoder layer of a bf16 model for a small batch in one call")
       .def(py::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
@@ -54,5 +64,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("phase_seconds", &cadence_kernels::DecodeStack::phase_seconds,
            "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm)")
       .def_property_readonly("last_team", &cadence_kernels::DecodeStack::last_team);
+  m.def("kernel_tier", &cadence_kernels::kernel_tier, "the instruction-set tier of this build");
+  py::class_<cadence_kernels::DecodeStackF32>(m, "DecodeStackF32", py::module_local(),
+                                              "every decoder layer in float32 on compressed packed weights, one call")
+      .def(py::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<at::Tensor>&, at::Tensor, int64_t, int64_t, double, int64_t>(),
+           py::arg("qkv"), py::arg("qkv_bias"), py::arg("o"), py::arg("gate_up"), py::arg("down"),
+           py::arg("input_norm"), py::arg("post_norm"), py::arg("final_norm"), py::arg("num_heads"),
+           py::arg("num_kv_heads"), py::arg("eps"), py::arg("format"))
+      .def("forward", &cadence_kernels::DecodeStackF32::forward, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_layers", &cadence_kernels::DecodeStackF32::num_layers)
+      .def_property_readonly("weight_format", &cadence_kernels::DecodeStackF32::weight_format)
+      .def_property_readonly("weight_bytes", &cadence_kernels::DecodeStackF32::weight_bytes)
+      .def("phase_seconds", &cadence_kernels::DecodeStackF32::phase_seconds,
+           "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm)")
+      .def_property_readonly("last_team", &cadence_kernels::DecodeStackF32::last_team);
   m.def("has_avx512bf16", &cadence_kernels::has_avx512bf16, "whether linear_bf16 is compiled in");
 }

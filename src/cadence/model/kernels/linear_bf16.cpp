@@ -9,6 +9,18 @@ namespace cadence_kernels {
 // linear_bf16: x [M, K] bf16, w [N, K] bf16 -> [M, N] bf16 (float32 accumulation).
 bool has_avx512bf16() { return CADENCE_HAVE_AVX512BF16 != 0; }
 
+std::string kernel_tier() {
+#if CADENCE_HAVE_AVX512BF16
+  return "avx512bf16";
+#elif defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "avx2";
+#else
+  return "generic";
+#endif
+}
+
 constexpr int64_t PARALLEL_MIN_WEIGHT_BYTES = 2 << 20;
 
 #if CADENCE_HAVE_AVX512BF16

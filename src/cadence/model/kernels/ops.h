@@ -3,6 +3,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+#include <tuple>
+
 namespace cadence_kernels {
 
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
@@ -15,12 +18,22 @@ at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps);
 at::Tensor add_rms_norm(at::Tensor residual, at::Tensor x, at::Tensor w, double eps);
 at::Tensor silu_mul(at::Tensor gate_up);
 bool has_avx512bf16();
+// The instruction-set tier this build was compiled for (isa.py names).
+std::string kernel_tier();
 at::Tensor linear_bf16(at::Tensor x, at::Tensor w);
 at::Tensor prefill_attention(at::Tensor q, at::Tensor keys, at::Tensor values, double scale, c10::optional<at::Tensor> block_table, int64_t ctx_len);
 at::Tensor argmax_rows(at::Tensor logits);
 at::Tensor pack_linear_bf16(at::Tensor w, bool interleave_halves);
 at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::optional<at::Tensor> bias,
                               bool float_out, c10::optional<at::Tensor> argmax_out);
+// float32-compute linear on compressed packed weights (avx2/linear_f32.cpp): format 0 float32,
+// 1 bf16, 2 int8 (per 16 columns x 32 k scales); returns (data, scales).
+std::tuple<at::Tensor, at::Tensor> pack_weight_f32(at::Tensor w, int64_t format, bool interleave_halves);
+at::Tensor linear_packed_f32(at::Tensor x, at::Tensor data, at::Tensor scales, int64_t format, int64_t N,
+                             c10::optional<at::Tensor> bias, c10::optional<at::Tensor> argmax_out);
+namespace avx2 { struct PackedWeight; }
+// A view of pack_weight_f32's output for the GEMM (checks shapes against format and N).
+avx2::PackedWeight packed_view(const at::Tensor& data, const at::Tensor& scales, int64_t format, int64_t N);
 // torch.argmax of one float32 row of n > 0 values (argmax.cpp).
 int64_t argmax_row(const float* x, int64_t n);
 

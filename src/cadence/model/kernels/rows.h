@@ -3,6 +3,7 @@
 // stack (decode_stack.cpp: rows of one thread's share), so both round exactly alike.
 #pragma once
 
+#include "avx2/vec8.h"
 #include "common.h"
 
 namespace cadence_kernels {
@@ -24,6 +25,19 @@ inline void rms_norm_row(T* x, const T* a, const T* w, T* y, int64_t H, float ep
     ssv = _mm512_fmadd_ps(v, v, ssv);
   }
   ss = _mm512_reduce_add_ps(ssv);
+#elif CADENCE_HAVE_AVX2
+  if constexpr (std::is_same_v<T, float>) {  // float32 rows, 8 lanes (bf16 keeps the scalar loop)
+    __m256 ssv = _mm256_setzero_ps();
+    for (; i + 8 <= H; i += 8) {
+      __m256 v = _mm256_loadu_ps(x + i);
+      if (a != nullptr) {
+        v = _mm256_add_ps(v, _mm256_loadu_ps(a + i));
+        _mm256_storeu_ps(x + i, v);
+      }
+      ssv = _mm256_fmadd_ps(v, v, ssv);
+    }
+    ss = avx2::hsum(ssv);
+  }
 #endif
   for (; i < H; ++i) {
     float v = to_float(x[i]);
@@ -39,6 +53,12 @@ inline void rms_norm_row(T* x, const T* a, const T* w, T* y, int64_t H, float ep
   const __m512 invv = _mm512_set1_ps(inv);
   for (; i + 16 <= H; i += 16)
     store16(y + i, _mm512_mul_ps(load16(w + i), round16(y, _mm512_mul_ps(load16(x + i), invv))));
+#elif CADENCE_HAVE_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 invv = _mm256_set1_ps(inv);
+    for (; i + 8 <= H; i += 8)
+      _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), invv)));
+  }
 #endif
   for (; i < H; ++i) y[i] = from_float<T>(to_float(w[i]) * round_to<T>(to_float(x[i]) * inv));
 }
@@ -53,6 +73,15 @@ inline void silu_mul_row(const T* g, const T* u, T* y, int64_t I) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), a));  // exp(-a)
     const __m512 act = round16(y, _mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
     store16(y + i, _mm512_mul_ps(act, load16(u + i)));
+  }
+#elif CADENCE_HAVE_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    for (; i + 8 <= I; i += 8) {
+      const __m256 a = _mm256_loadu_ps(g + i);
+      const __m256 e = avx2::exp8(_mm256_sub_ps(_mm256_setzero_ps(), a));  // exp(-a)
+      const __m256 act = _mm256_div_ps(a, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+      _mm256_storeu_ps(y + i, _mm256_mul_ps(act, _mm256_loadu_ps(u + i)));
+    }
   }
 #endif
   for (; i < I; ++i) {

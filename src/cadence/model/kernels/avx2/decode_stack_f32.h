@@ -1,0 +1,69 @@
+// DecodeStackF32: every decoder layer of a Llama-family model for a small batch of rows in one
+// C++ call, computing in float32 on weights stored compressed (float32, bf16 or int8; see
+// packed_gemm_f32.h): the fused decode path of CPUs without native bf16 (the AVX2 tier).
+//
+// Same design as the bf16 DecodeStack (decode_stack.h): one OpenMP team stays awake for the whole
+// forward; GEMMs are split over threads by column blocks, attention by (row, KV head, span)
+// items (attention_f32.h); threads meet at a spinning barrier that yields; after two steps in a
+// row in which a thread was pushed off its core, SOLO_STEPS steps run on one thread. Activations
+// and the KV cache are float32.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+namespace cadence_kernels {
+
+class DecodeStackF32 {
+ public:
+  // Per-layer weights in Hugging Face layout (float32 or bf16): qkv [Hq*D + 2*Hkv*D, H], qkv_bias
+  // (same count, or empty), o [H, Hq*D], gate_up [2I, H], down [H, I], norms [H]. Packed here in
+  // `format` (0 float32, 1 bf16, 2 int8); the tensors are not kept.
+  DecodeStackF32(const std::vector<at::Tensor>& qkv, const std::vector<at::Tensor>& qkv_bias,
+                 const std::vector<at::Tensor>& o, const std::vector<at::Tensor>& gate_up,
+                 const std::vector<at::Tensor>& down, const std::vector<at::Tensor>& input_norm,
+                 const std::vector<at::Tensor>& post_norm, at::Tensor final_norm, int64_t num_heads,
+                 int64_t num_kv_heads, double eps, int64_t format);
+
+  // x: [T, H] float32 embeddings; cos, sin: [T, D] float32; kv: [layers, 2, blocks, block_size,
+  // Hkv, D] float32; slots [T] int64; block_tables [S, max_blocks] int32; row_seq [T] int64;
+  // ctx_lens [T] int64 (row t attends over [0, ctx_lens[t]), itself included). Writes this step's
+  // K/V into the cache; returns the final-norm hidden states [T, H] float32.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
+                     const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
+                     const at::Tensor& ctx_lens, double scale) const;
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  int64_t weight_format() const { return format_; }
+  // Bytes of packed weights (what one step streams from memory at batch 1).
+  int64_t weight_bytes() const;
+  static constexpr int NUM_PHASES = 8;
+  std::vector<double> phase_seconds() const;
+  int last_team() const;
+
+ private:
+  struct Packed {
+    at::Tensor data, scales;
+  };
+  struct Layer {
+    Packed qkv, o, gate_up, down;
+    at::Tensor qkv_bias, input_norm, post_norm;  // float32
+  };
+  std::vector<Layer> layers_;
+  at::Tensor final_norm_;
+  int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_, format_;
+  double eps_;
+  static constexpr int SOLO_STEPS = 64;
+  static constexpr int LOST_STEPS_TO_SOLO = 2;
+  mutable std::atomic<int> solo_steps_left_{0};
+  mutable std::atomic<int> lost_steps_{0};
+  mutable std::mutex stats_mutex_;
+  mutable std::array<int64_t, NUM_PHASES> last_phase_ns_{};
+  mutable int last_team_ = 0;
+};
+
+}  // namespace cadence_kernels

@@ -1,0 +1,146 @@
+// pack_weight_f32 / linear_packed_f32: a float32-compute linear layer on weights packed once in
+// a compressed format (avx2/packed_gemm_f32.h): the AVX2 tier's LM head and, inside
+// DecodeStackF32, every projection.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+
+#include <tuple>
+#include <vector>
+
+#include "../ops.h"
+#include "packed_gemm_f32.h"
+
+namespace cadence_kernels {
+
+using avx2::INT8_GROUP;
+using avx2::PACK_COLS;
+using avx2::WeightFormat;
+
+namespace {
+
+float weight_at(const at::Tensor& w, int64_t n, int64_t k) {
+  const int64_t K = w.size(1);
+  if (w.scalar_type() == at::kFloat) return w.data_ptr<float>()[n * K + k];
+  return static_cast<float>(w.data_ptr<c10::BFloat16>()[n * K + k]);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> pack_weight_f32(at::Tensor w, int64_t format, bool interleave_halves) {
+  TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 &&
+                  (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
+              "pack_weight_f32: w [N, K] float32 or bfloat16 on CPU");
+  TORCH_CHECK(format >= 0 && format <= 2, "pack_weight_f32: format 0 (f32), 1 (bf16) or 2 (int8)");
+  w = w.contiguous();
+  const auto fmt = static_cast<WeightFormat>(format);
+  const int64_t N = w.size(0), K = w.size(1);
+  TORCH_CHECK(fmt != WeightFormat::INT8 || K % INT8_GROUP == 0, "pack_weight_f32: int8 needs K a multiple of ",
+              INT8_GROUP, ", got ", K);
+  TORCH_CHECK(!interleave_halves || N % (2 * PACK_COLS) == 0,
+              "pack_weight_f32: interleaving halves needs N a multiple of 32, got ", N);
+  const int64_t blocks = avx2::packed_blocks(N);
+  const int64_t bytes = avx2::format_bytes(fmt);
+  auto data = at::zeros({blocks, K, PACK_COLS * bytes}, w.options().dtype(at::kByte));
+  auto scales = fmt == WeightFormat::INT8 ? at::zeros({blocks, K / INT8_GROUP, PACK_COLS}, w.options().dtype(at::kFloat))
+                                          : at::empty({0}, w.options().dtype(at::kFloat));
+  uint8_t* dp = data.data_ptr<uint8_t>();
+  float* sp = scales.data_ptr<float>();
+  // interleave_halves (a fused gate/up weight [2I, K]): packed block 2j holds gate columns
+  // [16j, 16j + 16) and block 2j + 1 the matching up columns, so a thread's range of block pairs
+  // holds whole (gate, up) pairs.
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t first_col = interleave_halves ? (b % 2) * (N / 2) + (b / 2) * PACK_COLS : b * PACK_COLS;
+      for (int64_t i = 0; i < PACK_COLS; ++i) {
+        const int64_t n = first_col + i;
+        if (n >= N) continue;
+        for (int64_t g = 0; g < (fmt == WeightFormat::INT8 ? K / INT8_GROUP : 0); ++g) {
+          float amax = 0.f;
+          for (int64_t k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; ++k) amax = std::max(amax, std::abs(weight_at(w, n, k)));
+          const float scale = amax / 127.f;
+          sp[(b * (K / INT8_GROUP) + g) * PACK_COLS + i] = scale;
+          for (int64_t k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; ++k) {
+            const float q = scale == 0.f ? 0.f : std::nearbyint(weight_at(w, n, k) / scale);
+            reinterpret_cast<int8_t*>(dp)[(b * K + k) * PACK_COLS + i] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, q)));
+          }
+        }
+        for (int64_t k = 0; k < (fmt == WeightFormat::INT8 ? 0 : K); ++k) {
+          const float v = weight_at(w, n, k);
+          if (fmt == WeightFormat::F32) reinterpret_cast<float*>(dp)[(b * K + k) * PACK_COLS + i] = v;
+          else reinterpret_cast<uint16_t*>(dp)[(b * K + k) * PACK_COLS + i] = c10::BFloat16(v).x;
+        }
+      }
+    }
+  });
+  return {data, scales};
+}
+
+avx2::PackedWeight packed_view(const at::Tensor& data, const at::Tensor& scales, int64_t format, int64_t N) {
+  TORCH_CHECK(data.device().is_cpu() && data.is_contiguous() && data.scalar_type() == at::kByte && data.dim() == 3,
+              "packed weight: a uint8 [blocks, K, 16 * bytes] tensor from pack_weight_f32");
+  const auto fmt = static_cast<WeightFormat>(format);
+  TORCH_CHECK(format >= 0 && format <= 2 && data.size(2) == PACK_COLS * avx2::format_bytes(fmt) &&
+                  data.size(0) == avx2::packed_blocks(N),
+              "packed weight: format / N do not match the packed data");
+  const int64_t K = data.size(1);
+  if (fmt == WeightFormat::INT8)
+    TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kFloat &&
+                    scales.numel() == data.size(0) * (K / INT8_GROUP) * PACK_COLS,
+                "packed weight: int8 scales [blocks, K/32, 16] float32");
+  return {fmt, data.data_ptr(), fmt == WeightFormat::INT8 ? scales.data_ptr<float>() : nullptr, K, N};
+}
+
+at::Tensor linear_packed_f32(at::Tensor x, at::Tensor data, at::Tensor scales, int64_t format, int64_t N,
+                             c10::optional<at::Tensor> bias, c10::optional<at::Tensor> argmax_out) {
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.scalar_type() == at::kFloat && x.dim() == 2,
+              "linear_packed_f32: x [M, K] float32 contiguous");
+  const avx2::PackedWeight w = packed_view(data, scales, format, N);
+  TORCH_CHECK(x.size(1) == w.K, "linear_packed_f32: x has K = ", x.size(1), ", the weight ", w.K);
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N,
+                "linear_packed_f32: bias [N] float32");
+    bp = bias->data_ptr<float>();
+  }
+#if CADENCE_HAVE_AVX2
+  const int64_t M = x.size(0), blocks = data.size(0);
+  int64_t* argmax_ids = nullptr;
+  if (argmax_out.has_value() && argmax_out->defined()) {
+    TORCH_CHECK(argmax_out->is_contiguous() && argmax_out->scalar_type() == at::kLong && argmax_out->numel() == M,
+                "linear_packed_f32: argmax_out [M] int64");
+    argmax_ids = argmax_out->data_ptr<int64_t>();
+  }
+  const int64_t team = at::get_num_threads();
+  std::vector<avx2::LaneArgmax8> trackers(argmax_ids != nullptr ? team * M : 0);
+  auto out = at::empty({M, N}, x.options());
+  float* op = out.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  // One thread streams small weights whole: a second adds less than waking it costs.
+  const bool parallel = blocks * w.K * PACK_COLS * avx2::format_bytes(w.format) >= (2 << 20) || M * N * w.K >= (1 << 22);
+  at::parallel_for(0, blocks, parallel ? 4 : blocks + 1, [&](int64_t begin, int64_t end) {
+    const avx2::FlushDenormals ftz;
+    avx2::LaneArgmax8* mine = argmax_ids != nullptr ? trackers.data() + at::get_thread_num() * M : nullptr;
+    avx2::gemm_blocks(xp, w.K, M, w, begin, end,
+                      [&](int64_t m0, int mr, int64_t b0, int nb, __m256 acc[avx2::MAX_MR][2 * avx2::MAX_NB]) {
+                        avx2::for_tile_pieces(acc, m0, mr, b0, nb, N, bp, [&](int64_t row, int64_t col, int64_t n, __m256 v) {
+                          avx2::store_n(op + row * N + col, v, n);
+                          if (mine != nullptr) mine[row].update(v, col, n);
+                        });
+                      });
+  });
+  for (int64_t r = 0; r < M && argmax_ids != nullptr; ++r) {
+    argmax_ids[r] = avx2::lane_argmax_merge(trackers.data() + r, team, M);
+    if (argmax_ids[r] < 0) argmax_ids[r] = argmax_row(op + r * N, N);  // saw a NaN
+  }
+  return out;
+#else
+  TORCH_CHECK(false, "linear_packed_f32: built without AVX2/FMA");
+  return x;
+#endif
+}
+
+}  // namespace cadence_kernels

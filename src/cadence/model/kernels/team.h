@@ -1,0 +1,95 @@
+// The thread team of the fused decode stacks (decode_stack.cpp, avx2/decode_stack_f32.cpp): a
+// spinning barrier that yields, a per-thread clock that tells a thread pushed off its core by a
+// neighbour process, and work-stealing item ranges packed in one atomic word.
+#pragma once
+
+#include <immintrin.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace cadence_kernels {
+
+// Sense-reversing team barrier. Spins briefly (the partner is usually microseconds away), then
+// yields the core, so that a partner descheduled by a busy neighbour gets to run.
+class TeamBarrier {
+ public:
+  explicit TeamBarrier(int team) : team_(team) {}
+  void wait() {
+    const int generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) == team_ - 1) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins) {
+      if (spins < SPIN_LIMIT) _mm_pause();
+      else sched_yield();
+    }
+  }
+
+ private:
+  static constexpr int SPIN_LIMIT = 2000;
+  const int team_;
+  std::atomic<int> arrived_{0};
+  std::atomic<int> generation_{0};
+};
+
+// This thread's CPU time, wall time (ns) and involuntary context switches, to tell a thread that
+// a neighbour process pushed off its core from a busy one.
+struct ThreadClock {
+  static int64_t cpu_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+  }
+  static int64_t wall_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  static int64_t preemptions() {
+    rusage usage;
+    getrusage(RUSAGE_THREAD, &usage);
+    return usage.ru_nivcsw;
+  }
+  const int64_t cpu0 = cpu_ns(), wall0 = wall_ns(), preempted0 = preemptions();
+  // Whether the thread was preempted (the guest scheduler ran something else on its core) and
+  // ran for less than `share` of the wall time since construction. Waits spin or yield on a
+  // core, so only time off every core counts; the host taking the whole virtual CPU (steal
+  // time) preempts nobody here and is no reason to drop a thread. Steps shorter than
+  // MIN_WALL_NS say too little to judge.
+  bool descheduled(double share) const {
+    static constexpr int64_t MIN_WALL_NS = 500000;
+    const int64_t wall = wall_ns() - wall0;
+    return wall >= MIN_WALL_NS && preemptions() > preempted0 &&
+           static_cast<double>(cpu_ns() - cpu0) < share * static_cast<double>(wall);
+  }
+};
+
+// An item range [head, tail) in one atomic word (see the attention phase of forward).
+inline uint64_t pack_range(int64_t head, int64_t tail) {
+  return (static_cast<uint64_t>(head) << 32) | static_cast<uint64_t>(tail);
+}
+inline int64_t range_head(uint64_t range) { return static_cast<int64_t>(range >> 32); }
+inline int64_t range_tail(uint64_t range) { return static_cast<int64_t>(range & 0xffffffffu); }
+// Takes the head item (front) or the tail item (!front); -1 when the range is empty.
+inline int64_t take_item(std::atomic<uint64_t>& range, bool front) {
+  uint64_t cur = range.load(std::memory_order_acquire);
+  while (true) {
+    const int64_t head = range_head(cur), tail = range_tail(cur);
+    if (head >= tail) return -1;
+    const uint64_t rest = front ? pack_range(head + 1, tail) : pack_range(head, tail - 1);
+    if (range.compare_exchange_weak(cur, rest, std::memory_order_acq_rel)) return front ? head : tail - 1;
+  }
+}
+// The head item, left in place (-1 when the range is empty).
+inline int64_t peek_front(const std::atomic<uint64_t>& range) {
+  const uint64_t cur = range.load(std::memory_order_acquire);
+  return range_head(cur) < range_tail(cur) ? range_head(cur) : -1;
+}
+
+}  // namespace cadence_kernels

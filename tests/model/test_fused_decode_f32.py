@@ -1,0 +1,177 @@
+"""The float32 fused decode stack (kernels.DecodeStackF32) and the compressed packed GEMM under it
+(every kernel tier with AVX2 + FMA: Zen 2/3, Zen 4, Intel since Haswell).
+
+Checked on tiny head_dim-64 Llama and Qwen2 (bias) checkpoints against the per-op float32 path
+over the same (rounded) weights and against the unrounded float32 reference, for each packed
+weight format: decodes and short chunks over scattered blocks, the KV it writes, batch and
+thread-count invariance, the fused argmax and bad input.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cadence.model.attention_metadata import AttentionMetadata
+from cadence.model.fused_decode import ENV_SWITCH, STACK_MAX_CHUNK, WEIGHT_FORMATS, stored_values
+from cadence.model.kernels.cpu_ops import load_cpu_kernels
+from cadence.model.kv_cache import KVCache
+from cadence.model.loader import load_model
+
+KERNELS = load_cpu_kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None or not hasattr(KERNELS, "DecodeStackF32")
+                                or KERNELS.kernel_tier() == "generic",
+                                reason="needs the CPU kernels built for a tier with AVX2 and FMA")
+
+POOL, BLOCK = 96, 4
+_ORDER = torch.randperm(POOL, generator=torch.Generator().manual_seed(3)).tolist()
+TABLES = [_ORDER[32 * i:32 * (i + 1)] for i in range(3)]
+STEPS = [[(0, 17), (0, 9), (0, 3)], [(17, 1), (9, 1), (3, 1)], [(18, 1), (10, 5), (4, 1)],
+         [(19, STACK_MAX_CHUNK - 1), (15, 1), (5, 2)], [(50, 1), (16, 1), (7, 1)],
+         [(51, 1), (17, 1), (8, 1)]]
+
+
+def run_steps(model, config, steps, stack: bool, monkeypatch):
+    """Logits of every step and the final cache (float32 model)."""
+    monkeypatch.setenv(ENV_SWITCH, "1" if stack else "0")
+    model._decode_stack = None  # rebuilt under the switch; weights stay as they are
+    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(5)
+    logits = []
+    with torch.inference_mode():
+        for spans in steps:
+            meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, TABLES)], BLOCK, POOL)
+            ids = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
+            logits.append(model.compute_logits(model(ids, meta.positions, meta, kv)))
+    return torch.cat(logits), kv.storage.clone(), model._decode_stack
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bf16", "int8"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_f32_stack_matches_per_op_path_and_reference(request, arch, fmt, monkeypatch):
+    path = request.getfixturevalue(f"tiny_{arch}_d64_dir")
+    loaded = load_model(path, dtype=torch.float32, device="cpu")
+    reference = load_model(path, dtype=torch.float32, device="cpu")  # float32 weights: the reference
+    loaded.model.set_decode_weight_format(fmt)
+    stack_logits, stack_kv, stack = run_steps(loaded.model, loaded.config, STEPS, True, monkeypatch)
+    assert stack and stack.weight_format == WEIGHT_FORMATS[fmt]
+    # The model's own weights now hold the packed copy's values: the per-op path computes with
+    # the same weights, so only the summation order differs.
+    per_op_logits, per_op_kv, _ = run_steps(loaded.model, loaded.config, STEPS, False, monkeypatch)
+    torch.testing.assert_close(stack_logits, per_op_logits, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(stack_kv, per_op_kv, atol=2e-5, rtol=1e-4)
+    assert torch.equal(stack_logits.argmax(-1), per_op_logits.argmax(-1))
+    # Against the unrounded float32 model: exact for float32, close for the compressed formats.
+    monkeypatch.setenv(ENV_SWITCH, "0")
+    ref_logits, _, _ = run_steps(reference.model, reference.config, STEPS, False, monkeypatch)
+    err = (stack_logits - ref_logits).abs().max().item()
+    assert err <= {"float32": 2e-4, "bf16": 0.05, "int8": 0.05}[fmt] * ref_logits.abs().max().item(), err
+    assert (stack_logits.argmax(-1) == ref_logits.argmax(-1)).float().mean() >= 0.9
+
+
+def test_f32_stack_rows_do_not_depend_on_batch_or_threads(tiny_llama_d64_dir, monkeypatch):
+    loaded = load_model(tiny_llama_d64_dir, dtype=torch.float32, device="cpu")
+    model, config = loaded.model, loaded.config
+    prefill = [[(0, 20), (0, 11), (0, 6)]]
+    alone = run_steps(model, config, prefill + [[(20, 1), (11, 1), (6, 1)]], True, monkeypatch)[0]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = run_steps(model, config, prefill + [[(20, 1), (11, 1), (6, 1)]], True, monkeypatch)[0]
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, one_thread)
+    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(5)
+    with torch.inference_mode():
+        meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(prefill[0], TABLES)], BLOCK, POOL)
+        model(torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen), meta.positions, meta, kv)
+        token = torch.randint(0, config.vocab_size, (3,), generator=gen)
+        snapshot = kv.storage.clone()
+        meta1 = AttentionMetadata.build([(20, 1, TABLES[0])], BLOCK, POOL)
+        solo = model.compute_logits(model(token[:1], meta1.positions, meta1, kv))
+        kv.storage.copy_(snapshot)
+        meta3 = AttentionMetadata.build([(20, 1, TABLES[0]), (11, 1, TABLES[1]), (6, 1, TABLES[2])], BLOCK, POOL)
+        batch = model.compute_logits(model(token, meta3.positions, meta3, kv))
+    assert torch.equal(solo[0], batch[0])
+
+
+def test_f32_stack_long_context_spans_merge(tiny_llama_d64_dir, monkeypatch):
+    # Contexts over one attention span (256 positions): partials of several spans are merged.
+    loaded = load_model(tiny_llama_d64_dir, dtype=torch.float32, device="cpu")
+    model, config = loaded.model, loaded.config
+    global TABLES
+    saved = TABLES
+    try:
+        TABLES = [list(range(90))]
+        steps = [[(0, 300)], [(300, 1)], [(301, 7)]]
+        pool_kv = run_steps(model, config, steps, True, monkeypatch)
+        per_op = run_steps(model, config, steps, False, monkeypatch)
+    finally:
+        TABLES = saved
+    torch.testing.assert_close(pool_kv[0], per_op[0], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bf16", "int8"])
+@pytest.mark.parametrize("rows, n, k", [(1, 960, 576), (3, 100, 64), (7, 48, 96), (33, 250, 128)])
+def test_packed_f32_gemm_matches_stored_values(fmt, rows, n, k):
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(n, k, generator=gen)
+    x = torch.randn(rows, k, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    data, scales = KERNELS.pack_weight_f32(w, WEIGHT_FORMATS[fmt])
+    expected = x @ stored_values(w, fmt).t() + bias
+    ids = torch.full((rows,), -1, dtype=torch.int64)
+    got = KERNELS.linear_packed_f32(x, data, scales, WEIGHT_FORMATS[fmt], n, bias, ids)
+    torch.testing.assert_close(got, expected, atol=1e-4 * k ** 0.5, rtol=1e-4)
+    assert torch.equal(ids, got.argmax(-1))
+
+
+def test_packed_f32_argmax_ties_nan_and_inf():
+    n, rows = 300, 5
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(n, 64, generator=gen)
+    w[n // 3] = w[n - 1] = w[5]
+    x = torch.randn(rows, 64, generator=gen)
+    x[0] = 0.0
+    ids = torch.empty(rows, dtype=torch.int64)
+    data, scales = KERNELS.pack_weight_f32(w, 0)
+    logits = KERNELS.linear_packed_f32(x, data, scales, 0, n, None, ids)
+    assert torch.equal(ids, logits.argmax(-1))
+    w[n - 2] = float("nan")
+    data, scales = KERNELS.pack_weight_f32(w, 0)
+    logits = KERNELS.linear_packed_f32(x, data, scales, 0, n, None, ids)
+    assert torch.equal(ids, logits.argmax(-1))
+
+
+def test_packed_f32_interleaves_gate_and_up_blocks():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(128, 64, generator=gen)
+    x = torch.randn(3, 64, generator=gen)
+    data, scales = KERNELS.pack_weight_f32(w, 1, True)
+    got = KERNELS.linear_packed_f32(x, data, scales, 1, 128)
+    order = [c for j in range(4) for c in [*range(16 * j, 16 * j + 16), *range(64 + 16 * j, 80 + 16 * j)]]
+    torch.testing.assert_close(got, (x @ stored_values(w, "bf16").t())[:, order], atol=1e-4, rtol=1e-4)
+
+
+def test_packed_f32_and_stack_reject_bad_input(tiny_llama_d64_dir, monkeypatch):
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        KERNELS.pack_weight_f32(torch.zeros(16, 40), 2)
+    data, scales = KERNELS.pack_weight_f32(torch.zeros(16, 64), 1)
+    with pytest.raises(RuntimeError, match="K"):
+        KERNELS.linear_packed_f32(torch.zeros(2, 32), data, scales, 1, 16)
+    with pytest.raises(RuntimeError, match="format"):
+        KERNELS.linear_packed_f32(torch.zeros(2, 64), data, scales, 0, 16)
+    loaded = load_model(tiny_llama_d64_dir, dtype=torch.float32, device="cpu")
+    _, _, stack = run_steps(loaded.model, loaded.config, [[(0, 1), (0, 1), (0, 1)]], True, monkeypatch)
+    kv = KVCache(loaded.config, POOL, BLOCK, torch.float32, "cpu")
+    x = torch.zeros(1, loaded.config.hidden_size)
+    cos = torch.zeros(1, 64)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    one = torch.ones(1, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="slot"):
+        stack.forward(x, cos, cos, kv.storage, torch.tensor([POOL * BLOCK]), table, one - 1, one, 0.125)
+    with pytest.raises(RuntimeError, match="ctx_len"):
+        stack.forward(x, cos, cos, kv.storage, one, table, one - 1, one * 9, 0.125)
+    with pytest.raises(RuntimeError, match="block id"):
+        stack.forward(x, cos, cos, kv.storage, one, torch.tensor([[POOL]], dtype=torch.int32), one - 1, one, 0.125)
