@@ -351,6 +351,8 @@ def _run_all(args: argparse.Namespace) -> list[Row]:
         print(f"engine overhead at {args.overhead_seqs} running sequences (prompt "
               f"{args.overhead_prompt}): step {step_s * 1e3:.1f} ms, outside the forward "
               f"{share:.1%} of the step")
+    if not args.no_llamacpp and args.only in (None, "prefill", "decode"):
+        rows += llamacpp_rows(c, machine, args.threads, report)
     if hf is not None:
         print("cadence / transformers:")
         by_key = {(r.what, r.system): r for r in rows}
@@ -358,7 +360,53 @@ def _run_all(args: argparse.Namespace) -> list[Row]:
             other = by_key.get((what, "transformers"))
             if system == "cadence" and other is not None:
                 print(f"  {what:<22} {row.tokens_per_s / other.tokens_per_s:6.2f}x")
+    peer = {r.what: r for r in rows if r.system.startswith("llama.cpp")}
+    if peer:
+        print("cadence / llama.cpp's best (same GGUF, same threads):")
+        best_tg = max((r.tokens_per_s for w, r in peer.items() if "tg128" in w), default=None)
+        best_pp = max((r.tokens_per_s for w, r in peer.items() if "pp512" in w), default=None)
+        for row in rows:
+            if row.system != "cadence":
+                continue
+            if best_tg and row.what.startswith("decode b1 "):
+                print(f"  {row.what:<22} {row.tokens_per_s / best_tg:6.2f}x llama.cpp tg128 ({best_tg:.1f} tok/s)")
+            if best_pp and row.what.startswith("prefill"):
+                print(f"  {row.what:<22} {row.tokens_per_s / best_pp:6.2f}x llama.cpp pp512 ({best_pp:.1f} tok/s)")
     return rows
+
+
+# Bytes per weight of llama.cpp's GGUF formats (Q4_1: 32 weights in 2 fp16 + 16 bytes).
+GGUF_BYTES = {"Q4_1": 20 / 32, "F16": 2.0}
+
+
+def llamacpp_rows(c: ModelConfig, machine: Machine, threads: int, report) -> list[Row]:
+    """llama-bench pp512 / tg128 on the shipped Q4_1 GGUF and an F16 copy, each against the floor
+    of its own weight format (skipped with a message where llama.cpp is not built)."""
+    import llamacpp_peer
+
+    from cadence.model.loader import default_model_path
+
+    q = default_model_path()
+    print("llama.cpp (llama-bench, same threads):")
+    for fmt, path in (("Q4_1", q), ("F16", llamacpp_peer.f16_file(q))):
+        if path is None:
+            print(f"  {fmt}: skipped (llama-quantize not built)")
+            continue
+        result = llamacpp_peer.llama_bench(path, threads)
+        if isinstance(result, str):
+            print(f"  {fmt}: skipped: {result}")
+            return []
+        weights = (matmul_params(c) + c.vocab_size * c.hidden_size) * GGUF_BYTES[fmt]
+        for test, tok_s in result.items():
+            n = int(test[2:])
+            if test.startswith("pp"):
+                floor_s = prefill_floor_s(c, torch.float32, n, machine)
+                report(f"{test}", f"llama.cpp {fmt}", n / tok_s, n, floor_s)
+            else:
+                flops = 2 * (matmul_params(c) + c.vocab_size * c.hidden_size)
+                floor_s = max(weights / machine.bandwidth, flops / machine.gemm_flops[torch.float32])
+                report(f"{test}", f"llama.cpp {fmt}", 1 / tok_s, 1, floor_s)
+    return []
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -376,6 +424,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", choices=("prefill", "decode", "overhead"), default=None,
                         help="run one part only")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers")
+    parser.add_argument("--no-llamacpp", action="store_true",
+                        help="skip llama.cpp (benchmarks/llamacpp_peer.py --build builds it once)")
     parser.add_argument("--overhead-seqs", type=int, default=64)
     parser.add_argument("--overhead-prompt", type=int, default=128)
     parser.add_argument("--overhead-steps", type=int, default=10)

@@ -12,6 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from cadence.model.fused_decode import has_f32_stack
+from cadence.model.kernels.cpu_ops import load_cpu_kernels
+from cadence.model.kernels.isa import native_bf16
 from cadence.model.loader import ModelLoadError, load_model, resolve_device, resolve_dtype
 
 from .gguf_helpers import write_tiny_gguf
@@ -49,8 +52,20 @@ def test_hf_folder_loads_with_config_and_name(tiny_qwen2_dir):
     assert loaded.name == os.path.basename(tiny_qwen2_dir)
 
 
-def test_auto_dtype_is_bfloat16(tiny_llama_dir):
-    assert load_model(tiny_llama_dir).dtype == torch.bfloat16
+def test_auto_dtype_follows_native_bf16(tiny_llama_dir):
+    # bf16 where the CPU computes it natively (AVX512-BF16), float32 elsewhere (torch's bf16
+    # matmul is a slow fallback there), with int8 weights where the float32 fast path runs.
+    loaded = load_model(tiny_llama_dir)
+    assert loaded.dtype == (torch.bfloat16 if native_bf16() else torch.float32)
+    kernels = load_cpu_kernels()
+    if loaded.dtype == torch.float32 and kernels is not None and has_f32_stack(kernels):
+        assert loaded.model.decode_weight_format == "int8"
+    assert load_model(tiny_llama_dir, dtype="float32").model.decode_weight_format == "float32"
+    assert load_model(tiny_llama_dir, quantization="bf16").dtype == torch.float32
+    with pytest.raises(ValueError, match="unknown quantization"):
+        load_model(tiny_llama_dir, quantization="q3")
+    with pytest.raises(ValueError, match="float32 compute"):
+        load_model(tiny_llama_dir, dtype="bfloat16", quantization="int8")
     assert resolve_dtype("float32") == torch.float32
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_dtype("int3")
