@@ -94,6 +94,7 @@ def tiers_to_check() -> list[isa.Tier]:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
 @pytest.mark.skipif(not isa.best_tier().compiled, reason="this CPU has no AVX2: no compiled tier runs here")
+@pytest.mark.timeout(3600)  # compiling another tier takes minutes on 2 busy cores
 @pytest.mark.parametrize("tier_name", ["avx2", "avx512", "avx512bf16"])
 def test_tier_objects_hold_no_instruction_beyond_the_tier(tier_name):
     tier = isa.tier_by_name(tier_name)
