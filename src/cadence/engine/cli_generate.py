@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     except (ModelLoadError, ValueError, OSError) as exc:
         print(f"cadence generate: cannot load model: {exc}", file=sys.stderr)
         return 1
+    # The startup line (stderr, so stdout stays the generated text): tier, dtype, weights, KV.
+    print(f"cadence generate: {engine.model_name}: {engine.fast_path}", file=sys.stderr)
     llm = LLM.from_engine(engine, show_progress=args.progress)
     try:
         if args.chat:

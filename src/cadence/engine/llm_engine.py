@@ -87,6 +87,12 @@ class LLMEngine:
         scheduler = Scheduler(sched_cfg, cache_cfg)
         if cache_cfg.num_swap_blocks:
             scheduler.swap_block_copy_s = executor.measure_swap_block_copy_s()
+        from cadence.model.fast_path_info import describe_fast_path
+
+        self.fast_path, slow_warning = describe_fast_path(loaded, cache_cfg.num_blocks * cache_cfg.block_size)
+        logger.info("cadence: %s: %s", loaded.name, self.fast_path)
+        if slow_warning:
+            logger.warning("cadence: slow path: %s", slow_warning)
         if cfg.startup_profile and hasattr(scheduler.policy, "calibrate"):
             from cadence.core.step_profile import profile_steps
 
