@@ -14,6 +14,7 @@ pure-torch path. ``CADENCE_CPU_KERNELS=0`` (or ``CADENCE_ISA=torch``) turns the 
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
@@ -79,14 +80,20 @@ def build_kernels(tier: Tier) -> ModuleType:
             staging = local.parent / f".{local.name}.{os.getpid()}"
             staging.write_bytes(text)
             os.replace(staging, local)
-    return cpp_extension.load(
-        name=f"cadence_cpu_kernels_{tier.name}_{key}",
-        sources=[str(build_dir / name) for name in sources if name.endswith(".cpp")],
-        build_directory=str(build_dir),
-        extra_cflags=cflags,
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
-    )
+    # torch's own build lock is a file that a killed build leaves behind, after which every
+    # later process waits on it forever. Builds of cadence take an OS lock first (released when
+    # its holder dies, however it dies); whoever holds it may clear torch's stale file.
+    with open(build_dir / ".cadence-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        return cpp_extension.load(
+            name=f"cadence_cpu_kernels_{tier.name}_{key}",
+            sources=[str(build_dir / name) for name in sources if name.endswith(".cpp")],
+            build_directory=str(build_dir),
+            extra_cflags=cflags,
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
 
 
 def built_objects(tier: Tier) -> list[Path]:
