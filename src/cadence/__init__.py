@@ -17,8 +17,12 @@ def __getattr__(name):
         from cadence.engine.llm import LLM
 
         return LLM
-    if name == "SamplingParams":
-        from cadence.core.sampling_params import SamplingParams
+    if name in ("SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams"):
+        from cadence.core import sampling_params
 
-        return SamplingParams
+        return getattr(sampling_params, name)
+    if name in ("RequestOutput", "CompletionOutput"):
+        from cadence.engine import llm_outputs
+
+        return getattr(llm_outputs, name)
     raise AttributeError(name)

@@ -21,7 +21,7 @@ def test_generate_prints_the_greedy_completion(tiny_llama_dir, capsys):
     printed = capsys.readouterr().out
     expected = LLM(tiny_llama_dir, dtype="float32").generate(
         "Hello world", SamplingParams(max_tokens=5, temperature=0.0)
-    )[0].text
+    )[0].outputs[0].text
     assert printed == expected + "\n"
 
 
@@ -46,8 +46,9 @@ def test_config_flags_round_trip():
     add_config_args(p, SchedulerConfig)
     add_config_args(p, CacheConfig)
     args = p.parse_args(["--max-num-batched-tokens", "128", "--no-enable-prefix-caching",
-                         "--num-blocks", "9"])
+                         "--num-gpu-blocks-override", "9", "--scheduling-policy", "priority"])
     sched = config_from_args(args, SchedulerConfig)
     cache = config_from_args(args, CacheConfig)
     assert sched.max_num_batched_tokens == 128 and sched.policy == "slo"
     assert cache.num_blocks == 9 and cache.enable_prefix_caching is False
+    assert sched.scheduling == "priority"

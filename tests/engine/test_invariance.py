@@ -61,7 +61,7 @@ def run(loaded, prompts, *, policy, budget, max_seqs, prefix, num_blocks=None, b
     results = LLM.from_engine(engine).generate(prompts, params)
     engine.scheduler.check_integrity()
     assert engine.scheduler.stats().num_blocks_used == 0
-    return [r.token_ids for r in results], engine.scheduler.stats()
+    return [r.outputs[0].token_ids for r in results], engine.scheduler.stats()
 
 
 def reference(loaded, prompts):

@@ -20,19 +20,20 @@ def test_generate_returns_results_in_prompt_order(tokenizer):
     results = llm.generate(prompts, params)
     assert [r.prompt for r in results] == prompts
     for r, p, n in zip(results, prompts, (3, 5, 7)):
-        assert r.prompt_token_ids == tuple(tokenizer.encode(p))
-        assert list(r.token_ids) == fake.reference_generate(list(r.prompt_token_ids), n)
-        assert r.text == tokenizer.decode(r.token_ids)
-        assert r.finish_reason == "length"
+        assert r.prompt_token_ids == tokenizer.encode(p)
+        (c,) = r.outputs
+        assert list(c.token_ids) == fake.reference_generate(list(r.prompt_token_ids), n)
+        assert c.text == tokenizer.decode(c.token_ids)
+        assert c.finish_reason == "length"
         assert r.timeline is not None and r.timeline.num_output_tokens == n
 
 
 def test_generate_accepts_token_ids_and_single_prompt(tokenizer):
     llm = LLM.from_engine(make_engine(tokenizer)[0])
     (one,) = llm.generate([5, 6, 7], SamplingParams(max_tokens=2))
-    assert one.prompt is None and one.prompt_token_ids == (5, 6, 7)
+    assert one.prompt is None and one.prompt_token_ids == [5, 6, 7]
     two = llm.generate([[5, 6], [7]], SamplingParams(max_tokens=2))
-    assert [r.prompt_token_ids for r in two] == [(5, 6), (7,)]
+    assert [r.prompt_token_ids for r in two] == [[5, 6], [7]]
     (text,) = llm.generate("hello", SamplingParams(max_tokens=2))
     assert text.prompt == "hello"
 
@@ -44,7 +45,7 @@ def test_chat_uses_the_template(tokenizer):
     (r,) = llm.chat(messages, SamplingParams(max_tokens=4))
     expected_prompt = tokenizer.apply_chat_template(messages)
     assert r.prompt == expected_prompt
-    assert r.prompt_token_ids == tuple(tokenizer.encode(expected_prompt, add_special_tokens=False))
+    assert r.prompt_token_ids == tokenizer.encode(expected_prompt, add_special_tokens=False)
     assert r.prompt_token_ids[0] == tokenizer.backend.token_to_id("<|im_start|>")
     batch = llm.chat([messages, [{"role": "user", "content": "yo"}]], SamplingParams(max_tokens=2))
     assert len(batch) == 2
@@ -66,7 +67,7 @@ def test_bad_prompt_aborts_the_batch_cleanly(tokenizer):
 
 def test_progress_bar_runs(tokenizer, capsys):
     llm = LLM.from_engine(make_engine(tokenizer)[0])
-    results = llm.generate(["a", "b"], SamplingParams(max_tokens=3), show_progress=True)
+    results = llm.generate(["a", "b"], SamplingParams(max_tokens=3), use_tqdm=True)
     assert len(results) == 2
     assert "2/2" in capsys.readouterr().err
 

@@ -59,6 +59,8 @@ class SchedulerConfig:
             "help": "Request order. 'fcfs': first come, first served. 'priority': lower "
             "`priority` value first, then arrival time (as vLLM).",
             "choices": SCHEDULING_ORDERS,
+            # The user-facing name (flag and LLM() keyword), vLLM's.
+            "name": "scheduling_policy",
         },
     )
     target_itl_ms: float = field(
@@ -149,7 +151,8 @@ class CacheConfig:
     )
     num_blocks: int | None = field(
         default=None,
-        metadata={"help": "Number of KV cache blocks (default: derived from memory)."},
+        metadata={"help": "Number of KV cache blocks (default: derived from memory).",
+                  "name": "num_gpu_blocks_override"},
     )
     kv_cache_memory_bytes: int | None = field(
         default=None,

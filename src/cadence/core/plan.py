@@ -7,6 +7,7 @@ plan can run on the torch model, a fake executor or the simulator's cost model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cadence.core.sampling_params import SamplingParams
@@ -34,8 +35,11 @@ class ScheduledChunk:
     sample: bool
     sampling: SamplingParams
     output_index: int
-    # Tokens the request already generated (penalties / logprobs context; may be empty).
     is_prefill: bool = True
+    # prompt + output tokens so far, only when the sampler needs them (penalties, min_tokens,
+    # grammars; `sampling.needs_history`): a live read-only view, valid for this step.
+    history: Sequence[int] | None = None
+    num_prompt_tokens: int = 0
 
     @property
     def num_new_tokens(self) -> int:

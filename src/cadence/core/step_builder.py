@@ -229,6 +229,8 @@ class StepBuilder:
                     sampling=request.sampling,
                     output_index=request.num_output_tokens,
                     is_prefill=not is_decode,
+                    history=request.all_token_ids if request.sampling.needs_history else None,
+                    num_prompt_tokens=request.num_prompt_tokens,
                 )
             )
         return StepPlan(

@@ -13,6 +13,8 @@ import types
 import typing
 from typing import Any
 
+from cadence.engine.option_names import flag_of
+
 
 def _scalar_type(hint: Any) -> Any:
     """int for `int`, `int | None`, `Optional[int]`; the hint itself otherwise."""
@@ -36,7 +38,7 @@ def add_config_args(
         kind = _scalar_type(hints[f.name])
         if kind not in (int, float, str, bool):
             continue  # nested configs are added separately
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_of(f)  # one user-facing name per concept (option_names.py)
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = f.metadata.get("help", "")
         help_text = f"{help_text} (default: {default})" if help_text else f"default: {default}"

@@ -76,21 +76,21 @@ def run(args: argparse.Namespace) -> int:
         return 1
     # The startup line (stderr, so stdout stays the generated text): tier, dtype, weights, KV.
     print(f"cadence generate: {engine.model_name}: {engine.fast_path}", file=sys.stderr)
-    llm = LLM.from_engine(engine, show_progress=args.progress)
+    llm = LLM.from_engine(engine)
     try:
         if args.chat:
             system = [{"role": "system", "content": args.system}] if args.system else []
             convs = [system + [{"role": "user", "content": p}] for p in args.prompt]
-            results = llm.chat(convs, params)
+            results = llm.chat(convs, params, use_tqdm=args.progress)
         else:
-            results = llm.generate(args.prompt, params)
+            results = llm.generate(args.prompt, params, use_tqdm=args.progress)
     except ValueError as exc:
         print(f"cadence generate: {exc}", file=sys.stderr)
         return 2
     finally:
         engine.close()
     status = 0
-    for i, r in enumerate(results):
+    for i, r in enumerate(r.outputs[0] for r in results):
         if len(results) > 1:
             print(f"--- [{i}] {r.finish_reason}, {len(r.token_ids)} tokens")
         print(r.text)

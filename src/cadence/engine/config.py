@@ -50,6 +50,32 @@ class EngineConfig:
                           "batch, chunk split, prefix-cache hits or preemption (bf16 rounding can "
                           "flip near-tied logits); needs --dtype auto or float32."},
     )
+    tokenizer: str | None = field(
+        default=None,
+        metadata={"help": "Hugging Face tokenizer folder (tokenizer.json) to use instead of "
+                          "the model's own."},
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={"help": "Chat template (a Jinja file, or the template text) that replaces "
+                          "the model's."},
+    )
+    generation_config: str = field(
+        default="auto",
+        metadata={"help": "Default sampling values for requests that leave them unset: 'auto' "
+                          "reads generation_config.json next to the model, 'vllm' uses "
+                          "cadence's defaults, or a folder holding a generation_config.json."},
+    )
+    quantization: str | None = field(
+        default=None,
+        metadata={"help": "Weight quantization method (passed to the model loader)."},
+    )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata={"help": "KV cache dtype: 'auto' = the model's dtype (the only one the "
+                          "kernels support today).",
+                  "choices": ("auto", "float32", "bfloat16", "float16")},
+    )
     telemetry_max_steps: int = field(
         default=10_000, metadata={"help": "Recent step records kept in memory."}
     )

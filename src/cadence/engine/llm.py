@@ -1,17 +1,20 @@
-"""The offline API: `LLM(...).generate(prompts, params)` runs a batch to completion.
+"""The offline API, shaped as vLLM's: `LLM(...).generate(prompts, sampling_params)`.
 
     llm = LLM(policy="chunked", max_num_batched_tokens=256, dtype="float32")
-    [r.text for r in llm.generate(["Hello", "The sky is"], SamplingParams(max_tokens=16))]
+    outs = llm.generate(["Hello", "The sky is"], SamplingParams(max_tokens=16), use_tqdm=False)
+    [o.outputs[0].text for o in outs]
 
-Keyword arguments are the fields of EngineConfig, SchedulerConfig and CacheConfig by name (the
-knobs are vLLM's names), so the LLM constructor always accepts what the configs define.
+Prompts may be text, token ids, or vLLM's `{"prompt": ...}` / `{"prompt_token_ids": [...]}`
+dicts. Results are `llm_outputs.RequestOutput` (vLLM's shape plus cadence's timeline).
+Keyword arguments of `LLM()` are the fields of EngineConfig, SchedulerConfig and CacheConfig by
+their user-facing names (`option_names.py`: the same names as `cadence serve` flags).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,41 +23,44 @@ from cadence.core.plan import SampledToken
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.config import EngineConfig
 from cadence.engine.llm_engine import LLMEngine
+from cadence.engine.llm_outputs import CompletionOutput, RequestOutput
+from cadence.engine.option_names import user_option_fields
 from cadence.engine.progress import GenerationProgress
-from cadence.telemetry.request_timeline import RequestTimeline
 
 # A step that runs nothing while requests wait means the scheduler cannot place them; this many
 # in a row is a bug worth an error rather than a hang.
 _MAX_IDLE_STEPS = 1000
 
 
-@dataclass(frozen=True)
-class GenerationResult:
-    """One prompt's completion, in the order the prompts were given."""
+@dataclass
+class _Child:
+    """One completion (one engine request) of one prompt."""
 
-    prompt: str | None
-    prompt_token_ids: tuple[int, ...]
-    text: str
-    token_ids: tuple[int, ...]
-    finish_reason: str | None
-    timeline: RequestTimeline | None
-    num_cached_tokens: int = 0
-    logprobs: tuple[SampledToken, ...] | None = None
-    error: str | None = None
+    req_id: str
+    prompt_index: int
+    index: int
+    params: SamplingParams
+    texts: list[str] = dataclasses.field(default_factory=list)
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[SampledToken] = dataclasses.field(default_factory=list)
+    final: Any = None
 
 
 def engine_config_from_kwargs(model: str | None = None, **kwargs: Any) -> EngineConfig:
-    """Route flat keyword arguments to EngineConfig / SchedulerConfig / CacheConfig fields."""
+    """Route flat keyword arguments (user-facing option names) to EngineConfig /
+    SchedulerConfig / CacheConfig fields."""
     groups: dict[type, dict[str, Any]] = {SchedulerConfig: {}, CacheConfig: {}, EngineConfig: {}}
-    names = {cls: {f.name for f in dataclasses.fields(cls)} for cls in groups}
+    options = user_option_fields()  # user name -> (config class, field name)
     for key, value in kwargs.items():
-        for cls in (SchedulerConfig, CacheConfig, EngineConfig):
-            if key in names[cls] and key not in ("scheduler", "cache", "model"):
-                groups[cls][key] = value
-                break
-        else:
-            known = sorted(set().union(*names.values()) - {"scheduler", "cache"})
-            raise TypeError(f"unknown LLM option {key!r}; known options: {', '.join(known)}")
+        if key == "enable_chunked_prefill":  # vLLM's switch, onto cadence's policies
+            if value is not None:
+                groups[SchedulerConfig]["policy"] = "chunked" if value else "eager"
+            continue
+        if key not in options:
+            raise TypeError(f"unknown LLM option {key!r}; known options: "
+                            f"{', '.join(sorted(options) + ['enable_chunked_prefill'])}")
+        cls, name = options[key]
+        groups[cls][name] = value
     return EngineConfig(
         model=model,
         scheduler=SchedulerConfig(**groups[SchedulerConfig]),
@@ -64,24 +70,26 @@ def engine_config_from_kwargs(model: str | None = None, **kwargs: Any) -> Engine
 
 
 class LLM:
-    """Offline batch generation over one LLMEngine."""
+    """Offline batch generation over one LLMEngine (vLLM's LLM class, on cadence)."""
 
-    def __init__(self, model: str | None = None, *, show_progress: bool = False, **kwargs: Any):
+    def __init__(self, model: str | None = None, **kwargs: Any):
         self.engine = LLMEngine(engine_config_from_kwargs(model, **kwargs))
-        self.show_progress = show_progress
         self._ids = itertools.count()
 
     @classmethod
-    def from_engine(cls, engine: LLMEngine, show_progress: bool = False) -> LLM:
+    def from_engine(cls, engine: LLMEngine) -> LLM:
         """Wrap an existing engine (tests build one with LLMEngine.from_parts)."""
         llm = cls.__new__(cls)
         llm.engine = engine
-        llm.show_progress = show_progress
         llm._ids = itertools.count()
         return llm
 
     @property
     def tokenizer(self):
+        return self.engine.tokenizer
+
+    def get_tokenizer(self):
+        """The model's tokenizer (encode, decode, apply_chat_template), as vLLM's."""
         return self.engine.tokenizer
 
     def close(self) -> None:
@@ -96,23 +104,28 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-        show_progress: bool | None = None,
-    ) -> list[GenerationResult]:
-        """Complete every prompt (text, or token ids); results come back in prompt order."""
+        prompts: Any,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Complete every prompt; results come back in prompt order.
+
+        prompts: a str, token ids, `{"prompt": str}` / `{"prompt_token_ids": [...]}`, or a list
+        of any of these. `use_tqdm` draws a progress bar on stderr (vLLM's name)."""
         items = _normalize_prompts(prompts)
-        return self._run([(p if isinstance(p, str) else None, p) for p in items], params,
-                         show_progress)
+        return self._run(items, sampling_params, use_tqdm)
 
     def chat(
         self,
         messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-        show_progress: bool | None = None,
-    ) -> list[GenerationResult]:
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> list[RequestOutput]:
         """Reply to one conversation (a list of {"role", "content"} dicts) or a list of them,
-        formatted with the model's chat template."""
+        formatted with the model's chat template (or `chat_template`)."""
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer with a chat template")
         if not isinstance(messages, Sequence) or not messages:
@@ -120,86 +133,146 @@ class LLM:
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         items = []
         for conv in conversations:
-            text = self.tokenizer.apply_chat_template(list(conv), add_generation_prompt=True)
+            text = render_chat(self.tokenizer, list(conv), chat_template,
+                               add_generation_prompt, continue_final_message)
             # The template already spells out special tokens such as BOS.
-            items.append((text, self.tokenizer.encode(text, add_special_tokens=False)))
-        return self._run(items, params, show_progress)
+            items.append((text, tuple(self.tokenizer.encode(text, add_special_tokens=False))))
+        return self._run(items, sampling_params, use_tqdm)
 
     # ---------------------------------------------------------------------------------------
-    def _run(self, items, params, show_progress) -> list[GenerationResult]:
+    def _run(self, items, params, show) -> list[RequestOutput]:
         param_list = _normalize_params(params, len(items))
         engine = self.engine
-        req_ids = [f"llm-{next(self._ids)}" for _ in items]
-        prompt_ids: dict[str, tuple[int, ...]] = {}
+        base = [f"{next(self._ids)}" for _ in items]
+        children: dict[str, _Child] = {}
+        # Completions 1..n-1 of a prompt wait until completion 0 has its first token: its
+        # prompt blocks are then in the prefix cache, and the others reuse them.
+        deferred: dict[str, list[_Child]] = {}
+        prompt_ids: list[tuple[int, ...]] = []
         try:
-            for req_id, (_, prompt), p in zip(req_ids, items, param_list):
-                prompt_ids[req_id] = engine.add_request(req_id, prompt, p)
+            for k, ((_, prompt), p) in enumerate(zip(items, param_list)):
+                first = _Child(base[k], k, 0, p)
+                prompt_ids.append(engine.add_request(first.req_id, prompt, p))
+                children[first.req_id] = first
+                deferred[first.req_id] = [
+                    _Child(f"{base[k]}-{i}", k, i, _child_params(p, i)) for i in range(1, p.n)]
         except Exception:
-            for req_id in prompt_ids:
+            for req_id in children:
                 engine.abort_request(req_id)
             engine.step()  # drain the abort outputs so the engine is clean for the next call
             raise
 
-        texts = {r: [] for r in req_ids}
-        tokens = {r: [] for r in req_ids}
-        logprobs: dict[str, list[SampledToken]] = {r: [] for r in req_ids}
-        final: dict[str, Any] = {}
-        show = self.show_progress if show_progress is None else show_progress
-        with GenerationProgress(len(items), enabled=show) as progress:
+        total = sum(p.n for p in param_list)
+        num_final = 0
+        with GenerationProgress(total, enabled=show) as progress:
             idle = 0
-            while len(final) < len(req_ids):
+            while num_final < total:
                 steps_before = engine.telemetry.num_steps_total
                 outputs = engine.step()
                 for out in outputs:
-                    if out.req_id not in texts:
+                    child = children.get(out.req_id)
+                    if child is None:
                         continue
-                    texts[out.req_id].append(out.new_text)
-                    tokens[out.req_id].extend(out.new_token_ids)
+                    child.texts.append(out.new_text)
+                    child.tokens.extend(out.new_token_ids)
                     if out.logprobs:
-                        logprobs[out.req_id].extend(out.logprobs)
+                        child.logprobs.extend(out.logprobs)
                     progress.tokens(len(out.new_token_ids))
+                    for sibling in deferred.pop(out.req_id, ()):
+                        engine.add_request(sibling.req_id, prompt_ids[sibling.prompt_index],
+                                           sibling.params)
+                        children[sibling.req_id] = sibling
                     if out.finished:
-                        final[out.req_id] = out
+                        child.final = out
+                        num_final += 1
                         progress.finished()
                 idle = idle + 1 if not outputs and engine.telemetry.num_steps_total == steps_before else 0
                 if idle > _MAX_IDLE_STEPS:
                     raise RuntimeError(
                         f"engine made no progress for {_MAX_IDLE_STEPS} steps with "
-                        f"{len(req_ids) - len(final)} requests unfinished: {engine.scheduler.stats()}"
+                        f"{total - num_final} completions unfinished: {engine.scheduler.stats()}"
                     )
 
+        by_prompt: dict[int, list[_Child]] = {}
+        for child in children.values():
+            by_prompt.setdefault(child.prompt_index, []).append(child)
         results = []
-        for req_id, (prompt_text, _) in zip(req_ids, items):
-            out = final[req_id]
-            results.append(
-                GenerationResult(
-                    prompt=prompt_text,
-                    prompt_token_ids=prompt_ids[req_id],
-                    text="".join(texts[req_id]),
-                    token_ids=tuple(tokens[req_id]),
-                    finish_reason=out.finish_reason,
-                    timeline=engine.telemetry.timeline(req_id),
-                    num_cached_tokens=out.num_cached_tokens,
-                    logprobs=tuple(logprobs[req_id]) if logprobs[req_id] else None,
-                    error=out.error,
-                )
-            )
+        for k, (prompt_text, _) in enumerate(items):
+            outs = [self._completion(c) for c in sorted(by_prompt[k], key=lambda c: c.index)]
+            results.append(RequestOutput(
+                request_id=base[k], prompt=prompt_text, prompt_token_ids=list(prompt_ids[k]),
+                outputs=outs, finished=True,
+                num_cached_tokens=by_prompt[k][0].final.num_cached_tokens,
+                timeline=outs[0].timeline))
         return results
 
+    def _completion(self, child: _Child) -> CompletionOutput:
+        out = child.final
+        logprobs = cumulative = sampled = None
+        if child.logprobs:
+            sampled = tuple(child.logprobs)
+            logprobs = [{s.token_id: s.logprob, **dict(s.top_logprobs)} for s in sampled]
+            cumulative = sum(s.logprob for s in sampled if s.logprob is not None)
+        return CompletionOutput(
+            index=child.index, text="".join(child.texts), token_ids=tuple(child.tokens),
+            cumulative_logprob=cumulative, logprobs=logprobs, finish_reason=out.finish_reason,
+            stop_reason=out.stop_reason, timeline=self.engine.telemetry.timeline(child.req_id),
+            error=out.error, sampled=sampled)
 
-def _normalize_prompts(prompts: Any) -> list[str | tuple[int, ...]]:
-    if isinstance(prompts, str):
-        return [prompts]
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None,
+                add_generation_prompt: bool, continue_final_message: bool) -> str:
+    """The prompt text of a conversation. `continue_final_message` (vLLM's): the last
+    (assistant) message is left open so the model continues it."""
+    if continue_final_message:
+        if add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be set")
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ValueError("continue_final_message needs a final assistant message")
+    if chat_template is not None:
+        from cadence.model.chat_template import ChatTemplate
+
+        template = ChatTemplate(chat_template, tokenizer.bos_token, tokenizer.eos_token)
+        text = template.render(messages, add_generation_prompt=add_generation_prompt)
+    else:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    if continue_final_message:
+        final = messages[-1].get("content") or ""
+        cut = text.rfind(final)
+        if cut < 0:
+            raise ValueError("the chat template does not reproduce the final message verbatim")
+        text = text[: cut + len(final)]
+    return text
+
+
+def _child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Completion `index` of n: a seeded request gets seed + index, so completions differ."""
+    if params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=params.seed + index)
+
+
+def _normalize_prompts(prompts: Any) -> list[tuple[str | None, str | tuple[int, ...]]]:
+    """(prompt text or None, what the engine takes) per prompt."""
+    if isinstance(prompts, str | Mapping):
+        prompts = [prompts]
     if not isinstance(prompts, Sequence) or isinstance(prompts, bytes) or not prompts:
         raise ValueError("prompts must be a str, a non-empty list of str, or lists of token ids")
     if all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
-        return [tuple(prompts)]  # one prompt given as token ids
-    items: list[str | tuple[int, ...]] = []
+        return [(None, tuple(prompts))]  # one prompt given as token ids
+    items: list[tuple[str | None, str | tuple[int, ...]]] = []
     for p in prompts:
         if isinstance(p, str):
-            items.append(p)
+            items.append((p, p))
+        elif isinstance(p, Mapping):  # vLLM's TextPrompt / TokensPrompt
+            if "prompt_token_ids" in p:
+                items.append((p.get("prompt"), tuple(p["prompt_token_ids"])))
+            elif isinstance(p.get("prompt"), str):
+                items.append((p["prompt"], p["prompt"]))
+            else:
+                raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got {p!r}")
         elif isinstance(p, Sequence):
-            items.append(tuple(p))
+            items.append((None, tuple(p)))
         else:
             raise ValueError(f"each prompt must be a str or a list of token ids, got {p!r}")
     return items

@@ -40,8 +40,11 @@ class LLMEngine:
         """Load the model named by cfg (default model when None) and build everything."""
         from cadence.model.loader import load_model
 
+        from cadence.engine.model_overrides import apply_model_overrides
+
         cfg = cfg or EngineConfig()
-        self._build(load_model(cfg.model, dtype=cfg.model_dtype, device=cfg.device), cfg)
+        loaded = load_model(cfg.model, dtype=cfg.model_dtype, device=cfg.device)
+        self._build(apply_model_overrides(loaded, cfg), cfg)
 
     @classmethod
     def from_loaded(cls, loaded: Any, cfg: EngineConfig | None = None) -> LLMEngine:
@@ -192,6 +195,11 @@ class LLMEngine:
             )
         if self.tokenizer is not None and not params.eos_token_ids:
             params = dataclasses.replace(params, eos_token_ids=tuple(self.tokenizer.stop_token_ids))
+        check = getattr(self.executor, "check_request", None)
+        if check is not None:
+            check(params)
+        elif params.structured_outputs is not None:
+            raise ValueError("this engine's executor does not support structured outputs")
         text = RequestText(self.tokenizer, params)
         arrival = self._clock() if arrival_time is None else float(arrival_time)
         request = Request(req_id, prompt_ids, params, arrival, priority)
@@ -221,6 +229,11 @@ class LLMEngine:
             num_prompt_tokens=request.num_prompt_tokens, num_output_tokens=1,
             num_cached_tokens=0))
 
+    def _release(self, req_id: str) -> None:
+        release = getattr(self.executor, "release_request", None)
+        if release is not None:
+            release(req_id)
+
     def abort_request(self, req_id: str) -> bool:
         """Stop a request at once (its blocks are freed now). The next step() returns its final
         RequestOutput with finish_reason "abort". False when the id is unknown or finished."""
@@ -229,6 +242,7 @@ class LLMEngine:
         req = self.scheduler.get_request(req_id)
         self.scheduler.abort_request(req_id, reason="abort")
         del self._texts[req_id]
+        self._release(req_id)
         self.telemetry.finish_request(req_id, "abort", self._clock())
         self._pending.append(_final_output(req_id, req, "abort"))
         return True
@@ -280,6 +294,7 @@ class LLMEngine:
                 continue
             if output.finished:
                 del self._texts[u.req_id]
+                self._release(u.req_id)
                 if not u.finished:
                     stop_hits.append(u.req_id)
             outputs.append(output)
@@ -331,8 +346,13 @@ class LLMEngine:
     def _output_for(self, u: Any, text: RequestText, out: StepOutput) -> RequestOutput:
         new_text = text.push(u.new_token_ids, finished=u.finished)
         finished, reason = u.finished, u.finish_reason
+        stop_reason = None
         if text.stopped:
             finished, reason = True, "stop"
+            stop_reason = text.matched_stop
+        elif (finished and reason == "stop" and u.new_token_ids
+              and u.new_token_ids[-1] in text.stop_token_ids):
+            stop_reason = u.new_token_ids[-1]
         logprobs = None
         sampled = out.sampled.get(u.req_id)
         if u.new_token_ids and sampled is not None and sampled.logprob is not None:
@@ -348,6 +368,7 @@ class LLMEngine:
             num_cached_tokens=max(0, u.num_cached_tokens),
             logprobs=logprobs,
             error=getattr(u, "error_message", None),
+            stop_reason=stop_reason,
         )
 
     def _fail_plan(self, plan: StepPlan, exc: Exception) -> list[RequestOutput]:
@@ -361,6 +382,7 @@ class LLMEngine:
         req = self.scheduler.get_request(req_id)
         self.scheduler.abort_request(req_id, reason="error")
         self._texts.pop(req_id, None)
+        self._release(req_id)
         self.telemetry.finish_request(req_id, "error", self._clock())
         return _final_output(req_id, req, "error", message)
 

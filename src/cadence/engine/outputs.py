@@ -31,3 +31,6 @@ class RequestOutput:
     # Disaggregation: the prefill side's handoff (engine id, address, block ids, first token)
     # or the decode side's transfer record (bytes, seconds); None otherwise.
     kv_transfer_params: dict | None = None
+    # vLLM's stop_reason: the stop string or stop_token_ids entry that ended the request (None
+    # for EOS, length and everything else).
+    stop_reason: str | int | None = None

@@ -21,12 +21,18 @@ class RequestText:
         if tokenizer is None and params.stop:
             raise ValueError("stop strings need a tokenizer; this engine has none")
         self._detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
-        self._matcher = StopStringMatcher(params.stop)
+        self._matcher = StopStringMatcher(params.stop, params.include_stop_str_in_output)
+        self.stop_token_ids = frozenset(params.stop_token_ids)
 
     @property
     def stopped(self) -> bool:
         """A stop string matched: the request must finish with reason "stop"."""
         return self._matcher.stopped
+
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop string that ended the request, if one did."""
+        return self._matcher.matched
 
     def push(self, token_ids: Sequence[int], finished: bool) -> str:
         """Text completed by these tokens; `finished` releases everything still held back."""

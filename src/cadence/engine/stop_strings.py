@@ -19,12 +19,18 @@ from collections.abc import Sequence
 class StopStringMatcher:
     """Streaming stop-string filter for one request."""
 
-    def __init__(self, stop: Sequence[str]) -> None:
+    def __init__(self, stop: Sequence[str], include_stop: bool = False) -> None:
+        if isinstance(stop, str):
+            stop = (stop,)  # one stop string, never its characters
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError(f"stop strings must be non-empty str, got {list(stop)!r}")
         self._stop = tuple(stop)
+        # vLLM's include_stop_str_in_output: the matched stop string ends the emitted text.
+        self._include_stop = include_stop
         self._held = ""
         self.stopped = False
+        # The stop string that matched (vLLM's stop_reason), once stopped.
+        self.matched: str | None = None
 
     @property
     def held_text(self) -> str:
@@ -38,11 +44,13 @@ class StopStringMatcher:
         if not self._stop:
             return piece
         buf = self._held + piece
-        cut = _earliest_match(buf, self._stop)
-        if cut is not None:
+        match = _earliest_match(buf, self._stop)
+        if match is not None:
+            cut, matched = match
             self.stopped = True
+            self.matched = matched
             self._held = ""
-            return buf[:cut]
+            return buf[: cut + len(matched)] if self._include_stop else buf[:cut]
         hold = _longest_prefix_tail(buf, self._stop)
         self._held = buf[len(buf) - hold :]
         return buf[: len(buf) - hold]
@@ -53,20 +61,21 @@ class StopStringMatcher:
         return "" if self.stopped else text
 
 
-def _earliest_match(buf: str, stop: tuple[str, ...]) -> int | None:
-    """Start of the stop string that completes first (smallest end; on a tie, earliest start).
+def _earliest_match(buf: str, stop: tuple[str, ...]) -> tuple[int, str] | None:
+    """(start, string) of the stop string that completes first (smallest end; on a tie,
+    earliest start).
 
     Ordering by end, not start, is what generation does: the request stops at the token that
     completes a stop string, so text after that point is never produced. It also makes the cut
     independent of how the text was split into pieces ("\naa" with stops "a" and "\naa" cuts
     to "\n" whether it arrives whole or as "\na" + "a").
     """
-    best: tuple[int, int] | None = None  # (end, start)
+    best: tuple[int, int, str] | None = None  # (end, start, string)
     for s in stop:
         i = buf.find(s)
-        if i != -1 and (best is None or (i + len(s), i) < best):
-            best = (i + len(s), i)
-    return None if best is None else best[1]
+        if i != -1 and (best is None or (i + len(s), i) < best[:2]):
+            best = (i + len(s), i, s)
+    return None if best is None else (best[1], best[2])
 
 
 def _longest_prefix_tail(buf: str, stop: tuple[str, ...]) -> int:

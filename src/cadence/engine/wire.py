@@ -160,6 +160,8 @@ _TUPLE_FIELDS = tuple(
 def sampling_to_wire(params: SamplingParams) -> dict[str, Any]:
     """SamplingParams as JSON-native data (tuples become lists)."""
     wire = {f.name: getattr(params, f.name) for f in dataclasses.fields(SamplingParams)}
+    if params.structured_outputs is not None:
+        wire["structured_outputs"] = params.structured_outputs.to_dict()
     return {k: list(v) if isinstance(v, tuple) else v for k, v in wire.items()}
 
 
@@ -236,6 +238,7 @@ def output_to_wire(out: Any, token_text: Callable[[int], str]) -> dict[str, Any]
         # Why a request ended with "error" (e.g. it can never fit the KV pool): reaches the client.
         "error": getattr(out, "error", None),
         "kv_transfer_params": getattr(out, "kv_transfer_params", None),
+        "stop_reason": getattr(out, "stop_reason", None),
     }
 
 
@@ -253,6 +256,7 @@ def output_from_wire(wire: Mapping[str, Any]) -> RequestOutput:
         logprobs=logprobs_from_wire(wire.get("logprobs")),
         error=wire.get("error"),
         kv_transfer_params=wire.get("kv_transfer_params"),
+        stop_reason=wire.get("stop_reason"),
     )
 
 

@@ -9,6 +9,7 @@ import torch
 from cadence.core.plan import StepOutput, StepPlan
 from cadence.executor.inputs import ModelInputs
 from cadence.executor.sampler import sample
+from cadence.executor.structured_output import StructuredOutputs
 from cadence.model.kv_cache import KVCache
 from cadence.model.loader import LoadedModel
 
@@ -39,11 +40,23 @@ class ModelExecutor:
             self.host_kv = torch.zeros(shape, dtype=loaded.dtype, device="cpu",
                                        pin_memory=self.device.type == "cuda")
         self.model.prepare_fast_path()  # pack fast-path weights now, not in the first request
+        self.structured = StructuredOutputs(loaded.tokenizer, loaded.config.vocab_size)
+        # Seconds the last step spent computing grammar masks (the structured-output cost).
+        self.last_mask_time_s = 0.0
         self.generator = torch.Generator(device=self.device)
         if seed is not None:
             self.generator.manual_seed(seed)
         else:
             self.generator.seed()
+
+    def check_request(self, params) -> None:
+        """ValueError when the request's structured-output spec does not compile."""
+        if params.structured_outputs is not None:
+            self.structured.check(params.structured_outputs)
+
+    def release_request(self, req_id: str) -> None:
+        """The request finished: drop its per-request state (grammar matcher)."""
+        self.structured.release(req_id)
 
     def _check_plan(self, plan: StepPlan) -> None:
         if plan.block_size != self.block_size:
@@ -114,8 +127,13 @@ class ModelExecutor:
             return StepOutput(step_id=plan.step_id)
         start = time.perf_counter()
         logits, argmax, inputs = self._forward(plan)
-        sampled = (sample(logits, inputs.sample_chunks, self.generator, greedy=argmax)
-                   if inputs.sample_chunks else [])
+        sampled = []
+        if inputs.sample_chunks:
+            t_mask = time.perf_counter()
+            masks = self.structured.masks(inputs.sample_chunks)
+            self.last_mask_time_s = time.perf_counter() - t_mask
+            sampled = sample(logits, inputs.sample_chunks, self.generator, greedy=argmax,
+                             masks=masks)
         elapsed = time.perf_counter() - start  # sample() reads ids back to the host: synced
         return StepOutput(
             step_id=plan.step_id,

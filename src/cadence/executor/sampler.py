@@ -15,11 +15,12 @@ rows (one generator each), never over the vocabulary.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from cadence.core.plan import ScheduledChunk, SampledToken
+from cadence.executor.logits_processors import apply_logits_processors
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 
 
@@ -40,6 +41,7 @@ def sample(
     chunks: Sequence[ScheduledChunk],
     generator: torch.Generator | None = None,
     greedy: torch.Tensor | None = None,
+    masks: Mapping[int, torch.Tensor] | None = None,
 ) -> list[SampledToken]:
     """Sample one token per row.
 
@@ -48,7 +50,9 @@ def sample(
     it must live on logits.device.
     greedy: logits.argmax(-1) when the caller already has it ([S] int64, e.g. from the LM
     head's kernel); computed here otherwise.
-    Returns S SampledTokens, in row order.
+    masks: row -> bool [V] allowed tokens (structured output grammars).
+    Returns S SampledTokens, in row order. Logprobs are of the raw logits (vLLM's default),
+    the token is drawn from the processed ones (logits_processors.py).
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [num_seqs, vocab], got shape {tuple(logits.shape)}")
@@ -63,7 +67,11 @@ def sample(
     # token_ids: [S] int64; greedy rows keep their argmax, random rows are overwritten below.
     if greedy is not None and tuple(greedy.shape) != (num_rows,):
         raise ValueError(f"greedy ids must be [{num_rows}], got shape {tuple(greedy.shape)}")
+    raw = logits
+    logits, changed = apply_logits_processors(raw, chunks, masks)
     token_ids = greedy_ids(logits) if greedy is None else greedy.clone()
+    if changed and greedy is not None:
+        token_ids[changed] = logits[changed].argmax(dim=-1)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
         token_ids[random_rows] = _sample_random(
@@ -74,7 +82,7 @@ def sample(
     want_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not want_logprobs:
         return [SampledToken(token_id=t) for t in ids]
-    return _with_logprobs(logits, ids, params, want_logprobs)
+    return _with_logprobs(raw, ids, params, want_logprobs)
 
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:

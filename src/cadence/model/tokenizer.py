@@ -56,6 +56,14 @@ class Tokenizer:
     def _token_text(self, token_id: int | None) -> str | None:
         return None if token_id is None else self.backend.id_to_token(token_id)
 
+    def with_chat_template(self, source: str) -> "Tokenizer":
+        """A copy of this tokenizer that formats chats with `source` (--chat-template)."""
+        import copy
+
+        other = copy.copy(self)
+        other._chat_template = ChatTemplate(source, self.bos_token, self.eos_token)
+        return other
+
     @property
     def chat_template(self) -> str | None:
         """The template source, or None when the model ships none."""
