@@ -87,7 +87,11 @@ def prompt_token_ids(engine: EngineCore, msg: AddRequest) -> list[int]:
         return ids
     if msg.chat_messages is not None:
         try:
-            text = engine.render_chat(msg.chat_messages, msg.add_generation_prompt)
+            extra = {}
+            if msg.chat_template is not None or msg.continue_final_message:
+                extra = {"chat_template": msg.chat_template,
+                         "continue_final_message": msg.continue_final_message}
+            text = engine.render_chat(msg.chat_messages, msg.add_generation_prompt, **extra)
         except Exception as exc:  # jinja errors, bad roles: the client's fault
             raise AdmissionError(400, f"chat template failed: {exc}", param="messages",
                                  code="invalid_messages") from exc

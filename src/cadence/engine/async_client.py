@@ -16,6 +16,8 @@ the process split buys.
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import itertools
 import os
@@ -43,6 +45,7 @@ from cadence.engine.wire import (
     EngineReady,
     GetStats,
     Shutdown,
+    Tokenize,
     decode_message,
     encode_message,
     output_from_wire,
@@ -56,6 +59,8 @@ class EngineInfo:
     vocab_size: int
     pid: int
     max_token_chars: int | None = None
+    generation_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class EngineRejected(Exception):
@@ -92,6 +97,7 @@ class AsyncEngineClient:
         self._metrics = metrics
         self._requests: dict[str, RequestState] = {}
         self._stats_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._tokenize_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._nonces = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -157,7 +163,8 @@ class AsyncEngineClient:
                 msg = decode_message(await self._out.recv())
                 if isinstance(msg, EngineReady):
                     self.info = EngineInfo(msg.model_name, msg.max_model_len, msg.vocab_size,
-                                           msg.pid, msg.max_token_chars)
+                                           msg.pid, msg.max_token_chars,
+                                           msg.generation_defaults, msg.summary)
                     self._apply_stats(msg.stats)
                     return
                 if isinstance(msg, EngineFatal):
@@ -244,6 +251,8 @@ class AsyncEngineClient:
         arrival_time: float | None = None,
         want_prompt_text: bool = False,
         kv_transfer_params: Mapping[str, Any] | None = None,
+        chat_template: str | None = None,
+        continue_final_message: bool = False,
     ) -> RequestStream:
         """Send one request and wait until the engine admits it (EngineRejected if not)."""
         if not self.is_healthy:
@@ -258,7 +267,8 @@ class AsyncEngineClient:
                          arrival_time=time.monotonic() if arrival_time is None else arrival_time,
                          want_prompt_text=want_prompt_text,
                          kv_transfer_params=None if kv_transfer_params is None
-                         else dict(kv_transfer_params))
+                         else dict(kv_transfer_params), chat_template=chat_template,
+                         continue_final_message=continue_final_message)
         try:
             await self._in.send(encode_message(msg))
             accepted = await state.accepted
@@ -353,6 +363,26 @@ class AsyncEngineClient:
         for future in self._stats_waiters.values():
             if not future.done():
                 future.set_result(dict(self.last_stats))
+        for future in self._tokenize_waiters.values():
+            if not future.done():
+                future.set_exception(exc)
+
+    async def tokenize(self, timeout_s: float = 30.0, **fields: Any) -> dict[str, Any]:
+        """Tokenize / detokenize in the engine (fields of wire.Tokenize but the nonce):
+        {"tokens": [...]} or {"text": ...}; EngineRejected(400) on bad input."""
+        if not self.is_healthy:
+            raise EngineDeadError(self.dead_reason or "engine is shutting down")
+        nonce = next(self._nonces)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._tokenize_waiters[nonce] = future
+        try:
+            await self._in.send(encode_message(Tokenize(nonce, **fields)))
+            reply = await asyncio.wait_for(future, timeout_s)
+        finally:
+            self._tokenize_waiters.pop(nonce, None)
+        if "error" in reply:
+            raise EngineRejected(400, reply["error"], code="invalid_value")
+        return reply
 
     def _apply_stats(self, stats: Mapping[str, Any] | None) -> None:
         if stats:
@@ -381,6 +411,10 @@ class AsyncEngineClient:
             if out.finished:
                 self._requests.pop(out.req_id, None)
         self._apply_stats(batch.stats)
+        for reply in batch.tokenize_replies:
+            future = self._tokenize_waiters.get(reply.get("nonce"))
+            if future is not None and not future.done():
+                future.set_result(reply)
         for nonce in batch.stats_replies:
             future = self._stats_waiters.get(nonce)
             if future is not None and not future.done():

@@ -38,6 +38,7 @@ from cadence.engine.wire import (
     EngineBatch,
     GetStats,
     Shutdown,
+    Tokenize,
     WireError,
     decode_message,
     encode_message,
@@ -119,7 +120,9 @@ class EngineCoreLoop:
             self.engine.add_request(msg.req_id, ids, admitted.params, msg.priority,
                                     msg.arrival_time, **extra)
         except ValueError as exc:  # the engine's own input checks
-            raise AdmissionError(400, str(exc), param=admitted.prompt_param) from exc
+            code = getattr(exc, "code", None)
+            raise AdmissionError(400, str(exc), param=None if code else admitted.prompt_param,
+                                 code=code) from exc
         self._live[msg.req_id] = _LiveRequest(msg.req_id, len(ids))
         prompt_text = None
         if msg.want_prompt_text:
@@ -218,9 +221,33 @@ class EngineCoreLoop:
             self._abort(msg, batch)
         elif isinstance(msg, GetStats):
             batch.stats_replies.append(msg.nonce)
+        elif isinstance(msg, Tokenize):
+            batch.tokenize_replies.append(self._tokenize(msg))
         elif isinstance(msg, Shutdown):
             self._abort(AbortRequests(reason=msg.reason, all_requests=True), batch)
             self._running = False
+
+    def _tokenize(self, msg: Tokenize) -> dict[str, Any]:
+        """/tokenize and /detokenize, answered by the process that owns the tokenizer."""
+        try:
+            if msg.token_ids is not None:
+                bad = [t for t in msg.token_ids if not 0 <= t < self.engine.vocab_size]
+                if bad:
+                    raise ValueError(f"token id {bad[0]} is outside the vocabulary "
+                                     f"[0, {self.engine.vocab_size})")
+                detokenize = getattr(self.engine, "detokenize", None)
+                text = (detokenize(msg.token_ids) if detokenize is not None
+                        else "".join(self.engine.token_text(t) for t in msg.token_ids))
+                return {"nonce": msg.nonce, "text": text}
+            if msg.messages is not None:
+                text = self.engine.render_chat(msg.messages, msg.add_generation_prompt)
+                tokens = self.engine.tokenize(text, add_special_tokens=False)
+            else:
+                tokens = self.engine.tokenize(msg.text or "",
+                                              add_special_tokens=msg.add_special_tokens)
+            return {"nonce": msg.nonce, "tokens": list(tokens)}
+        except Exception as exc:  # bad ids, template errors: the client's fault
+            return {"nonce": msg.nonce, "error": f"{type(exc).__name__}: {exc}"}
 
     def _record_step(self, outputs: Sequence[Any], batch: EngineBatch) -> None:
         for out in outputs:

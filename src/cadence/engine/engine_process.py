@@ -100,7 +100,9 @@ def serve_engine(cfg: EngineProcessConfig, context: Any, input_addr: str, output
         out_socket.send(encode_message(EngineReady(
             model_name=engine.model_name, max_model_len=engine.max_model_len,
             vocab_size=engine.vocab_size, pid=os.getpid(), stats=engine.stats(),
-            max_token_chars=getattr(engine, "max_token_chars", None))))
+            max_token_chars=getattr(engine, "max_token_chars", None),
+            generation_defaults=dict(getattr(engine, "generation_defaults", {}) or {}),
+            summary=dict(getattr(engine, "summary", {}) or {}))))
         try:
             EngineCoreLoop(engine, in_socket, out_socket, cfg.limits, parent_pid).run()
         finally:

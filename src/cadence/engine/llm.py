@@ -21,6 +21,7 @@ from typing import Any
 from cadence.core.config import CacheConfig, SchedulerConfig
 from cadence.core.plan import SampledToken
 from cadence.core.sampling_params import SamplingParams
+from cadence.engine.chat_render import render_chat
 from cadence.engine.config import EngineConfig
 from cadence.engine.llm_engine import LLMEngine
 from cadence.engine.llm_outputs import CompletionOutput, RequestOutput
@@ -218,31 +219,6 @@ class LLM:
             cumulative_logprob=cumulative, logprobs=logprobs, finish_reason=out.finish_reason,
             stop_reason=out.stop_reason, timeline=self.engine.telemetry.timeline(child.req_id),
             error=out.error, sampled=sampled)
-
-
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None,
-                add_generation_prompt: bool, continue_final_message: bool) -> str:
-    """The prompt text of a conversation. `continue_final_message` (vLLM's): the last
-    (assistant) message is left open so the model continues it."""
-    if continue_final_message:
-        if add_generation_prompt:
-            raise ValueError("continue_final_message and add_generation_prompt cannot both be set")
-        if not messages or messages[-1].get("role") != "assistant":
-            raise ValueError("continue_final_message needs a final assistant message")
-    if chat_template is not None:
-        from cadence.model.chat_template import ChatTemplate
-
-        template = ChatTemplate(chat_template, tokenizer.bos_token, tokenizer.eos_token)
-        text = template.render(messages, add_generation_prompt=add_generation_prompt)
-    else:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-    if continue_final_message:
-        final = messages[-1].get("content") or ""
-        cut = text.rfind(final)
-        if cut < 0:
-            raise ValueError("the chat template does not reproduce the final message verbatim")
-        text = text[: cut + len(final)]
-    return text
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -156,6 +156,33 @@ class LLMEngine:
         self._pending: list[RequestOutput] = []
 
     # ---------------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """What this engine serves, for the startup log line: model, dtype, device, KV cache,
+        kernels, policy."""
+        cfg = self.config
+        out: dict[str, Any] = {"model": self.model_name}
+        executor = self.executor
+        loaded = getattr(executor, "loaded", None)
+        if loaded is not None:
+            out["dtype"] = str(loaded.dtype).removeprefix("torch.")
+            out["device"] = str(loaded.device)
+            kv = executor.kv_cache
+            out["kv_cache"] = (f"{executor.num_blocks} blocks x {executor.block_size} tokens"
+                               f" = {executor.num_blocks * executor.block_size} tokens")
+            kv_bytes = kv.storage.numel() * kv.storage.element_size()
+            out["kv_cache_mib"] = round(kv_bytes / 2**20, 1)
+            out["kernels"] = _kernel_description(loaded.device)
+        if cfg is not None:
+            s = cfg.scheduler
+            out["policy"] = s.policy
+            out["max_num_batched_tokens"] = s.max_num_batched_tokens
+            out["max_num_seqs"] = s.max_num_seqs
+            out["max_model_len"] = s.max_model_len
+            out["prefix_caching"] = cfg.cache.enable_prefix_caching
+            if cfg.quantization:
+                out["quantization"] = cfg.quantization
+        return out
+
     @property
     def max_model_len(self) -> int:
         """Longest sequence a request may reach (the scheduler's limit)."""
@@ -401,3 +428,16 @@ def _final_output(
         num_cached_tokens=max(0, req.num_cached_tokens) if req is not None else 0,
         error=error,
     )
+
+
+def _kernel_description(device: Any) -> str:
+    """Which compute path runs: the compiled CPU kernels (and their tier) or plain torch."""
+    if device.type != "cpu":
+        return f"torch ({device.type})"
+    from cadence.model.kernels import cpu_ops
+
+    module = cpu_ops.load_cpu_kernels()
+    if module is None:
+        return "torch reference (CPU kernels off or unavailable)"
+    tier = getattr(module, "TIER", None) or getattr(cpu_ops, "active_tier", lambda: None)()
+    return f"cadence CPU kernels{f' ({tier})' if tier else ''}"

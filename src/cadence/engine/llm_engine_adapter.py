@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cadence.core.sampling_params import SamplingParams
+from cadence.engine.chat_render import render_chat
 from cadence.engine.engine_core import EngineCore, TelemetryDelta
 from cadence.engine.wire import step_record, timeline_record
 
@@ -62,13 +63,20 @@ class LLMEngineAdapter:
         self.max_token_chars = int(self.tokenizer.max_token_chars())
         self._telemetry = _TelemetryCollector()
         engine.telemetry.add_listener(self._telemetry)
+        self.generation_defaults: dict[str, Any] = {}
+        self.summary = engine.summary()
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages,
-                                                  add_generation_prompt=add_generation_prompt)
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                    chat_template: str | None = None,
+                    continue_final_message: bool = False) -> str:
+        return render_chat(self.tokenizer, messages, chat_template, add_generation_prompt,
+                           continue_final_message)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -121,6 +129,11 @@ def build_llm_engine(engine_config: Mapping[str, Any], served_model_name: str | 
     from cadence.engine.config import EngineConfig
     from cadence.engine.llm_engine import LLMEngine
 
+    from cadence.engine.model_overrides import generation_defaults
+
     cfg = _rebuild_dataclass(EngineConfig, engine_config)
+    defaults = generation_defaults(cfg)
     engine = LLMEngine(cfg)
-    return LLMEngineAdapter(engine, served_model_name or engine.model_name)
+    adapter = LLMEngineAdapter(engine, served_model_name or engine.model_name)
+    adapter.generation_defaults = defaults
+    return adapter

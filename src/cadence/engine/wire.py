@@ -2,7 +2,7 @@
 
 Both sides of the ZeroMQ PUSH/PULL pairs speak it (the front end binds, the engine connects):
 
-    front end -> engine   add | abort | stats | shutdown
+    front end -> engine   add | abort | stats | tokenize | shutdown
     engine -> front end   ready (once, after loading) | batch (once per loop turn) | fatal
 
 Every message is a dataclass below plus a "type" tag. Engine outputs travel as plain dicts
@@ -48,6 +48,9 @@ class AddRequest:
     # Disaggregated serving: {"do_remote_decode": true} on a prefill worker, the prefill's
     # handoff ({"do_remote_prefill": true, ...}) on a decode worker (cadence.disagg).
     kv_transfer_params: dict[str, Any] | None = None
+    # Per-request chat formatting (vLLM's chat_template / continue_final_message fields).
+    chat_template: str | None = None
+    continue_final_message: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,19 @@ class GetStats:
 
 
 @dataclass(frozen=True)
+class Tokenize:
+    """Tokenize text or a chat (`token_ids` None), or detokenize `token_ids`; answered in the
+    next batch's `tokenize_replies` as {nonce, tokens | text | error}."""
+
+    nonce: int
+    text: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    token_ids: list[int] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Abort everything still live (finish_reason "abort"), send the final batch, exit."""
 
@@ -84,6 +100,10 @@ class EngineReady:
     # The most characters one token covers (None: unknown); the front end refuses longer
     # prompt texts than max_model_len * max_token_chars without sending them.
     max_token_chars: int | None = None
+    # Sampling defaults from the model's generation_config (--generation-config).
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    # What is being served (model, dtype, device, KV cache, kernels, policy): the startup log.
+    summary: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -105,10 +125,12 @@ class EngineBatch:
     stats_replies: list[int] = field(default_factory=list)
     # The turn's steps (see `step_record`), for attribution and the dashboard.
     steps: list[dict[str, Any]] = field(default_factory=list)
+    tokenize_replies: list[dict[str, Any]] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (self.accepted or self.rejected or self.outputs or self.finished
-                    or self.stats_replies or self.iteration or self.steps)
+                    or self.stats_replies or self.iteration or self.steps
+                    or self.tokenize_replies)
 
 
 @dataclass(frozen=True)
@@ -120,6 +142,7 @@ _MESSAGE_TYPES: Mapping[str, type] = MappingProxyType({
     "add": AddRequest,
     "abort": AbortRequests,
     "stats": GetStats,
+    "tokenize": Tokenize,
     "shutdown": Shutdown,
     "ready": EngineReady,
     "batch": EngineBatch,

@@ -24,6 +24,12 @@ from cadence.core.plan import ScheduledChunk
 from cadence.core.sampling_params import StructuredOutputsParams
 
 
+class StructuredOutputError(ValueError):
+    """A grammar that does not compile: the client's request is at fault (a 400)."""
+
+    code = "invalid_structured_output"
+
+
 def grammar_for(spec: StructuredOutputsParams) -> str:
     """The llguidance grammar text of a structured-output spec."""
     import llguidance
@@ -85,10 +91,10 @@ class StructuredOutputs:
         try:
             grammar = self._grammar(spec)
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"invalid structured output {spec.kind}: {exc}") from None
+            raise StructuredOutputError(f"invalid structured output {spec.kind}: {exc}") from None
         error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer_for_llg())
         if error and not error.startswith("WARNING"):
-            raise ValueError(f"invalid structured output {spec.kind}: {error}")
+            raise StructuredOutputError(f"invalid structured output {spec.kind}: {error}")
 
     def masks(self, chunks: Sequence[ScheduledChunk]) -> dict[int, torch.Tensor]:
         """row -> bool [V] allowed next tokens, for the constrained rows among `chunks`."""

@@ -10,6 +10,8 @@ body size before FastAPI reads the body.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from cadence import __version__
 from cadence.engine.async_client import AsyncEngineClient
 from cadence.engine.engine_process import EngineProcessConfig
 from cadence.server.auth import check_api_key
@@ -29,7 +32,11 @@ from cadence.server.openapi_spec import install_openapi
 from cadence.server.request_guard import RequestGuard
 from cadence.server.serving_chat import create_chat_completion
 from cadence.server.serving_completions import create_completion
+from cadence.server.serving_tokens import detokenize, tokenize, version
 from cadence.telemetry.prometheus import CONTENT_TYPE, PrometheusMetrics
+
+
+logger = logging.getLogger("cadence.server")
 
 
 @dataclass
@@ -49,6 +56,8 @@ class ServerState:
     supervisor: EngineSupervisor | None = None
     # Set by the launcher: stop the server with this exit code (engine death, with the flag).
     request_exit: Callable[[int], None] | None = None
+    # Sampling defaults from the model's generation_config, for fields a request leaves unset.
+    generation_defaults: dict = dataclasses.field(default_factory=dict)
 
 
 def _require_engine(request: Request) -> None:
@@ -87,6 +96,9 @@ api.add_api_route("/v1/completions", create_completion, methods=["POST"],
                   dependencies=[Depends(_require_engine)])
 api.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"],
                   dependencies=[Depends(_require_engine)])
+api.add_api_route("/tokenize", tokenize, methods=["POST"], dependencies=[Depends(_require_engine)])
+api.add_api_route("/detokenize", detokenize, methods=["POST"],
+                  dependencies=[Depends(_require_engine)])
 
 
 async def health(request: Request) -> JSONResponse:
@@ -95,6 +107,17 @@ async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "unavailable"}, status_code=503,
                             headers=error_headers(503))
     return JSONResponse({"status": "ok"})
+
+
+def log_startup_summary(state: ServerState) -> None:
+    """One line that says what is served: model, dtype, device, KV cache, kernels, policy."""
+    summary = dict(state.client.info.summary)
+    summary["served_model_name"] = state.model_name
+    summary.setdefault("max_model_len", state.max_model_len)
+    if state.generation_defaults:
+        summary["generation_defaults"] = state.generation_defaults
+    logger.info("cadence %s serving %s", __version__,
+                ", ".join(f"{k}={v}" for k, v in summary.items()))
 
 
 def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> FastAPI:
@@ -117,7 +140,9 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
         state.client.attach_metrics(state.telemetry)
         state.max_model_len = state.client.info.max_model_len
         state.max_token_chars = state.client.info.max_token_chars
+        state.generation_defaults = dict(state.client.info.generation_defaults)
         state.started_at = int(time.time())
+        log_startup_summary(state)
         try:
             yield
         finally:
@@ -132,4 +157,5 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
     install_openapi(app)
     app.add_middleware(RequestGuard, max_request_bytes=config.max_request_bytes,
                        api_key=lambda: config.api_key)
+    app.add_api_route("/version", version, methods=["GET"])
     return app

@@ -38,16 +38,14 @@ def new_request_id(prefix: str) -> str:
 
 async def submit(client: AsyncEngineClient, req_id: str, prompt: EnginePrompt,
                  sampling: dict[str, Any], priority: int, arrival_time: float,
-                 add_generation_prompt: bool = True,
-                 kv_transfer_params: dict[str, Any] | None = None) -> RequestStream:
-    """Admit the request or raise the APIError the client should see."""
+                 **options: Any) -> RequestStream:
+    """Admit the request or raise the APIError the client should see. `options`: the
+    client's submit options (add_generation_prompt, want_prompt_text, chat_template, ...)."""
     try:
         return await client.submit(
             req_id, sampling=sampling, prompt_text=prompt.text,
             prompt_token_ids=prompt.token_ids, chat_messages=prompt.chat_messages,
-            add_generation_prompt=add_generation_prompt, priority=priority,
-            arrival_time=arrival_time,
-            **({"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}))
+            priority=priority, arrival_time=arrival_time, **options)
     except EngineRejected as exc:
         raise APIError(exc.status, exc.message, param=exc.param, code=exc.code) from exc
     except EngineDeadError as exc:
@@ -73,48 +71,7 @@ class CollectedGeneration:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     error: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
-
-
-async def _collect_outputs(stream: RequestStream, result: CollectedGeneration) -> None:
-    parts = []
-    async for out in stream:
-        parts.append(out.new_text)
-        if out.logprobs:
-            result.logprobs.extend(out.logprobs)
-        result.num_prompt_tokens = out.num_prompt_tokens
-        result.num_output_tokens = out.num_output_tokens
-        result.num_cached_tokens = out.num_cached_tokens
-        if out.finished:
-            result.finish_reason = out.finish_reason
-            result.error = out.error
-            result.kv_transfer_params = out.kv_transfer_params
-    result.text = "".join(parts)
-
-
-async def collect(request: Request, stream: RequestStream) -> CollectedGeneration:
-    """Run a non-streaming request to the end; abort it if the client goes away meanwhile."""
-    result = CollectedGeneration(num_prompt_tokens=stream.num_prompt_tokens)
-    task = asyncio.create_task(_collect_outputs(stream, result))
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
-                raise APIError(499, "client disconnected", code="client_disconnected")
-        task.result()
-    except EngineDeadError as exc:
-        raise APIError(503, f"The engine stopped: {exc}", code="engine_unavailable") from exc
-    finally:
-        if not task.done():
-            task.cancel()
-        stream.close()
-    if result.finish_reason == "error":
-        raise APIError(500, f"generation failed: {result.error or 'engine error'}",
-                       code="engine_error")
-    if result.finish_reason == "abort":
-        raise APIError(503, "the request was aborted (server shutting down).",
-                       code="request_aborted")
-    return result
+    stop_reason: str | int | None = None
 
 
 class AbortOnCloseStreamingResponse(StreamingResponse):

@@ -1,9 +1,10 @@
 """OpenAI request bodies as pydantic models (pydantic lives in cadence/server only).
 
-Strict mode: a JSON string where a number belongs is a 400, not silently converted. Unknown
-fields are ignored (clients send `user`, `metadata`, ...), but known OpenAI features that cadence
-does not implement are rejected with a clear message instead of being silently dropped
-(see `unsupported_features`).
+Strict mode: a JSON string where a number belongs is a 400, not silently converted. Every field
+of OpenAI's and vLLM's completions and chat schemas is either honoured or, when cadence lacks
+the feature, answered with a 400 naming the field (`UNSUPPORTED_FIELDS`); metadata fields
+(`user`, `metadata`, ...) are accepted. Sampling fields left unset take the model's
+generation_config defaults (then cadence's).
 """
 
 from __future__ import annotations
@@ -49,33 +50,91 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+# Fields of OpenAI's and vLLM's request schemas that cadence does not implement: sending one
+# with anything but its neutral value is a 400 naming the field (never silently dropped).
+# field -> (neutral values, what to say)
+UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "best_of": ((None, 1), "best_of > 1 is not supported (use n)"),
+    "use_beam_search": ((None, False), "beam search is not supported"),
+    "length_penalty": ((None, 1, 1.0), "length_penalty applies to beam search, which is not "
+                       "supported"),
+    "suffix": ((None, ""), "suffix (fill-in-the-middle) is not supported"),
+    "tools": ((None, []), "tool calling is not supported"),
+    "tool_choice": ((None, "none"), "tool calling is not supported"),
+    "functions": ((None, []), "function calling is not supported"),
+    "function_call": ((None, "none"), "function calling is not supported"),
+    "audio": ((None,), "audio output is not supported"),
+    "modalities": ((None, ["text"]), "only the text modality is supported"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "web_search_options": ((None,), "web search is not supported"),
+    "reasoning_effort": ((None,), "reasoning_effort is not supported (no reasoning models)"),
+    "prompt_embeds": ((None,), "prompt_embeds are not supported"),
+    "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
+    "documents": ((None, []), "documents (RAG chat templates) are not supported"),
+    "structural_tag": ((None,), "structural_tag is not supported (use structured_outputs)"),
+    "guided_whitespace_pattern": ((None,), "guided_whitespace_pattern is not supported"),
+    "logits_processors": ((None, []), "custom logits processors are not supported"),
+    "allowed_token_ids": ((None,), "allowed_token_ids is not supported (use logit_bias)"),
+    "bad_words": ((None, []), "bad_words is not supported (use logit_bias)"),
+    "truncate_prompt_tokens": ((None,), "truncate_prompt_tokens is not supported"),
+    "prompt_logprobs": ((None,), "prompt_logprobs is not supported by the server (the "
+                        "offline LLM has no prompt logprobs either)"),
+    "vllm_xargs": ((None, {}), "vllm_xargs is not supported"),
+    "return_tokens_as_token_ids": ((None, False), "return_tokens_as_token_ids is not supported"),
+    "return_token_ids": ((None, False), "return_token_ids is not supported"),
+    "skip_special_tokens": ((None, True), "skip_special_tokens=false is not supported"),
+    "spaces_between_special_tokens": ((None, True),
+                                      "spaces_between_special_tokens=false is not supported"),
+    "add_special_tokens": ((None,), "add_special_tokens is not supported (cadence adds the "
+                           "tokenizer's special tokens to text prompts, none to chats)"),
+    "chat_template_kwargs": ((None, {}), "chat_template_kwargs is not supported"),
+    "cache_salt": ((None,), "cache_salt is not supported"),
+    "guided_decoding_backend": ((None, "llguidance", "auto"),
+                                "only the llguidance grammar backend is available"),
+}
+
+# Fields accepted with no effect on generation (identifiers, routing, storage hints): OpenAI
+# documents them as metadata, so honouring them means accepting them.
+METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls",
+                   "request_id", "safety_identifier", "prompt_cache_key")
+
+
 class SamplingRequestFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # extra="allow": fields outside both schemas are kept so `unsupported_features` sees the
+    # unsupported ones; fields nobody defines are ignored (clients send their own metadata).
+    model_config = ConfigDict(strict=True, extra="allow")
 
     model: str | None = None
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
     priority: int = 0
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # Accepted for compatibility; only their neutral values are supported.
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     logit_bias: dict[str, float] | None = None
-    best_of: int | None = None
     # Disaggregated serving (vLLM's field): what a router tells a prefill or decode worker,
     # passed to the engine as is (cadence.disagg.worker documents the keys).
     kv_transfer_params: dict[str, Any] | None = None
+    include_stop_str_in_output: bool = False
+    response_format: dict[str, Any] | None = None
+    # vLLM's structured output fields (older guided_* spellings and the newer object).
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -102,16 +161,10 @@ class SamplingRequestFields(BaseModel):
 
     def common_unsupported(self) -> list[tuple[str, str]]:
         problems = []
-        if self.n != 1:
-            problems.append(("n", f"n={self.n} is not supported: cadence returns one choice (n=1)"))
-        if self.best_of not in (None, 1):
-            problems.append(("best_of", "best_of > 1 is not supported"))
-        if self.presence_penalty != 0.0:
-            problems.append(("presence_penalty", "presence_penalty is not supported (use 0)"))
-        if self.frequency_penalty != 0.0:
-            problems.append(("frequency_penalty", "frequency_penalty is not supported (use 0)"))
-        if self.logit_bias:
-            problems.append(("logit_bias", "logit_bias is not supported"))
+        for name, value in (self.model_extra or {}).items():
+            spec = UNSUPPORTED_FIELDS.get(name)
+            if spec is not None and value not in spec[0]:
+                problems.append((name, spec[1]))
         if self.stream_options is not None and not self.stream:
             problems.append(("stream_options", "stream_options is only allowed with stream=true"))
         stops = self.stop_strings()
@@ -119,25 +172,62 @@ class SamplingRequestFields(BaseModel):
             problems.append(("stop", f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed"))
         if any(s == "" for s in stops):
             problems.append(("stop", "stop sequences must be non-empty strings"))
+        if self.logit_bias and not all(k.lstrip("-").isdigit() for k in self.logit_bias):
+            problems.append(("logit_bias", "logit_bias keys must be token ids"))
+        rf = self.response_format
+        if rf is not None and rf.get("type") not in ("text", "json_object", "json_schema"):
+            problems.append(("response_format", "response_format type must be 'text', "
+                             "'json_object' or 'json_schema'"))
+        if rf is not None and rf.get("type") == "json_schema":
+            schema = rf.get("json_schema")
+            if not isinstance(schema, dict) or not isinstance(schema.get("schema", {}), dict):
+                problems.append(("response_format", "json_schema needs a 'json_schema' object "
+                                 "with a 'schema'"))
+        if len(self.structured_spec_fields()) > 1:
+            problems.append((self.structured_spec_fields()[1], "give at most one of "
+                             "response_format (json), guided_*, structured_outputs"))
         return problems
+
+    def structured_spec_fields(self) -> list[str]:
+        given = [name for name in ("guided_json", "guided_regex", "guided_choice",
+                                   "guided_grammar", "structured_outputs")
+                 if getattr(self, name) is not None]
+        if self.response_format and self.response_format.get("type") in ("json_object",
+                                                                         "json_schema"):
+            given.insert(0, "response_format")
+        return given
+
+    def structured_outputs_spec(self) -> tuple[str, dict[str, Any]] | None:
+        """(field, StructuredOutputsParams fields) of the grammar this request asks for."""
+        fields = self.structured_spec_fields()
+        if not fields:
+            return None
+        name = fields[0]
+        if name == "response_format":
+            rf = self.response_format
+            if rf["type"] == "json_object":
+                return name, {"json_object": True}
+            return name, {"json": rf["json_schema"].get("schema", {})}
+        if name == "structured_outputs":
+            return name, dict(self.structured_outputs)
+        kind = name.removeprefix("guided_")
+        return name, {kind: getattr(self, name)}
 
 
 class CompletionRequest(SamplingRequestFields):
     """POST /v1/completions."""
 
-    # A string, token ids, or a batch of exactly one of either.
+    # A string, token ids, or a batch of either.
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
-    suffix: str | None = None
 
     def unsupported_features(self) -> list[tuple[str, str]]:
         problems = self.common_unsupported()
-        if self.echo:
-            problems.append(("echo", "echo=true is not supported"))
-        if self.suffix:
-            problems.append(("suffix", "suffix is not supported"))
+        if self.echo and self.logprobs is not None:
+            problems.append(("echo", "echo with logprobs needs prompt logprobs, which are not "
+                             "supported"))
         return problems
 
 
@@ -158,9 +248,10 @@ class ChatCompletionRequest(SamplingRequestFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    echo: bool = False
+    chat_template: str | None = None
 
     def effective_max_tokens(self) -> int | None:
         # max_completion_tokens is OpenAI's newer name; it wins when both are given.
@@ -170,10 +261,13 @@ class ChatCompletionRequest(SamplingRequestFields):
 
     def unsupported_features(self) -> list[tuple[str, str]]:
         problems = self.common_unsupported()
-        if self.tools:
-            problems.append(("tools", "tool calling is not supported"))
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            problems.append(("response_format", "only response_format type 'text' is supported"))
         if self.top_logprobs is not None and not self.logprobs:
             problems.append(("top_logprobs", "top_logprobs requires logprobs=true"))
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                problems.append(("continue_final_message", "continue_final_message needs "
+                                 "add_generation_prompt=false"))
+            elif self.messages[-1].role != "assistant":
+                problems.append(("continue_final_message", "continue_final_message needs a "
+                                 "final assistant message"))
         return problems

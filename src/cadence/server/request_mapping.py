@@ -7,10 +7,11 @@ owns the tokenizer, and come back as EngineRejected.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from cadence.core.sampling_params import SamplingParams
+from cadence.core.sampling_params import SamplingParams, StructuredOutputsParams
 from cadence.engine.wire import sampling_to_wire
 from cadence.server.errors import APIError
 from cadence.server.protocol import (
@@ -18,6 +19,10 @@ from cadence.server.protocol import (
     CompletionRequest,
     SamplingRequestFields,
 )
+
+
+# Most prompts one /v1/completions request may batch.
+MAX_BATCH_PROMPTS = 64
 
 
 @dataclass(frozen=True)
@@ -41,29 +46,56 @@ def reject_unsupported(problems: list[tuple[str, str]]) -> None:
         raise APIError(400, message + ".", param=param, code="unsupported_parameter")
 
 
+# Sampling fields that take generation_config defaults when the request leaves them unset.
+_DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
 def sampling_fields(body: SamplingRequestFields, max_tokens: int | None,
-                    logprobs: int | None, max_model_len: int) -> dict[str, Any]:
-    """SamplingParams fields as a wire dict; max_tokens None means "the rest of the context"."""
+                    logprobs: int | None, max_model_len: int,
+                    defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """SamplingParams fields as a wire dict; max_tokens None means "the rest of the context".
+
+    Fields the request leaves unset take `defaults` (the model's generation_config), then
+    SamplingParams' own defaults."""
     if max_tokens is not None and max_tokens >= max_model_len:
         raise APIError(400, f"max_tokens={max_tokens} is too large: this model's maximum "
                        f"context length is {max_model_len} tokens (prompt included).",
                        param="max_tokens", code="context_length_exceeded")
+    defaults = defaults or {}
+    chosen = {}
+    for name in _DEFAULTABLE:
+        value = getattr(body, name)
+        if value is None:
+            value = defaults.get(name)
+        if value is not None:
+            chosen[name] = value
+    if "top_k" in chosen:
+        chosen["top_k"] = max(0, chosen["top_k"])  # OpenAI-style -1 and 0 both disable top-k
+    structured = body.structured_outputs_spec()
     try:
         params = SamplingParams(
             max_tokens=max_tokens if max_tokens is not None else 1,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=max(0, body.top_k),  # OpenAI-style -1 and 0 both disable top-k
-            min_p=body.min_p,
             seed=body.seed,
             stop=body.stop_strings(),
             stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos,
             logprobs=logprobs,
             min_tokens=body.min_tokens,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
+            include_stop_str_in_output=body.include_stop_str_in_output,
+            **chosen,
         )
     except ValueError as exc:
         raise APIError(400, str(exc) + ".", code="invalid_value") from exc
+    if structured is not None:
+        field, spec = structured
+        try:
+            params = dataclasses.replace(params, structured_outputs=StructuredOutputsParams(**spec))
+        except (ValueError, TypeError) as exc:
+            raise APIError(400, f"{field}: {exc}.", param=field,
+                           code="invalid_structured_output") from exc
     if max_tokens is not None and body.min_tokens > max_tokens:
         raise APIError(400, f"min_tokens ({body.min_tokens}) must not exceed max_tokens "
                        f"({max_tokens}).", param="min_tokens", code="invalid_value")
@@ -97,14 +129,18 @@ def check_prompt_size(prompt: EnginePrompt, max_model_len: int,
             param=param, code="context_length_exceeded")
 
 
-def completion_prompt(body: CompletionRequest) -> EnginePrompt:
+def completion_prompts(body: CompletionRequest) -> list[EnginePrompt]:
+    """One EnginePrompt per prompt of the (possibly batched) request."""
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        # A batch: OpenAI allows several prompts; cadence serves one per request.
-        if len(prompt) != 1:
-            raise APIError(400, f"a batch of {len(prompt)} prompts is not supported: send one "
-                           "prompt per request.", param="prompt", code="unsupported_parameter")
-        prompt = prompt[0]
+    batch = (prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list)
+             else [prompt])
+    if len(batch) > MAX_BATCH_PROMPTS:
+        raise APIError(400, f"a batch of {len(batch)} prompts is too large (at most "
+                       f"{MAX_BATCH_PROMPTS}).", param="prompt", code="invalid_value")
+    return [_one_prompt(p) for p in batch]
+
+
+def _one_prompt(prompt: Any) -> EnginePrompt:
     if isinstance(prompt, str):
         if prompt == "":
             raise APIError(400, "the prompt is empty.", param="prompt", code="empty_prompt")

@@ -29,11 +29,11 @@ def _envelope(req_id: str, obj: str, created: int, model: str,
 
 
 def _chunk(req_id: str, obj: str, created: int, model: str, choice: dict[str, Any],
-           usage_field: bool) -> dict[str, Any]:
-    """One streamed chunk with a single choice at index 0.
+           usage_field: bool, index: int = 0) -> dict[str, Any]:
+    """One streamed chunk with a single choice.
 
     `usage_field`: with include_usage, OpenAI puts "usage": null on every other chunk."""
-    chunk = _envelope(req_id, obj, created, model, [{"index": 0, **choice}])
+    chunk = _envelope(req_id, obj, created, model, [{"index": index, **choice}])
     if usage_field:
         chunk["usage"] = None
     return chunk
@@ -65,13 +65,22 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset_start: int) -> 
     }
 
 
+def completion_choice(text: str, finish_reason: str | None, logprobs: dict | None,
+                      stop_reason: str | int | None = None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    if finish_reason is not None:
+        choice["stop_reason"] = stop_reason  # vLLM's field: the stop string or token id
+    return choice
+
+
 def completion_chunk(
     req_id: str, created: int, model: str, text: str, finish_reason: str | None,
-    logprobs: dict | None = None, usage_field: bool = False,
+    logprobs: dict | None = None, usage_field: bool = False, index: int = 0,
+    stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
     return _chunk(req_id, "text_completion", created, model,
-                  {"text": text, "logprobs": logprobs, "finish_reason": finish_reason},
-                  usage_field)
+                  completion_choice(text, finish_reason, logprobs, stop_reason),
+                  usage_field, index)
 
 
 def usage_chunk(req_id: str, created: int, model: str, obj: str, usage: dict) -> dict[str, Any]:
@@ -79,11 +88,11 @@ def usage_chunk(req_id: str, created: int, model: str, obj: str, usage: dict) ->
     return {**_envelope(req_id, obj, created, model, []), "usage": usage}
 
 
-def completion_response(
-    req_id: str, created: int, model: str, text: str, finish_reason: str | None,
-    usage: dict, logprobs: dict | None = None,
-) -> dict[str, Any]:
-    body = completion_chunk(req_id, created, model, text, finish_reason, logprobs)
+def completion_response(req_id: str, created: int, model: str, choices: list[dict[str, Any]],
+                        usage: dict) -> dict[str, Any]:
+    """choices: completion_choice() dicts in index order."""
+    body = _envelope(req_id, "text_completion", created, model,
+                     [{"index": i, **c} for i, c in enumerate(choices)])
     body["usage"] = usage
     return body
 
@@ -114,17 +123,24 @@ def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
 
 def chat_chunk(
     req_id: str, created: int, model: str, delta: dict, finish_reason: str | None,
-    logprobs: dict | None = None, usage_field: bool = False,
+    logprobs: dict | None = None, usage_field: bool = False, index: int = 0,
+    stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
-    return _chunk(req_id, "chat.completion.chunk", created, model,
-                  {"delta": delta, "logprobs": logprobs, "finish_reason": finish_reason},
-                  usage_field)
+    choice: dict[str, Any] = {"delta": delta, "logprobs": logprobs,
+                              "finish_reason": finish_reason}
+    if finish_reason is not None:
+        choice["stop_reason"] = stop_reason
+    return _chunk(req_id, "chat.completion.chunk", created, model, choice, usage_field, index)
 
 
-def chat_response(
-    req_id: str, created: int, model: str, text: str, finish_reason: str | None,
-    usage: dict, logprobs: dict | None = None,
-) -> dict[str, Any]:
-    choice = {"index": 0, "message": {"role": "assistant", "content": text},
-              "logprobs": logprobs, "finish_reason": finish_reason}
-    return {**_envelope(req_id, "chat.completion", created, model, [choice]), "usage": usage}
+def chat_choice(text: str, finish_reason: str | None, logprobs: dict | None,
+                stop_reason: str | int | None = None) -> dict[str, Any]:
+    return {"message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            "finish_reason": finish_reason, "stop_reason": stop_reason}
+
+
+def chat_response(req_id: str, created: int, model: str, choices: list[dict[str, Any]],
+                  usage: dict) -> dict[str, Any]:
+    """choices: chat_choice() dicts in index order."""
+    return {**_envelope(req_id, "chat.completion", created, model,
+                        [{"index": i, **c} for i, c in enumerate(choices)]), "usage": usage}

@@ -1,9 +1,14 @@
 """The flow every OpenAI generation endpoint shares: map, admit, then stream or collect.
 
-    handler -> serve_generation(request, body, id_prefix, build_prompt, ..., renderer)
-               checks (model, unsupported features), prompt, sampling fields, admission
-               stream=true:  SSE events from `stream_events`, closed on any exit
-               stream=false: `collect` to the end, one JSON body
+    handler -> serve_generation(request, body, prompts, ..., renderer)
+               checks (model, unsupported features), sampling fields, admission of choice 0
+               of every prompt (errors come back before any output)
+               stream=true:  SSE events of all choices, merged as they come, closed on any exit
+               stream=false: every choice to its end, one JSON body
+
+A request has len(prompts) * n choices (choice index = prompt index * n + i, as OpenAI). Each
+choice is one engine request. Choices 1..n-1 of a prompt are submitted once choice 0 produced
+its first token: its prompt blocks are then in the prefix cache, so they are computed once.
 
 Endpoints differ only in how they render outputs: a ResponseRenderer per endpoint (chat,
 completions) builds the OpenAI chunks and the whole response. Errors, engine death, usage and
@@ -12,6 +17,8 @@ completions) builds the OpenAI chunks and the whole response. Errors, engine dea
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,10 +30,11 @@ from fastapi.responses import JSONResponse, Response
 from cadence.engine.async_client import EngineDeadError, RequestStream
 from cadence.engine.outputs import RequestOutput
 from cadence.server import response_format as fmt
+from cadence.server.errors import APIError
 from cadence.server.generation import (
+    DISCONNECT_POLL_S,
     AbortOnCloseStreamingResponse,
     CollectedGeneration,
-    collect,
     created_timestamp,
     engine_dead_body,
     new_request_id,
@@ -55,27 +63,131 @@ class ResponseContext:
     model: str
     include_usage: bool
     want_logprobs: bool
+    # Text put before each choice's output (completions echo=true), by choice index.
+    echo: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 class ResponseRenderer(Protocol):
     """One endpoint's OpenAI format for one response. A fresh renderer serves each request,
-    so it may keep state across chunks (e.g. a text offset)."""
+    so it may keep state across chunks (e.g. text offsets per choice)."""
 
     # The "object" of this endpoint's stream chunks (the include_usage chunk repeats it).
     chunk_object: str
 
-    def opening_chunks(self) -> list[dict[str, Any]]:
-        """Chunks sent before any output."""
+    def opening_chunks(self, index: int) -> list[dict[str, Any]]:
+        """Chunks sent for choice `index` before any of its output."""
         ...
 
-    def output_chunks(self, out: RequestOutput) -> list[dict[str, Any]]:
-        """Chunks for one engine output (never one with finish_reason "error")."""
+    def output_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
+        """Chunks for one engine output of choice `index` (never finish_reason "error")."""
         ...
 
-    def whole_response(self, result: CollectedGeneration,
+    def whole_response(self, results: list[CollectedGeneration],
                        usage: dict[str, Any]) -> dict[str, Any]:
-        """The non-streaming response body."""
+        """The non-streaming response body (results in choice order)."""
         ...
+
+
+@dataclass(frozen=True)
+class ChoicePlan:
+    """What to submit for every choice of one HTTP request."""
+
+    prompts: list[EnginePrompt]
+    n: int
+    sampling: dict[str, Any]
+    priority: int
+    arrival: float
+    submit_kwargs: dict[str, Any]
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    def sampling_of(self, i: int) -> dict[str, Any]:
+        """Completion i of n: a seeded request gets seed + i, so completions differ."""
+        if i == 0 or self.sampling.get("seed") is None:
+            return self.sampling
+        return {**self.sampling, "seed": self.sampling["seed"] + i}
+
+
+class ChoiceMux:
+    """The engine streams of all choices of one request, merged into one event sequence."""
+
+    def __init__(self, client: Any, req_id: str, plan: ChoicePlan) -> None:
+        self._client = client
+        self._req_id = req_id
+        self._plan = plan
+        self._streams: dict[int, RequestStream] = {}
+        self._tasks: list[asyncio.Task] = []
+        # (choice index, RequestOutput | exception | None = that choice is done)
+        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self.prompt_tokens: dict[int, int] = {}
+        self.prompt_texts: dict[int, str | None] = {}
+
+    async def _submit(self, index: int) -> RequestStream:
+        plan = self._plan
+        prompt_index, i = divmod(index, plan.n)
+        suffix = "" if plan.num_choices == 1 else f"-{index}"
+        stream = await submit(self._client, self._req_id + suffix, plan.prompts[prompt_index],
+                              plan.sampling_of(i), plan.priority, plan.arrival,
+                              **plan.submit_kwargs)
+        self._streams[index] = stream
+        if i == 0:
+            self.prompt_tokens[prompt_index] = stream.num_prompt_tokens
+            self.prompt_texts[prompt_index] = stream.prompt_text
+        return stream
+
+    async def start(self) -> None:
+        """Submit choice 0 of every prompt; an admission error closes what was opened."""
+        try:
+            for p in range(len(self._plan.prompts)):
+                stream = await self._submit(p * self._plan.n)
+                self._tasks.append(asyncio.create_task(self._pump(p * self._plan.n, stream)))
+        except BaseException:
+            self.close()
+            raise
+
+    async def _pump(self, index: int, stream: RequestStream) -> None:
+        first = True
+        try:
+            async for out in stream:
+                self._queue.put_nowait((index, out))
+                if first and index % self._plan.n == 0 and self._plan.n > 1:
+                    await self._start_siblings(index)
+                first = False
+        except Exception as exc:  # engine death: the consumer decides what the client sees
+            self._queue.put_nowait((index, exc))
+            if first and index % self._plan.n == 0:
+                for sibling in range(index + 1, index + self._plan.n):
+                    self._queue.put_nowait((sibling, exc))
+        finally:
+            self._queue.put_nowait((index, None))
+
+    async def _start_siblings(self, index: int) -> None:
+        for sibling in range(index + 1, index + self._plan.n):
+            try:
+                stream = await self._submit(sibling)
+            except Exception as exc:  # refused (e.g. 429 while we waited): that choice fails
+                self._queue.put_nowait((sibling, exc))
+                self._queue.put_nowait((sibling, None))
+                continue
+            self._tasks.append(asyncio.create_task(self._pump(sibling, stream)))
+
+    async def events(self) -> AsyncIterator[tuple[int, Any]]:
+        """(choice index, RequestOutput or exception) until every choice is done."""
+        remaining = self._plan.num_choices
+        while remaining:
+            index, item = await self._queue.get()
+            if item is None:
+                remaining -= 1
+            else:
+                yield index, item
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for stream in self._streams.values():
+            stream.close()
 
 
 async def serve_generation(
@@ -83,11 +195,12 @@ async def serve_generation(
     body: Body,
     *,
     id_prefix: str,
-    build_prompt: Callable[[Body], EnginePrompt],
+    prompts: list[EnginePrompt],
     max_tokens: int | None,
     logprobs: int | None,
     renderer: Callable[[ResponseContext], ResponseRenderer],
-    add_generation_prompt: bool = True,
+    submit_kwargs: dict[str, Any] | None = None,
+    echo: Callable[[ChoiceMux], dict[int, str]] | None = None,
 ) -> Response:
     """Validate `body`, admit it in the engine, answer with SSE events or one JSON body.
 
@@ -96,54 +209,124 @@ async def serve_generation(
     server = request.app.state.server
     check_model(body.model, server.model_name)
     reject_unsupported(body.unsupported_features())
-    prompt = build_prompt(body)
-    check_prompt_size(prompt, server.max_model_len, server.max_token_chars)
-    sampling = sampling_fields(body, max_tokens, logprobs, server.max_model_len)
+    for prompt in prompts:
+        check_prompt_size(prompt, server.max_model_len, server.max_token_chars)
+    sampling = sampling_fields(body, max_tokens, logprobs, server.max_model_len,
+                               server.generation_defaults)
+    structured = body.structured_outputs_spec()
     req_id = new_request_id(id_prefix)
-    stream = await submit(server.client, req_id, prompt, sampling, body.priority, arrival,
-                          add_generation_prompt=add_generation_prompt,
-                          kv_transfer_params=body.kv_transfer_params)
+    submit_kwargs = dict(submit_kwargs or {})
+    if body.kv_transfer_params is not None:
+        if body.n != 1 or len(prompts) != 1:
+            raise APIError(400, "kv_transfer_params (disaggregated serving) takes one prompt "
+                           "and n=1.", param="kv_transfer_params", code="unsupported_parameter")
+        submit_kwargs["kv_transfer_params"] = body.kv_transfer_params
+    plan = ChoicePlan(prompts, body.n, sampling, body.priority, arrival, submit_kwargs)
+    mux = ChoiceMux(server.client, req_id, plan)
+    try:
+        await mux.start()
+    except APIError as exc:
+        if exc.code == "invalid_structured_output" and structured is not None:
+            exc.param = structured[0]  # the engine cannot know which request field it was
+        raise
     ctx = ResponseContext(req_id, created_timestamp(), server.model_name, body.include_usage(),
-                          logprobs is not None)
+                          logprobs is not None, echo(mux) if echo else {})
     render = renderer(ctx)
     if body.stream:
         return AbortOnCloseStreamingResponse(
-            stream_events(stream, ctx, render), on_close=stream.close,
+            stream_events(mux, plan, ctx, render), on_close=mux.close,
             media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
-    result = await collect(request, stream)
-    usage = fmt.usage_dict(result.num_prompt_tokens, result.num_output_tokens,
-                           result.num_cached_tokens)
-    response = render.whole_response(result, usage)
-    if result.kv_transfer_params is not None:
+    results = await collect_all(request, mux, plan.num_choices)
+    usage = fmt.usage_dict(sum(mux.prompt_tokens.values()),
+                           sum(r.num_output_tokens for r in results),
+                           sum(r.num_cached_tokens for r in results))
+    response = render.whole_response(results, usage)
+    if results[0].kv_transfer_params is not None:
         # A prefill worker's handoff (or a decode worker's transfer record), as vLLM answers.
-        response["kv_transfer_params"] = result.kv_transfer_params
+        response["kv_transfer_params"] = results[0].kv_transfer_params
     return JSONResponse(response)
 
 
-async def stream_events(stream: RequestStream, ctx: ResponseContext,
+async def stream_events(mux: ChoiceMux, plan: ChoicePlan, ctx: ResponseContext,
                         render: ResponseRenderer) -> AsyncIterator[str]:
-    """The SSE events of one streamed response, [DONE] last; closes the stream on any exit."""
-    num_prompt = stream.num_prompt_tokens
-    num_output = num_cached = 0
+    """The SSE events of one streamed response, [DONE] last; closes the streams on any exit."""
+    num_output: dict[int, int] = {}
+    num_cached: dict[int, int] = {}
     try:
-        for chunk in render.opening_chunks():
-            yield sse_event(chunk)
-        async for out in stream:
-            num_prompt, num_output = out.num_prompt_tokens, out.num_output_tokens
-            num_cached = out.num_cached_tokens
+        for index in range(plan.num_choices):
+            for chunk in render.opening_chunks(index):
+                yield sse_event(chunk)
+        async for index, out in mux.events():
+            if isinstance(out, EngineDeadError):
+                # The engine died mid-stream: say so in the stream instead of cutting it.
+                yield sse_event(engine_dead_body(out))
+                break
+            if isinstance(out, APIError):
+                yield sse_event(out.body())
+                break
+            if isinstance(out, BaseException):
+                raise out
+            num_output[index] = out.num_output_tokens
+            num_cached[index] = out.num_cached_tokens
             if out.finish_reason == "error":
                 yield sse_event(stream_error_body(out))
                 break
-            for chunk in render.output_chunks(out):
+            for chunk in render.output_chunks(out, index):
                 yield sse_event(chunk)
         if ctx.include_usage:
+            usage = fmt.usage_dict(sum(mux.prompt_tokens.values()), sum(num_output.values()),
+                                   sum(num_cached.values()))
             yield sse_event(fmt.usage_chunk(ctx.req_id, ctx.created, ctx.model,
-                                            render.chunk_object,
-                                            fmt.usage_dict(num_prompt, num_output, num_cached)))
-        yield DONE_EVENT
-    except EngineDeadError as exc:
-        # The engine died mid-stream: say so in the stream instead of cutting it.
-        yield sse_event(engine_dead_body(exc))
+                                            render.chunk_object, usage))
         yield DONE_EVENT
     finally:
-        stream.close()
+        mux.close()
+
+
+async def _collect_into(mux: ChoiceMux, results: list[CollectedGeneration]) -> None:
+    parts: list[list[str]] = [[] for _ in results]
+    async for index, out in mux.events():
+        if isinstance(out, BaseException):
+            raise out
+        result = results[index]
+        parts[index].append(out.new_text)
+        if out.logprobs:
+            result.logprobs.extend(out.logprobs)
+        result.num_prompt_tokens = out.num_prompt_tokens
+        result.num_output_tokens = out.num_output_tokens
+        result.num_cached_tokens = out.num_cached_tokens
+        if out.finished:
+            result.finish_reason = out.finish_reason
+            result.stop_reason = out.stop_reason
+            result.error = out.error
+            result.kv_transfer_params = out.kv_transfer_params
+    for result, texts in zip(results, parts):
+        result.text = "".join(texts)
+
+
+async def collect_all(request: Request, mux: ChoiceMux,
+                      num_choices: int) -> list[CollectedGeneration]:
+    """Run every choice to the end; abort them all if the client goes away meanwhile."""
+    results = [CollectedGeneration() for _ in range(num_choices)]
+    task = asyncio.create_task(_collect_into(mux, results))
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client disconnected", code="client_disconnected")
+        task.result()
+    except EngineDeadError as exc:
+        raise APIError(503, f"The engine stopped: {exc}", code="engine_unavailable") from exc
+    finally:
+        if not task.done():
+            task.cancel()
+        mux.close()
+    for result in results:
+        if result.finish_reason == "error":
+            raise APIError(500, f"generation failed: {result.error or 'engine error'}",
+                           code="engine_error")
+        if result.finish_reason == "abort":
+            raise APIError(503, "the request was aborted (server shutting down).",
+                           code="request_aborted")
+    return results

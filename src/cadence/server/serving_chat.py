@@ -16,44 +16,61 @@ from cadence.server.serving import ResponseContext, serve_generation
 
 
 class ChatRenderer:
-    """Chat completion chunks: the role first, then content deltas, then the finish_reason."""
+    """Chat completion chunks per choice: the role first, then content deltas, then the
+    finish_reason."""
 
     chunk_object = "chat.completion.chunk"
 
     def __init__(self, ctx: ResponseContext) -> None:
         self.ctx = ctx
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None,
-               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None = None,
+               logprobs: dict[str, Any] | None = None,
+               stop_reason: str | int | None = None) -> dict[str, Any]:
         ctx = self.ctx
         return fmt.chat_chunk(ctx.req_id, ctx.created, ctx.model, delta, finish_reason, logprobs,
-                              usage_field=ctx.include_usage)
+                              usage_field=ctx.include_usage, index=index,
+                              stop_reason=stop_reason)
 
-    def opening_chunks(self) -> list[dict[str, Any]]:
-        # OpenAI opens every chat stream with the role.
-        return [self._chunk({"role": "assistant", "content": ""})]
+    def opening_chunks(self, index: int) -> list[dict[str, Any]]:
+        # OpenAI opens every chat choice with the role (echo puts the echoed text there).
+        return [self._chunk(index, {"role": "assistant",
+                                    "content": self.ctx.echo.get(index, "")})]
 
-    def output_chunks(self, out: RequestOutput) -> list[dict[str, Any]]:
+    def output_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
         chunks = []
         logprobs = None
         if self.ctx.want_logprobs and out.logprobs:
             logprobs = fmt.chat_logprobs(list(out.logprobs))
         if out.new_text or logprobs:
-            chunks.append(self._chunk({"content": out.new_text}, logprobs=logprobs))
+            chunks.append(self._chunk(index, {"content": out.new_text}, logprobs=logprobs))
         if out.finished:
-            chunks.append(self._chunk({}, out.finish_reason))
+            chunks.append(self._chunk(index, {}, out.finish_reason,
+                                      stop_reason=out.stop_reason))
         return chunks
 
-    def whole_response(self, result: CollectedGeneration,
+    def whole_response(self, results: list[CollectedGeneration],
                        usage: dict[str, Any]) -> dict[str, Any]:
         ctx = self.ctx
-        logprobs = fmt.chat_logprobs(result.logprobs) if ctx.want_logprobs else None
-        return fmt.chat_response(ctx.req_id, ctx.created, ctx.model, result.text,
-                                 result.finish_reason, usage, logprobs)
+        choices = [
+            fmt.chat_choice(ctx.echo.get(i, "") + r.text, r.finish_reason,
+                            fmt.chat_logprobs(r.logprobs) if ctx.want_logprobs else None,
+                            r.stop_reason)
+            for i, r in enumerate(results)
+        ]
+        return fmt.chat_response(ctx.req_id, ctx.created, ctx.model, choices, usage)
 
 
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    # echo (vLLM): a final message of the assistant's role is repeated before the reply.
+    last = body.messages[-1]
+    echo_text = last.content if (body.echo and last.role == "assistant"
+                                 and isinstance(last.content, str)) else ""
     return await serve_generation(
-        request, body, id_prefix="chatcmpl", build_prompt=chat_prompt,
+        request, body, id_prefix="chatcmpl", prompts=[chat_prompt(body)],
         max_tokens=body.effective_max_tokens(), logprobs=chat_logprobs_count(body),
-        renderer=ChatRenderer, add_generation_prompt=body.add_generation_prompt)
+        renderer=ChatRenderer,
+        submit_kwargs={"add_generation_prompt": body.add_generation_prompt,
+                       "chat_template": body.chat_template,
+                       "continue_final_message": body.continue_final_message},
+        echo=(lambda mux: {i: echo_text for i in range(body.n)}) if echo_text else None)

@@ -11,46 +11,67 @@ from cadence.engine.outputs import RequestOutput
 from cadence.server import response_format as fmt
 from cadence.server.generation import CollectedGeneration
 from cadence.server.protocol import CompletionRequest
-from cadence.server.request_mapping import completion_prompt
-from cadence.server.serving import ResponseContext, serve_generation
+from cadence.server.request_mapping import completion_prompts
+from cadence.server.serving import ChoiceMux, ResponseContext, serve_generation
 
 
 class CompletionRenderer:
-    """Legacy completion chunks: text deltas, the finish_reason on the last one."""
+    """Legacy completion chunks: text deltas per choice, the finish_reason on the last one."""
 
     chunk_object = "text_completion"
 
     def __init__(self, ctx: ResponseContext) -> None:
         self.ctx = ctx
-        # Characters streamed so far: logprobs' text_offset counts from the completion start.
-        self._text_offset = 0
+        # Characters streamed so far per choice: logprobs' text_offset counts from its start.
+        self._text_offset: dict[int, int] = {}
 
-    def opening_chunks(self) -> list[dict[str, Any]]:
-        return []
+    def opening_chunks(self, index: int) -> list[dict[str, Any]]:
+        echo = self.ctx.echo.get(index)
+        if not echo:
+            return []
+        self._text_offset[index] = len(echo)
+        ctx = self.ctx
+        return [fmt.completion_chunk(ctx.req_id, ctx.created, ctx.model, echo, None,
+                                     usage_field=ctx.include_usage, index=index)]
 
-    def output_chunks(self, out: RequestOutput) -> list[dict[str, Any]]:
+    def output_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
         ctx = self.ctx
         logprobs = None
+        offset = self._text_offset.get(index, 0)
         if ctx.want_logprobs and out.logprobs:
-            logprobs = fmt.completion_logprobs(list(out.logprobs), self._text_offset)
-        self._text_offset += len(out.new_text)
+            logprobs = fmt.completion_logprobs(list(out.logprobs), offset)
+        self._text_offset[index] = offset + len(out.new_text)
         # Outputs that carry no text (a held-back stop-string prefix) send nothing until the
         # last one, which carries the finish_reason.
         if not (out.new_text or logprobs or out.finished):
             return []
         return [fmt.completion_chunk(ctx.req_id, ctx.created, ctx.model, out.new_text,
                                      out.finish_reason if out.finished else None, logprobs,
-                                     usage_field=ctx.include_usage)]
+                                     usage_field=ctx.include_usage, index=index,
+                                     stop_reason=out.stop_reason)]
 
-    def whole_response(self, result: CollectedGeneration,
+    def whole_response(self, results: list[CollectedGeneration],
                        usage: dict[str, Any]) -> dict[str, Any]:
         ctx = self.ctx
-        logprobs = fmt.completion_logprobs(result.logprobs, 0) if ctx.want_logprobs else None
-        return fmt.completion_response(ctx.req_id, ctx.created, ctx.model, result.text,
-                                       result.finish_reason, usage, logprobs)
+        choices = [
+            fmt.completion_choice(
+                ctx.echo.get(i, "") + r.text, r.finish_reason,
+                fmt.completion_logprobs(r.logprobs, 0) if ctx.want_logprobs else None,
+                r.stop_reason)
+            for i, r in enumerate(results)
+        ]
+        return fmt.completion_response(ctx.req_id, ctx.created, ctx.model, choices, usage)
+
+
+def _echo_texts(n: int):
+    def texts(mux: ChoiceMux) -> dict[int, str]:
+        return {p * n + i: text or "" for p, text in mux.prompt_texts.items() for i in range(n)}
+    return texts
 
 
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     return await serve_generation(
-        request, body, id_prefix="cmpl", build_prompt=completion_prompt,
-        max_tokens=body.max_tokens, logprobs=body.logprobs, renderer=CompletionRenderer)
+        request, body, id_prefix="cmpl", prompts=completion_prompts(body),
+        max_tokens=body.max_tokens, logprobs=body.logprobs, renderer=CompletionRenderer,
+        submit_kwargs={"want_prompt_text": body.echo},
+        echo=_echo_texts(body.n) if body.echo else None)

@@ -1,0 +1,79 @@
+"""POST /tokenize, POST /detokenize (vLLM's), GET /version: the engine's tokenizer over HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cadence import __version__
+from cadence.engine.async_client import EngineDeadError, EngineRejected
+from cadence.server.errors import APIError
+from cadence.server.protocol import ChatMessage
+from cadence.server.request_mapping import check_model
+
+
+class TokenizeRequest(BaseModel):
+    """Either `prompt` (text) or `messages` (a chat, rendered with the chat template)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' and 'messages'")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    model: str | None = None
+    tokens: list[int] = Field(min_length=0)
+
+
+async def _ask_engine(request: Request, **fields: Any) -> dict[str, Any]:
+    server = request.app.state.server
+    try:
+        return await server.client.tokenize(**fields)
+    except EngineRejected as exc:
+        raise APIError(exc.status, exc.message, param=exc.param, code=exc.code) from exc
+    except (EngineDeadError, TimeoutError) as exc:
+        raise APIError(503, f"The engine is unavailable: {exc}", code="engine_unavailable") from exc
+
+
+async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+    server = request.app.state.server
+    check_model(body.model, server.model_name)
+    if body.messages is not None:
+        messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
+                     else "".join(p.get("text", "") for p in m.content or [])}
+                    for m in body.messages]
+        reply = await _ask_engine(request, messages=messages,
+                                  add_generation_prompt=body.add_generation_prompt)
+    else:
+        reply = await _ask_engine(request, text=body.prompt,
+                                  add_special_tokens=body.add_special_tokens)
+    tokens = reply["tokens"]
+    return JSONResponse({"count": len(tokens), "max_model_len": server.max_model_len,
+                         "tokens": tokens})
+
+
+async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
+    check_model(body.model, request.app.state.server.model_name)
+    if any(t < 0 for t in body.tokens):
+        raise APIError(400, "token ids must be >= 0.", param="tokens", code="invalid_token_id")
+    reply = await _ask_engine(request, token_ids=body.tokens)
+    return JSONResponse({"prompt": reply["text"]})
+
+
+async def version() -> JSONResponse:
+    return JSONResponse({"version": __version__})
