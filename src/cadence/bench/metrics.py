@@ -1,4 +1,4 @@
-"""Latency and throughput formulas (docs: ../shared/DESIGN.md, "Metrics").
+"""Latency and throughput formulas (docs: docs/ARCHITECTURE.md, "Telemetry and metrics").
 
 All per-request times are client-side, from the request's send time:
 - TTFT = time of the first chunk carrying a token - send time.

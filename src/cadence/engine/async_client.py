@@ -42,6 +42,7 @@ from cadence.engine.wire import (
     AddRequest,
     EngineBatch,
     EngineFatal,
+    EngineHeartbeat,
     EngineReady,
     GetStats,
     Shutdown,
@@ -343,6 +344,8 @@ class AsyncEngineClient:
                 msg = decode_message(await self._out.recv())
                 if isinstance(msg, EngineBatch):
                     self._route(msg)
+                elif isinstance(msg, EngineHeartbeat):
+                    self._apply_stats(msg.stats)
                 elif isinstance(msg, EngineFatal):
                     self.dead_reason = f"engine failed: {msg.message}"
                     break

@@ -39,7 +39,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sampling.add_argument("--sampling-seed", type=int, default=None,
                           help="per-request seed (reproducible whatever the batch)")
     add_config_args(p.add_argument_group("engine"), EngineConfig, skip=_ENGINE_SKIP)
-    add_config_args(p.add_argument_group("scheduler"), SchedulerConfig)
+    sched_group = p.add_argument_group("scheduler")
+    add_config_args(sched_group, SchedulerConfig)
+    sched_group.add_argument(
+        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+        help="vLLM's switch, mapped onto the policies: on = --policy chunked, off = eager.")
     add_config_args(p.add_argument_group("kv cache"), CacheConfig)
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="write every step and request as JSON lines to FILE")
@@ -54,6 +58,13 @@ def run(args: argparse.Namespace) -> int:
     from cadence.engine.llm_engine import LLMEngine
     from cadence.model.errors import ModelLoadError
 
+    if args.enable_chunked_prefill is not None:
+        wanted = "chunked" if args.enable_chunked_prefill else "eager"
+        if args.policy is not None and args.policy != wanted:
+            print(f"cadence generate: --enable-chunked-prefill={args.enable_chunked_prefill} "
+                  f"contradicts --policy {args.policy}", file=sys.stderr)
+            return 2
+        args.policy = wanted
     try:
         params = SamplingParams(
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -29,7 +29,16 @@ from cadence.engine.admission import AdmissionLimits
 from cadence.engine.engine_core import EngineCore
 from cadence.engine.engine_loop import EngineCoreLoop
 from cadence.engine.llm_engine_adapter import build_llm_engine
-from cadence.engine.wire import EngineFatal, EngineReady, decode_message, encode_message
+from cadence.engine.wire import (
+    EngineFatal,
+    EngineHeartbeat,
+    EngineReady,
+    decode_message,
+    encode_message,
+)
+
+# How often gauges are refreshed from the engine, whatever the engine is doing.
+STATS_INTERVAL_S = 0.5
 
 # Re-exported: EngineProcessConfig's field type, the engine factory older configs name
 # ("cadence.engine.engine_process:build_llm_engine"), and the documented message codec.
@@ -103,15 +112,65 @@ def serve_engine(cfg: EngineProcessConfig, context: Any, input_addr: str, output
             max_token_chars=getattr(engine, "max_token_chars", None),
             generation_defaults=dict(getattr(engine, "generation_defaults", {}) or {}),
             summary=dict(getattr(engine, "summary", {}) or {}))))
+        heartbeat = StatsHeartbeat(engine, context, output_addr)
+        heartbeat.start()
         try:
             EngineCoreLoop(engine, in_socket, out_socket, cfg.limits, parent_pid).run()
         finally:
+            heartbeat.stop()
             close = getattr(engine, "close", None)
             if callable(close):
                 close()  # flush trace files
     finally:
         in_socket.close()
         out_socket.close()
+
+
+class StatsHeartbeat:
+    """A daemon thread that pushes the scheduler's stats every `interval_s` on its own socket.
+
+    The loop thread sends batches only between steps; during a long prefill step the gauges
+    (running, waiting, KV usage) would freeze. Reading stats from here is safe: they are a few
+    len() and counter reads, and the scheduler does not change while the executor computes
+    (the compute releases the GIL, so this thread gets to run)."""
+
+    def __init__(self, engine: EngineCore, context: Any, output_addr: str,
+                 interval_s: float = STATS_INTERVAL_S) -> None:
+        import threading
+
+        self._engine = engine
+        self._context = context
+        self._addr = output_addr
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cadence-stats", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2 * self._interval_s + 1)
+
+    def _run(self) -> None:
+        import zmq
+
+        sock = self._context.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 4)  # nobody reading: drop heartbeats, never pile them up
+        sock.connect(self._addr)
+        try:
+            while not self._stop.wait(self._interval_s):
+                try:
+                    stats = self._engine.stats()
+                except Exception:  # a torn read mid-update: skip this beat
+                    continue
+                try:
+                    sock.send(encode_message(EngineHeartbeat(stats)), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+        finally:
+            sock.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,6 +93,13 @@ class LLM:
         """The model's tokenizer (encode, decode, apply_chat_template), as vLLM's."""
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config defaults (vLLM's method)."""
+        from cadence.engine.model_overrides import generation_defaults
+
+        cfg = self.engine.config
+        return SamplingParams(**(generation_defaults(cfg) if cfg is not None else {}))
+
     def close(self) -> None:
         """Flush telemetry listeners (the --trace file)."""
         self.engine.close()

@@ -222,6 +222,9 @@ class LLMEngine:
             )
         if self.tokenizer is not None and not params.eos_token_ids:
             params = dataclasses.replace(params, eos_token_ids=tuple(self.tokenizer.stop_token_ids))
+        if params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not supported: cadence computes logits only "
+                             "at the positions it samples")
         check = getattr(self.executor, "check_request", None)
         if check is not None:
             check(params)

@@ -4,6 +4,7 @@ Both sides of the ZeroMQ PUSH/PULL pairs speak it (the front end binds, the engi
 
     front end -> engine   add | abort | stats | tokenize | shutdown
     engine -> front end   ready (once, after loading) | batch (once per loop turn) | fatal
+                          | heartbeat (stats every 0.5 s, from a side thread, even mid-step)
 
 Every message is a dataclass below plus a "type" tag. Engine outputs travel as plain dicts
 (`output_to_wire`) and come back as the engine's own RequestOutput (`output_from_wire`), whose
@@ -134,6 +135,14 @@ class EngineBatch:
 
 
 @dataclass(frozen=True)
+class EngineHeartbeat:
+    """Scheduler stats sent every STATS_INTERVAL_S from a side thread of the engine process,
+    so gauges stay fresh while one long step runs (batches only go out between steps)."""
+
+    stats: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class EngineFatal:
     message: str
 
@@ -146,6 +155,7 @@ _MESSAGE_TYPES: Mapping[str, type] = MappingProxyType({
     "shutdown": Shutdown,
     "ready": EngineReady,
     "batch": EngineBatch,
+    "heartbeat": EngineHeartbeat,
     "fatal": EngineFatal,
 })
 _TYPE_NAMES: Mapping[type, str] = MappingProxyType({v: k for k, v in _MESSAGE_TYPES.items()})

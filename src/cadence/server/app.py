@@ -87,8 +87,9 @@ async def list_models(request: Request) -> JSONResponse:
 async def metrics(request: Request) -> Response:
     server: ServerState = request.app.state.server
     if server.client is not None and server.client.is_healthy:
-        # A fresh snapshot, so gauges (KV blocks) reflect aborts that just happened.
-        await server.client.stats(timeout_s=2.0)
+        # A fresh snapshot, so gauges (KV blocks) reflect aborts that just happened; inside a
+        # long step the engine answers only after it, and the heartbeat (0.5 s) keeps them fresh.
+        await server.client.stats(timeout_s=0.5)
     return Response(server.metrics.render(), media_type=CONTENT_TYPE)
 
 

@@ -59,10 +59,16 @@ _FLAGS: tuple[tuple[str, type, str, Any], ...] = (
     ("--max-num-partial-prefills", SchedulerConfig, "max_num_partial_prefills", int),
     ("--max-long-partial-prefills", SchedulerConfig, "max_long_partial_prefills", int),
     ("--block-size", CacheConfig, "block_size", int),
-    ("--num-kv-blocks", CacheConfig, "num_blocks", int),
-    ("--kv-cache-memory", CacheConfig, "kv_cache_memory_bytes", parse_size),
+    ("--num-gpu-blocks-override", CacheConfig, "num_blocks", int),
+    ("--kv-cache-memory-bytes", CacheConfig, "kv_cache_memory_bytes", parse_size),
     ("--enable-prefix-caching", CacheConfig, "enable_prefix_caching", bool),
     ("--num-swap-blocks", CacheConfig, "num_swap_blocks", int),
+    ("--tokenizer", EngineConfig, "tokenizer", str),
+    ("--chat-template", EngineConfig, "chat_template", str),
+    ("--generation-config", EngineConfig, "generation_config", str),
+    ("--quantization", EngineConfig, "quantization", str),
+    ("--kv-cache-dtype", EngineConfig, "kv_cache_dtype", str),
+    ("--enable-log-requests", ServerConfig, "enable_log_requests", bool),
     ("--host", ServerConfig, "host", str),
     ("--port", ServerConfig, "port", int),
     ("--served-model-name", ServerConfig, "served_model_name", str),
@@ -75,6 +81,11 @@ _FLAGS: tuple[tuple[str, type, str, Any], ...] = (
     ("--in-process-engine", ServerConfig, "in_process_engine", bool),
     ("--engine-threads", ServerConfig, "engine_threads", int),
 )
+
+
+# Earlier cadence spellings, still accepted so existing scripts keep working.
+_OLD_SPELLINGS = {"--num-gpu-blocks-override": ("--num-kv-blocks",),
+                  "--kv-cache-memory-bytes": ("--kv-cache-memory",)}
 
 
 def _dest(cls: type, name: str) -> str:
@@ -107,12 +118,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                 kwargs["choices"] = meta["choices"]
             else:
                 kwargs["metavar"] = flag.lstrip("-").upper().replace("-", "_")
-        groups[cls].add_argument(flag, **kwargs)
+        groups[cls].add_argument(flag, *_OLD_SPELLINGS.get(flag, ()), **kwargs)
+    # vLLM's positional form: `cadence serve MODEL` (the same as --model MODEL).
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="GGUF file or Hugging Face folder (same as --model).")
+    groups[SchedulerConfig].add_argument(
+        "--enable-chunked-prefill", dest="enable_chunked_prefill",
+        action=argparse.BooleanOptionalAction, default=None,
+        help="vLLM's switch, mapped onto the policies: on = --policy chunked, off = --policy "
+        "eager.")
     # Tests swap in a fake engine ("module:function"); not part of the user-facing CLI.
     parser.add_argument("--engine-factory", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--engine-config-json", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--log-level", default="info",
-                        choices=("critical", "error", "warning", "info", "debug"),
+    parser.add_argument("--uvicorn-log-level", "--log-level", dest="log_level", default="info",
+                        choices=("critical", "error", "warning", "info", "debug", "trace"),
                         help="uvicorn log level (default: info).")
     from cadence.disagg.cli import add_disagg_serve_arguments
 
@@ -125,10 +144,31 @@ def _values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
             if k.startswith(prefix) and v is not None}
 
 
+def resolve_model_and_policy(args: argparse.Namespace) -> None:
+    """Fold the positional MODEL and --enable-chunked-prefill into --model and --policy;
+    ValueError when they contradict an explicit flag."""
+    model_key, policy_key = _dest(EngineConfig, "model"), _dest(SchedulerConfig, "policy")
+    tag = getattr(args, "model_tag", None)
+    if tag is not None:
+        given = getattr(args, model_key, None)
+        if given is not None and given != tag:
+            raise ValueError(f"the positional model {tag!r} and --model {given!r} disagree")
+        setattr(args, model_key, tag)
+    chunked = getattr(args, "enable_chunked_prefill", None)
+    if chunked is not None:
+        wanted = "chunked" if chunked else "eager"
+        given = getattr(args, policy_key, None)
+        if given is not None and given != wanted:
+            flag = "--enable-chunked-prefill" if chunked else "--no-enable-chunked-prefill"
+            raise ValueError(f"{flag} means --policy {wanted}, but --policy {given} was given")
+        setattr(args, policy_key, wanted)
+
+
 def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineProcessConfig]:
     """Raises ValueError (a config's own check) with a message naming the bad value."""
     import json
 
+    resolve_model_and_policy(args)
     scheduler = SchedulerConfig(**_values(args, SchedulerConfig))
     cache = CacheConfig(**_values(args, CacheConfig))
     engine = EngineConfig(scheduler=scheduler, cache=cache, **_values(args, EngineConfig))

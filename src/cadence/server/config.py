@@ -49,6 +49,11 @@ class ServerConfig:
                           "restart the whole server (default: respawn the engine, answering "
                           "503 with Retry-After until it is back)."},
     )
+    enable_log_requests: bool = field(
+        default=False,
+        metadata={"help": "Log every request: an access line per HTTP request (method, path, "
+                          "status, duration) and what each generation asked for."},
+    )
     engine_threads: int | None = field(
         default=None,
         metadata={"help": "torch threads of the engine (default: all cores)."},

@@ -51,9 +51,11 @@ def run_server(config: ServerConfig, engine_config: EngineProcessConfig,
     died with --exit-on-engine-death)."""
     # The front end is asyncio + JSON: one thread; the cores belong to the engine process.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    _configure_logging(log_level)
     app = create_app(config, engine_config)
+    # uvicorn's access log ("127.0.0.1 - POST /v1/completions 200") with --enable-log-requests.
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                               access_log=False, lifespan="on")
+                               access_log=config.enable_log_requests, lifespan="on")
     state: ServerState = app.state.server
     server = GracefulServer(uv_config, state, config.shutdown_grace_s)
     exit_code = 0
@@ -64,7 +66,24 @@ def run_server(config: ServerConfig, engine_config: EngineProcessConfig,
         server.should_exit = True
 
     state.request_exit = request_exit
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        # uvicorn re-raises the SIGINT it captured once its graceful shutdown is done (and a
+        # second Ctrl-C lands here too): the shutdown already happened, so no traceback.
+        pass
     if exit_code == 0 and not server.started:
         exit_code = 1  # startup failed (the engine did not come up)
     return exit_code
+
+
+def _configure_logging(log_level: str) -> None:
+    """cadence's own log lines (startup summary, request log) next to uvicorn's."""
+    root = logging.getLogger("cadence")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     [%(name)s] %(message)s"))
+        root.addHandler(handler)
+    level = "DEBUG" if log_level == "trace" else log_level.upper()
+    root.setLevel(level)
+    root.propagate = False

@@ -60,7 +60,7 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
                        "supported"),
     "suffix": ((None, ""), "suffix (fill-in-the-middle) is not supported"),
     "tools": ((None, []), "tool calling is not supported"),
-    "tool_choice": ((None, "none"), "tool calling is not supported"),
+    "tool_choice": ((None, "none", "auto"), "tool calling is not supported"),
     "functions": ((None, []), "function calling is not supported"),
     "function_call": ((None, "none"), "function calling is not supported"),
     "audio": ((None,), "audio output is not supported"),
@@ -68,6 +68,7 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "prediction": ((None,), "predicted outputs are not supported"),
     "web_search_options": ((None,), "web search is not supported"),
     "reasoning_effort": ((None,), "reasoning_effort is not supported (no reasoning models)"),
+    "verbosity": ((None,), "verbosity is not supported"),
     "prompt_embeds": ((None,), "prompt_embeds are not supported"),
     "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
     "documents": ((None, []), "documents (RAG chat templates) are not supported"),
@@ -77,8 +78,8 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "allowed_token_ids": ((None,), "allowed_token_ids is not supported (use logit_bias)"),
     "bad_words": ((None, []), "bad_words is not supported (use logit_bias)"),
     "truncate_prompt_tokens": ((None,), "truncate_prompt_tokens is not supported"),
-    "prompt_logprobs": ((None,), "prompt_logprobs is not supported by the server (the "
-                        "offline LLM has no prompt logprobs either)"),
+    "prompt_logprobs": ((None,), "prompt_logprobs is not supported (logits are computed "
+                        "only where a token is sampled)"),
     "vllm_xargs": ((None, {}), "vllm_xargs is not supported"),
     "return_tokens_as_token_ids": ((None, False), "return_tokens_as_token_ids is not supported"),
     "return_token_ids": ((None, False), "return_token_ids is not supported"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ from cadence.server.request_mapping import (
 from cadence.server.sse import DONE_EVENT, SSE_HEADERS, SSE_MEDIA_TYPE, sse_event
 
 Body = TypeVar("Body", bound=SamplingRequestFields)
+
+logger = logging.getLogger("cadence.server")
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,10 @@ async def serve_generation(
                                server.generation_defaults)
     structured = body.structured_outputs_spec()
     req_id = new_request_id(id_prefix)
+    if server.config.enable_log_requests:
+        logger.info("request %s: %d prompt(s), n=%d, stream=%s, max_tokens=%s, sampling=%s",
+                    req_id, len(prompts), body.n, body.stream, max_tokens,
+                    {k: v for k, v in sampling.items() if v not in (None, (), [], False)})
     submit_kwargs = dict(submit_kwargs or {})
     if body.kv_transfer_params is not None:
         if body.n != 1 or len(prompts) != 1:

@@ -54,19 +54,27 @@ _REQUEST_HISTOGRAMS = (
 class _EngineStatsCollector(Collector):
     """Gauges and cumulative counters read from the latest scheduler stats snapshot."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str) -> None:
         self.stats: dict[str, Any] = {}
         self.engine_up = 1
         self.engine_restarts = 0
+        self.model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats
+        # Every series carries model_name, as vLLM's do, so vLLM dashboards' queries match.
+        labels = ["model_name"]
+        values = [self.model_name]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            return GaugeMetricFamily(PREFIX + name, doc, value=value)
+            family = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
 
         def counter(name: str, doc: str, key: str) -> CounterMetricFamily:
-            return CounterMetricFamily(PREFIX + name, doc, value=float(s.get(key, 0)))
+            family = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+            family.add_metric(values, float(s.get(key, 0)))
+            return family
 
         total = s.get("num_blocks_total", 0)
         used = s.get("num_blocks_used", 0)
@@ -93,9 +101,11 @@ class _EngineStatsCollector(Collector):
                         reachable if reachable is not None else s["itl_target_s"])
         yield gauge("engine_up", "1 while an engine process serves, 0 while it is restarting.",
                     self.engine_up)
-        yield CounterMetricFamily(PREFIX + "engine_restarts",
-                                  "Engine processes respawned after one died.",
-                                  value=float(self.engine_restarts))
+        restarts = CounterMetricFamily(PREFIX + "engine_restarts",
+                                       "Engine processes respawned after one died.",
+                                       labels=labels)
+        restarts.add_metric(values, float(self.engine_restarts))
+        yield restarts
         yield counter("num_preemptions", "Preemptions since start.", "num_preemptions_total")
         yield counter("num_swap_preemptions", "Preemptions that swapped the request's KV to the "
                       "host tier instead of recomputing it.", "num_swap_preemptions_total")
@@ -167,7 +177,7 @@ class PrometheusMetrics:
         self._decode_tokens = Counter(PREFIX + "iteration_decode_tokens",
                                       "Decode tokens computed by engine steps.", labels,
                                       registry=self.registry).labels(model_name)
-        self._engine_stats = _EngineStatsCollector()
+        self._engine_stats = _EngineStatsCollector(model_name)
         self.registry.register(self._engine_stats)
 
     # ---- inputs (EngineMetricsSink)
