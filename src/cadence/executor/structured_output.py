@@ -30,6 +30,11 @@ class StructuredOutputError(ValueError):
     code = "invalid_structured_output"
 
 
+# JSON is written compactly with OpenAI's separators: a model cannot pad it with whitespace
+# until max_tokens cuts it (a schema's own "x-guidance" options still win).
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 def grammar_for(spec: StructuredOutputsParams) -> str:
     """The llguidance grammar text of a structured-output spec."""
     import llguidance
@@ -37,9 +42,9 @@ def grammar_for(spec: StructuredOutputsParams) -> str:
     build = llguidance.LLMatcher
     kind = spec.kind
     if kind == "json":
-        return build.grammar_from_json_schema(spec.json)
+        return build.grammar_from_json_schema(spec.json, defaults=JSON_OPTIONS)
     if kind == "json_object":
-        return build.grammar_from_json_schema({"type": "object"})
+        return build.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
     if kind == "regex":
         return build.grammar_from_regex(spec.regex)
     if kind == "choice":
