@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from cadence.core.plan import ScheduledChunk
@@ -69,7 +70,6 @@ class StructuredOutputs:
         self._matchers: dict[str, _Matcher] = {}
         # Each grammar's text, by the spec's JSON (requests often repeat one schema).
         self._grammars: dict[str, str] = {}
-        self._shifts = torch.arange(32, dtype=torch.int32)
 
     def _tokenizer_for_llg(self):
         if self._ll_tokenizer is None:
@@ -112,14 +112,18 @@ class StructuredOutputs:
         for j, i in enumerate(rows):
             state = self._sync(chunks[i])
             fill_next_token_bitmask(state.matcher, bitmask, j)
-        # bits -> bool: [R, W, 32] -> [R, W * 32] -> the first V columns
-        allowed = ((bitmask.unsqueeze(-1) >> self._shifts) & 1).bool()
-        allowed = allowed.view(len(rows), -1)[:, : self.vocab_size]
-        eos = torch.tensor(self._tokenizer_for_llg().eos_tokens, dtype=torch.int64)
+        # bits -> bool [R, V]: bit b of int32 word w is token 32 w + b (little-endian bytes).
+        # numpy's unpackbits: ~0.2 ms for 4 rows of 49k tokens, where a broadcast shift in
+        # torch took 1-70 ms (threaded elementwise ops on busy cores).
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+        bits = bits[:, : self.vocab_size]
+        allowed = torch.from_numpy(bits.view(np.bool_))
+        any_allowed = bits.any(axis=1).tolist()  # numpy: torch reductions stall on busy cores
+        eos = self._tokenizer_for_llg().eos_tokens
         out = {}
         for j, i in enumerate(rows):
             row = allowed[j]
-            if not bool(row.any()):
+            if not any_allowed[j]:
                 # A matcher in error (should not happen: sampled tokens come from its own
                 # mask): end the request rather than sample garbage.
                 row = torch.zeros_like(row)

@@ -1,0 +1,89 @@
+"""Cost of structured-output grammar masks per engine step (llguidance, the default model's
+49k-token vocabulary), for batches of constrained requests.
+
+Each step computes the allowed-token bitmask of every constrained row (executor/
+structured_output.py, the same code the executor runs), turns it into a bool mask and applies it
+to random logits the way the sampler does, then each row takes its best allowed token, which the
+next step feeds to its matcher. Prints ms per step by batch size; compare with a decode step of
+the same batch (benchmarks/model_bench.py).
+
+    .venv/bin/python benchmarks/structured_output_bench.py [--steps 40] [--batches 1,8,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from cadence.core.plan import ScheduledChunk
+from cadence.core.sampling_params import SamplingParams, StructuredOutputsParams
+from cadence.executor.logits_processors import apply_logits_processors
+from cadence.executor.structured_output import StructuredOutputs
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 4},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "age", "tags", "ok"],
+    "additionalProperties": False,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batches", default="1,8,32")
+    args = parser.parse_args()
+
+    import gguf
+
+    from cadence.model.gguf_tokenizer import tokenizer_from_gguf
+    from cadence.model.loader import default_model_path
+
+    torch.set_num_threads(2)
+    tokenizer = tokenizer_from_gguf(gguf.GGUFReader(default_model_path()))
+    vocab = tokenizer.vocab_size
+    t0 = time.perf_counter()
+    grammars = StructuredOutputs(tokenizer, vocab)
+    grammars.check(StructuredOutputsParams(json=SCHEMA))
+    print(f"tokenizer + grammar compile: {time.perf_counter() - t0:.2f} s (once per process / "
+          f"schema), vocab {vocab}")
+    params = SamplingParams(temperature=0, max_tokens=512,
+                            structured_outputs=StructuredOutputsParams(json=SCHEMA))
+    gen = torch.Generator().manual_seed(0)
+    for batch in (int(b) for b in args.batches.split(",")):
+        histories = [[1, 2, 3] for _ in range(batch)]  # a 3-token "prompt" each
+        mask_ms, apply_ms = [], []
+        for step in range(args.steps):
+            chunks = [ScheduledChunk(f"r{batch}-{i}", (h[-1],), len(h) - 1, (0,), True, params,
+                                     len(h) - 3, is_prefill=False, history=h,
+                                     num_prompt_tokens=3)
+                      for i, h in enumerate(histories)]
+            logits = torch.randn(batch, vocab, generator=gen)
+            t0 = time.perf_counter()
+            masks = grammars.masks(chunks)
+            t1 = time.perf_counter()
+            processed, _ = apply_logits_processors(logits, chunks, masks)
+            best = processed.argmax(dim=-1).tolist()
+            t2 = time.perf_counter()
+            mask_ms.append((t1 - t0) * 1e3)
+            apply_ms.append((t2 - t1) * 1e3)
+            for h, tok in zip(histories, best):
+                h.append(tok)
+        for i in range(batch):
+            grammars.release(f"r{batch}-{i}")
+        print(f"batch {batch:3d}: mask {statistics.median(mask_ms):6.2f} ms/step "
+              f"(p90 {sorted(mask_ms)[int(0.9 * len(mask_ms))]:.2f}), apply + argmax "
+              f"{statistics.median(apply_ms):6.2f} ms/step, "
+              f"{statistics.median(mask_ms) / batch * 1e3:.0f} us per constrained row")
+
+
+if __name__ == "__main__":
+    main()
