@@ -238,7 +238,7 @@ def _panel_series(dashboard: dict) -> set[str]:
     for panel in dashboard["panels"]:
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
-            found = re.findall(r"cadence:[a-zA-Z_:]+", target["expr"])
+            found = re.findall(r"cadence:[a-zA-Z0-9_:]+", target["expr"])
             assert found, (panel["title"], target["expr"])
             assert '{model_name="$model_name"}' in target["expr"], target["expr"]
             names.update(found)
