@@ -173,6 +173,19 @@ class StatsHeartbeat:
             sock.close()
 
 
+def _configure_logging() -> None:
+    """The engine's progress lines (model load, kernel build) on stderr, next to the server's."""
+    import logging
+
+    root = logging.getLogger("cadence")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     [cadence.engine] %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        root.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m cadence.engine.engine_process INPUT_ADDR OUTPUT_ADDR` with the config on stdin."""
     import signal
@@ -188,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     # this process with a Shutdown message (SIGTERM still stops it).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     cfg = EngineProcessConfig.from_json(sys.stdin.read())
+    _configure_logging()
     context = zmq.Context()
     try:
         serve_engine(cfg, context, argv[0], argv[1], parent_pid=os.getppid())

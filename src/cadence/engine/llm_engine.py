@@ -82,9 +82,15 @@ class LLMEngine:
             sched_cfg.max_num_batched_tokens, sched_cfg.max_num_seqs)
         if loaded.device.type == "cpu":
             # Build/load the compiled CPU kernels before the first request, not inside it.
+            from cadence.model.kernels import cpu_ops
             from cadence.model.kernels.cpu_ops import load_cpu_kernels
 
+            # The first run compiles them (minutes on 2 cores): say so rather than sit silent.
+            cache = getattr(cpu_ops, "kernel_cache_dir", lambda: "the kernel cache")()
+            logger.info("loading the CPU kernels (compiled on first use, cached in %s)", cache)
+            t0 = time.perf_counter()
             load_cpu_kernels()
+            logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)
         executor = ModelExecutor(loaded, cache_cfg.num_blocks, cache_cfg.block_size, seed=cfg.seed,
                                  num_swap_blocks=cache_cfg.num_swap_blocks)
         scheduler = Scheduler(sched_cfg, cache_cfg)

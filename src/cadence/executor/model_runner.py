@@ -43,11 +43,25 @@ class ModelExecutor:
         self.structured = StructuredOutputs(loaded.tokenizer, loaded.config.vocab_size)
         # Seconds the last step spent computing grammar masks (the structured-output cost).
         self.last_mask_time_s = 0.0
+        self._masks_thread = None  # started on the first constrained request
         self.generator = torch.Generator(device=self.device)
         if seed is not None:
             self.generator.manual_seed(seed)
         else:
             self.generator.seed()
+
+    def _mask_pool(self):
+        if self._masks_thread is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._masks_thread = ThreadPoolExecutor(1, thread_name_prefix="cadence-grammar")
+        return self._masks_thread
+
+    def _timed_masks(self, chunks) -> dict:
+        t0 = time.perf_counter()
+        masks = self.structured.masks(chunks)
+        self.last_mask_time_s = time.perf_counter() - t0
+        return masks
 
     def check_request(self, params) -> None:
         """ValueError when the request's structured-output spec does not compile."""
@@ -126,12 +140,17 @@ class ModelExecutor:
             self.swap_blocks(plan)
             return StepOutput(step_id=plan.step_id)
         start = time.perf_counter()
+        # Grammar masks depend only on tokens already known, so they are computed on a side
+        # thread while the forward runs (llguidance and the forward's kernels release the GIL);
+        # the step waits for them only if they take longer than the forward.
+        pending = None
+        sample_chunks = [c for c in plan.chunks if c.sample]  # the order of inputs.sample_chunks
+        if any(c.sampling.structured_outputs is not None for c in sample_chunks):
+            pending = self._mask_pool().submit(self._timed_masks, sample_chunks)
         logits, argmax, inputs = self._forward(plan)
         sampled = []
         if inputs.sample_chunks:
-            t_mask = time.perf_counter()
-            masks = self.structured.masks(inputs.sample_chunks)
-            self.last_mask_time_s = time.perf_counter() - t_mask
+            masks = pending.result() if pending is not None else None
             sampled = sample(logits, inputs.sample_chunks, self.generator, greedy=argmax,
                              masks=masks)
         elapsed = time.perf_counter() - start  # sample() reads ids back to the host: synced
