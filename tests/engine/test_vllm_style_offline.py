@@ -18,6 +18,7 @@ from cadence.core.sampling_params import StructuredOutputsParams
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir):
     return LLM(model=tiny_llama_dir, dtype="float32", seed=0, max_model_len=256,
+               trust_remote_code=True, tensor_parallel_size=1,
                enable_prefix_caching=True, enable_chunked_prefill=True,
                max_num_batched_tokens=64, max_num_seqs=8)
 

@@ -47,6 +47,16 @@ class _Child:
     final: Any = None
 
 
+# vLLM LLM() options that cadence meets as they are: one device, no CUDA graphs to skip, never
+# any remote model code to trust. Other values are an error, never silently ignored.
+_VLLM_NEUTRAL = {
+    "tensor_parallel_size": (1,),
+    "pipeline_parallel_size": (1,),
+    "trust_remote_code": (True, False),
+    "enforce_eager": (True, False),
+}
+
+
 def engine_config_from_kwargs(model: str | None = None, **kwargs: Any) -> EngineConfig:
     """Route flat keyword arguments (user-facing option names) to EngineConfig /
     SchedulerConfig / CacheConfig fields."""
@@ -56,6 +66,11 @@ def engine_config_from_kwargs(model: str | None = None, **kwargs: Any) -> Engine
         if key == "enable_chunked_prefill":  # vLLM's switch, onto cadence's policies
             if value is not None:
                 groups[SchedulerConfig]["policy"] = "chunked" if value else "eager"
+            continue
+        if key in _VLLM_NEUTRAL:  # vLLM options whose meaning cadence has by construction
+            if value not in _VLLM_NEUTRAL[key]:
+                raise ValueError(f"{key}={value!r} is not supported by cadence "
+                                 f"(accepted: {_VLLM_NEUTRAL[key]})")
             continue
         if key not in options:
             raise TypeError(f"unknown LLM option {key!r}; known options: "
