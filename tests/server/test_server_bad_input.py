@@ -33,17 +33,20 @@ BAD_COMPLETIONS = [
     ({**GOOD, "top_p": 0}, "top_p"),
     ({**GOOD, "logprobs": 50}, "logprobs"),
     ({**GOOD, "stream": "yes"}, "stream"),
-    ({**GOOD, "n": 2}, "n"),
+    ({**GOOD, "n": 0}, "n"),
     ({**GOOD, "prompt": ""}, "prompt"),
     ({**GOOD, "prompt": []}, "prompt"),
-    ({**GOOD, "prompt": ["a", "b"]}, "prompt"),
+    ({**GOOD, "prompt": ["a", ""]}, "prompt"),  # one empty prompt in a batch
     ({**GOOD, "prompt": 5}, None),
     ({**GOOD, "prompt": [1, 10**7]}, "prompt"),
     ({**GOOD, "stop": ""}, "stop"),
     ({**GOOD, "stream_options": {"include_usage": True}}, "stream_options"),
     ({"max_tokens": 4}, "prompt"),
-    ({**GOOD, "presence_penalty": 0.5}, "presence_penalty"),
-    ({**GOOD, "echo": True}, "echo"),
+    ({**GOOD, "presence_penalty": 3.0}, "presence_penalty"),
+    ({**GOOD, "echo": True, "logprobs": 1}, "echo"),
+    ({**GOOD, "use_beam_search": True}, "use_beam_search"),
+    ({**GOOD, "logit_bias": {"x": 1}}, "logit_bias"),
+    ({**GOOD, "guided_regex": "(unclosed"}, "guided_regex"),
 ]
 
 
