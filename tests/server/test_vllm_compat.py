@@ -52,7 +52,9 @@ COMMON_FIELDS = {
     "structured_outputs": ({"choice": ["a", "b"]}, "ok"), "priority": (1, "ok"),
     "request_id": ("r1", "ok"), "logits_processors": (["x"], "400"),
     "return_tokens_as_token_ids": (True, "400"), "return_token_ids": (True, "400"),
-    "cache_salt": ("salt", "400"), "kv_transfer_params": ({"a": 1}, "400"),
+    "cache_salt": ("salt", "400"),
+    # Honoured by disaggregated workers (tests/disagg); this colocated server refuses it.
+    "kv_transfer_params": ({"do_remote_decode": True}, "400"),
     "vllm_xargs": ({"a": 1}, "400"), "bad_words": (["x"], "400"),
     "stream_options": ({"include_usage": True}, "400"),  # only with stream=true
 }

@@ -114,8 +114,13 @@ class EngineCoreLoop:
     def _admit(self, msg: AddRequest, admitted: AdmittedRequest, batch: EngineBatch) -> None:
         ids = admitted.prompt_token_ids
         check_queue_limits(self.limits, *self._queued_counts(), len(ids))
-        # Only disaggregation-aware engines (cadence.disagg) take the extra argument.
+        # Only disaggregation-aware engines (cadence.disagg) take the extra argument; any other
+        # engine refuses it (a 400 naming the field) rather than fail on the call.
         extra = {"kv_transfer_params": msg.kv_transfer_params} if msg.kv_transfer_params else {}
+        if extra and not _accepts(self.engine.add_request, "kv_transfer_params"):
+            raise AdmissionError(400, "kv_transfer_params needs a disaggregated worker "
+                                 "(cadence serve --role prefill|decode, or --disagg)",
+                                 param="kv_transfer_params", code="unsupported_parameter")
         try:
             self.engine.add_request(msg.req_id, ids, admitted.params, msg.priority,
                                     msg.arrival_time, **extra)
@@ -323,3 +328,14 @@ def _drain(socket: Any) -> None:
             socket.recv(zmq.NOBLOCK)
         except zmq.Again:
             return
+
+
+def _accepts(func: Any, name: str) -> bool:
+    """Whether `func` takes keyword argument `name` (or **kwargs)."""
+    import inspect
+
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
