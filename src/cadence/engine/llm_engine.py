@@ -177,7 +177,8 @@ class LLMEngine:
                                f" = {executor.num_blocks * executor.block_size} tokens")
             kv_bytes = kv.storage.numel() * kv.storage.element_size()
             out["kv_cache_mib"] = round(kv_bytes / 2**20, 1)
-            out["kernels"] = _kernel_description(loaded.device)
+            out["kernels"] = (getattr(self, "fast_path", None)
+                              or _kernel_description(loaded.device))
         if cfg is not None:
             s = cfg.scheduler
             out["policy"] = s.policy
