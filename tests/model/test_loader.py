@@ -199,3 +199,11 @@ def test_mis_shaped_gguf_tensor(tiny_llama_dir, tmp_path):
     path = write_tiny_gguf(tiny_llama_dir, str(tmp_path / "bad.gguf"), tensor_overrides=bad)
     with pytest.raises(ModelLoadError, match="gate_proj.weight.*expected \\(128, 64\\)"):
         load_model(path)
+
+
+def test_engine_passes_quantization_to_the_loader(tiny_llama_d64_dir):
+    from cadence.engine.llm import LLM
+
+    llm = LLM(model=tiny_llama_d64_dir, quantization="bf16")
+    model = llm.engine.executor.model
+    assert model.lm_head.weight.dtype == torch.float32 and model.decode_weight_format == "bf16"

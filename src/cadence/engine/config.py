@@ -68,7 +68,10 @@ class EngineConfig:
     )
     quantization: str | None = field(
         default=None,
-        metadata={"help": "Weight quantization method (passed to the model loader)."},
+        metadata={"help": "How the CPU float32 fast path stores weights: int8 (a float32 scale per "
+                          "32 weights), bf16, none (float32), or auto (default: int8 when --dtype "
+                          "auto computes in float32, i.e. on CPUs without native bf16).",
+                  "choices": ("auto", "none", "bf16", "int8")},
     )
     kv_cache_dtype: str = field(
         default="auto",

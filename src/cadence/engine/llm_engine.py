@@ -43,7 +43,8 @@ class LLMEngine:
         from cadence.engine.model_overrides import apply_model_overrides
 
         cfg = cfg or EngineConfig()
-        loaded = load_model(cfg.model, dtype=cfg.model_dtype, device=cfg.device)
+        loaded = load_model(cfg.model, dtype=cfg.model_dtype, device=cfg.device,
+                            quantization=cfg.quantization)
         self._build(apply_model_overrides(loaded, cfg), cfg)
 
     @classmethod
