@@ -4,6 +4,9 @@ engine loop, step cost known, so the cause of every stall is known)."""
 
 from __future__ import annotations
 
+import signal
+import time
+
 import httpx
 import pytest
 
@@ -100,7 +103,13 @@ def _table(reader) -> list[dict]:
 
 
 def test_trace_has_the_same_stalls(eager_server):
-    eager_server.stop()  # flushes the trace
+    # A connected viewer must not hold the server up: its event stream ends on shutdown.
+    reader = EventReader(eager_server.base_url, eager_server.headers())
+    assert reader.wait_for(lambda r: r.messages, 10)
+    t0 = time.monotonic()
+    rc = eager_server.stop()  # SIGTERM; flushes the trace
+    assert rc in (0, -signal.SIGTERM) and time.monotonic() - t0 < 20, rc
+    reader.stop()
     records = list(read_trace(eager_server.trace_path))
     written = [r for r in records if r["type"] == "stall"]
     assert len(written) >= 3 and all(r["cause"] == CAUSE_PREFILL for r in written)

@@ -91,11 +91,13 @@ async def dashboard_events(request: Request) -> StreamingResponse:
         try:
             yield _sse(live.snapshot())
             last_beat = time.monotonic()
-            while not await request.is_disconnected():
+            while not live.closing and not await request.is_disconnected():
                 try:
                     await asyncio.wait_for(viewer.wakeup.wait(), timeout=HEARTBEAT_S)
                 except asyncio.TimeoutError:
                     pass
+                if live.closing:
+                    break  # server shutdown: end the stream so uvicorn can stop
                 events = viewer.drain()
                 if events:
                     yield _sse({"kind": "batch", "now": time.monotonic(), "events": events,

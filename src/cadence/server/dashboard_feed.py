@@ -70,6 +70,9 @@ class LiveTelemetry:
         self.viewers: set[Viewer] = set()
         self.last_stats: dict[str, Any] = {}
         self._last_interference_push = 0.0
+        # Set on server shutdown: the viewers' event streams end (uvicorn waits for every open
+        # response before it stops, and an event stream never ends by itself).
+        self.closing = False
 
     # ---- EngineMetricsSink
 
@@ -136,6 +139,11 @@ class LiveTelemetry:
                 "stats": self.last_stats,
                 "stall_ms_by_cause": {k: round(v * 1000, 1)
                                       for k, v in self.tracker.stall_s_by_cause.items()}}
+
+    def close_viewers(self) -> None:
+        self.closing = True
+        for viewer in self.viewers:
+            viewer.wakeup.set()
 
     def subscribe(self) -> Viewer:
         viewer = Viewer()

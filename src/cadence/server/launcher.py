@@ -38,6 +38,8 @@ class GracefulServer(uvicorn.Server):
             await client.abort_all(reason="shutdown")
 
     async def shutdown(self, sockets: Any = None) -> None:
+        if self._state.telemetry is not None:
+            self._state.telemetry.close_viewers()  # open /dashboard/events streams end now
         aborter = asyncio.create_task(self._abort_after_grace())
         try:
             await super().shutdown(sockets)
