@@ -99,6 +99,11 @@ def main() -> int:
     parser.add_argument("--workloads", default="doc-burst,mix")
     parser.add_argument("--budget", type=int, default=256, help="--max-num-batched-tokens")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--long-tokens", type=int, default=None,
+                        help="document / long prompt length (default 2000, --quick 1000)")
+    parser.add_argument("--stream-output", default="96:128", help="doc-burst streams' tokens")
+    parser.add_argument("--num-requests", type=int, default=None, help="mix: requests")
+    parser.add_argument("--rate", type=float, default=1.0, help="mix: Poisson requests/s")
     args = parser.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="disagg-bench-")
     cores = os.cpu_count() or 2
@@ -110,13 +115,14 @@ def main() -> int:
         "1p1d": common + ["--disagg", "1:1", "--routing-policy", "always"],
         "auto": common + ["--disagg", "1:1", "--routing-policy", "auto"],
     }
-    long_tokens = "1000" if args.quick else "2000"
+    long_tokens = str(args.long_tokens or (1000 if args.quick else 2000))
+    num_requests = str(args.num_requests or (12 if args.quick else 24))
     workloads = {
         "doc-burst": ["--workload", "doc-burst", "--streams", "3", "--docs", "2",
-                      "--long-tokens", long_tokens, "--output-tokens", "96:128",
+                      "--long-tokens", long_tokens, "--output-tokens", args.stream_output,
                       "--doc-output-tokens", "16", "--doc-delay", "3", "--doc-gap", "1.5"],
-        "mix": ["--workload", "mix", "--arrival", "poisson", "--rate", "1.0",
-                "--num-requests", "12" if args.quick else "24", "--short-tokens", "32:160",
+        "mix": ["--workload", "mix", "--arrival", "poisson", "--rate", str(args.rate),
+                "--num-requests", num_requests, "--short-tokens", "32:160",
                 "--long-tokens", long_tokens, "--output-tokens", "24:64"],
     }
     rows = []
