@@ -33,10 +33,10 @@ MAX_TOKENS = 24
 
 
 def _default_config(**overrides) -> EngineConfig:
-    from cadence.model.loader import resolve_dtype
+    from cadence.model.loader import resolve_device, resolve_dtype
 
     cfg = EngineConfig(**overrides)
-    if resolve_dtype(cfg.dtype).itemsize < 4:
+    if resolve_dtype(cfg.dtype, resolve_device(cfg.device)).itemsize < 4:
         # bf16/fp16 by default on this machine: the guarantee is --deterministic's.
         cfg = EngineConfig(deterministic=True, **overrides)
     return cfg
