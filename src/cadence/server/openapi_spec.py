@@ -93,7 +93,9 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             if path not in _PUBLIC_PATHS:
                 statuses.add(401)
             if "requestBody" in op:
-                statuses.update((400, 413))
+                # Any body may be malformed or too large, may name a model not served here
+                # (404), and may need the engine, which can be restarting (503).
+                statuses.update((400, 404, 413, 503))
             for status in sorted(statuses):
                 responses[str(status)] = _error_response(status)
     return spec
