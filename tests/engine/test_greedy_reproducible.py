@@ -53,8 +53,8 @@ def loaded():
 def _run(llm: LLM, prompts: list[str]) -> list[str]:
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     results = llm.generate(prompts, params)
-    assert all(r.error is None for r in results)
-    return [r.text for r in results]
+    assert all(r.outputs[0].error is None for r in results)
+    return [r.outputs[0].text for r in results]
 
 
 @pytest.mark.timeout(900)
