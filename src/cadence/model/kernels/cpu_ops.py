@@ -65,7 +65,10 @@ def build_kernels(tier: Tier) -> ModuleType:
 
     sources = {path.relative_to(KERNEL_DIR).as_posix(): path.read_bytes() for path in kernel_sources()}
     cflags = [*BASE_CFLAGS, *tier.cflags]
-    digest = hashlib.sha256(torch.__version__.encode() + b"\0" + " ".join(cflags).encode())
+    # The torch install's path is in the key too: the build files name its include folders, so
+    # two venvs sharing one folder would rebuild everything each time the other one loaded.
+    digest = hashlib.sha256(torch.__version__.encode() + b"\0" + " ".join(cflags).encode() + b"\0"
+                            + os.path.dirname(torch.__file__).encode())
     for name, text in sources.items():
         digest.update(name.encode() + b"\0" + text)
     key = os.environ.get(ENV_BUILD_KEY) or digest.hexdigest()[:16]
