@@ -100,8 +100,8 @@ def profile_steps(
     repeats: int = 2,
 ) -> list[tuple[StepPlan, float]]:
     """Run each shape `repeats` times (after one untimed warm-up step); returns (plan,
-    seconds) with the fastest of the repeats per shape (the machine's speed, not its worst
-    moment: the online fit adds the noise back as it serves)."""
+    seconds) with the median of the repeats per shape (on a shared host the fastest run is a
+    quiet moment the served steps rarely see; the online fit tracks the rest)."""
     plans = []
     for shape in shapes:
         if max(shape.decode_ctx + 1, shape.chunk_start + shape.chunk) > max_model_len:
@@ -114,12 +114,12 @@ def profile_steps(
     execute(plans[0])  # first-call costs (allocations, lazy packing) are not a step's cost
     samples = []
     for plan in plans:
-        best = float("inf")
+        times = []
         for _ in range(max(1, repeats)):
             t0 = time.perf_counter()
             execute(plan)
-            best = min(best, time.perf_counter() - t0)
-        samples.append((plan, best))
+            times.append(time.perf_counter() - t0)
+        samples.append((plan, sorted(times)[len(times) // 2]))
     return samples
 
 
