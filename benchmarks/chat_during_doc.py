@@ -30,7 +30,7 @@ CHAT = "What is the capital of France? Answer in one word."
 
 def run(loaded, partial: int | None, args, with_doc: bool) -> float:
     """The chat's TTFT (s) on a fresh engine, with or without the document in prefill."""
-    knobs = {"max_model_len": args.doc_tokens + 128}
+    knobs = {"max_model_len": args.doc_tokens + 512}
     if partial is not None:
         knobs["max_num_partial_prefills"] = partial
     engine = LLMEngine.from_loaded(loaded, EngineConfig(
@@ -40,7 +40,7 @@ def run(loaded, partial: int | None, args, with_doc: bool) -> float:
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     for i in range(args.streams):
         engine.add_request(f"s{i}", STREAM_PROMPTS[i % len(STREAM_PROMPTS)],
-                           SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True))
+                           SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True))
     while any(engine.scheduler.get_request(f"s{i}").num_output_tokens == 0
               for i in range(args.streams)):
         engine.step()
