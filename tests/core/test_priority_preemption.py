@@ -78,3 +78,26 @@ def test_preempted_requests_finish_with_the_tokens_of_an_uncontended_run(policy)
                 FakeExecutor(VOCAB), specs)
     assert contended.outputs == roomy.outputs
     assert contended.num_preemptions > 0
+
+
+def test_room_made_for_a_long_urgent_prompt_is_not_taken_by_a_short_one():
+    """Regression (found by the slo property tests): with short-first partial prefills, a
+    short low-priority prompt overtook the long urgent one into the seat that was freed for it;
+    the next step preempted again, forever."""
+    scheduler = make_scheduler("chunked", budget=64, max_seqs=1, threshold=3,
+                               scheduling="priority", partial_prefills=4)
+    executor = FakeExecutor(VOCAB)
+    start(scheduler, executor, [("running", 5)])
+    scheduler.add_request(make_request("short", [9] * 2, max_tokens=2, priority=4,
+                                       arrival_time=10.0))
+    scheduler.add_request(make_request("urgent", [8] * 20, max_tokens=2, priority=0,
+                                       arrival_time=11.0))
+    plan, _ = step(scheduler, executor)
+    assert plan.preempted == ("running",)
+    assert [c.req_id for c in plan.chunks] == ["urgent"]
+    for _ in range(60):
+        if not scheduler.has_unfinished():
+            break
+        step(scheduler, executor)
+    assert not scheduler.has_unfinished()
+    assert scheduler.stats().num_preemptions_total <= 3

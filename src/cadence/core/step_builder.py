@@ -49,6 +49,9 @@ class StepBuilder:
         # Preemptions that made room for a higher-priority waiting request: they do not
         # mean "memory is tight" to admit_waiting (the room is for admitting).
         self._num_preempted_for_room = 0
+        # The waiting request make_room_for_waiting preempted for: no lower-ranked request may
+        # overtake it into that room (or the next step preempts again, and so on forever).
+        self._room_for: Request | None = None
         # Preempted by an earlier build of this same step (the scheduler rebuilds after a
         # request failed): they stay out of this step too.
         self._preempted_before = frozenset(preempted_before)
@@ -106,6 +109,7 @@ class StepBuilder:
                 return
             self._preempt(victim)
             self._num_preempted_for_room += 1
+            self._room_for = head
 
     def schedule_running(self, order: Iterable[Request], rule: ChunkRule) -> None:
         """Give running requests their next tokens in `order`, preempting when blocks run out."""
@@ -133,6 +137,11 @@ class StepBuilder:
                 continue
             if not accept(request):
                 continue
+            room_for = self._room_for
+            if (room_for is not None and room_for is not request
+                    and room_for.status is not RequestStatus.RUNNING
+                    and self._rank(request) > self._rank(room_for)):
+                continue  # the room was made for a higher-ranked request
             if not self._admit(request, rule, reserved=0):
                 return
 
