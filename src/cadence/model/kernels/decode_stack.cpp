@@ -126,16 +126,7 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
   const int64_t* seqp = seq.data_ptr<int64_t>();
   const int64_t* lenp = lens.data_ptr<int64_t>();
   const int32_t* btp = block_tables.data_ptr<int32_t>();
-  // Bounds: a bad slot, table or length must fail here, not read or write arbitrary memory.
-  for (int64_t t = 0; t < T; ++t) {
-    TORCH_CHECK(slp[t] >= 0 && slp[t] < blocks * block_size, "DecodeStack: slot ", slp[t], " outside the cache");
-    TORCH_CHECK(seqp[t] >= 0 && seqp[t] < block_tables.size(0), "DecodeStack: row_seq outside block_tables");
-    TORCH_CHECK(lenp[t] > 0 && lenp[t] <= max_blocks * block_size, "DecodeStack: ctx_len ", lenp[t], " outside the table");
-    for (int64_t b = 0; b < (lenp[t] + block_size - 1) / block_size; ++b) {
-      const int32_t id = btp[seqp[t] * max_blocks + b];
-      TORCH_CHECK(id >= 0 && id < blocks, "DecodeStack: block id ", id, " outside pool of ", blocks);
-    }
-  }
+  check_step_rows("DecodeStack", T, slp, seqp, lenp, btp, block_tables.size(0), max_blocks, blocks, block_size);
   const int64_t layer_stride = 2 * blocks * block_size * Hkv * D;  // bf16 elements per layer
   uint16_t* kvp = reinterpret_cast<uint16_t*>(kv.data_ptr<c10::BFloat16>());
   const float* cp = c.data_ptr<float>();
@@ -148,10 +139,7 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
 
   // Team size: all threads, unless recent steps showed the team waiting on a descheduled
   // partner (a busy neighbour core): then one thread for a while, and a new probe after.
-  const int threads = std::max(1, at::get_num_threads());
-  const int solo_left = solo_steps_left_.load(std::memory_order_relaxed);
-  const int team = solo_left > 0 ? 1 : threads;
-  if (solo_left > 0) solo_steps_left_.store(solo_left - 1, std::memory_order_relaxed);
+  const int team = solo_.team_for_step(std::max(1, at::get_num_threads()));
   std::atomic<bool> lost_core{false};
   // Attention items (row, context span).
   SpanPlan plan(lenp, T, team, Hq, Hkv, D);
@@ -312,19 +300,11 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
       // that core, and the partner waited on this thread at every barrier meanwhile.
       if (team > 1 && clock.descheduled(0.75)) lost_core.store(true, std::memory_order_relaxed);
       if (tid == 0) {
-        std::lock_guard<std::mutex> lock(stats_mutex_);
-        for (int p = 0; p < NUM_PHASES; ++p) last_phase_ns_[p] = phase_ns[p];
-        last_team_ = nth;
+        stats_.record(phase_ns, nth);
       }
     }
   }
-  // Two such steps in a row: one alone may be a passing burst (the host's steal time, an
-  // interrupt storm) that costs less than SOLO_STEPS steps at half speed would.
-  if (team > 1) {
-    const int lost = lost_core.load() ? lost_steps_.load(std::memory_order_relaxed) + 1 : 0;
-    lost_steps_.store(lost >= LOST_STEPS_TO_SOLO ? 0 : lost, std::memory_order_relaxed);
-    if (lost >= LOST_STEPS_TO_SOLO) solo_steps_left_.store(SOLO_STEPS, std::memory_order_relaxed);
-  }
+  solo_.after_step(team, lost_core.load());
   return out;
 #else
   TORCH_CHECK(false, "DecodeStack: built without AVX512-BF16");
@@ -336,16 +316,8 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
 
 namespace cadence_kernels {
 
-std::vector<double> DecodeStack::phase_seconds() const {
-  std::lock_guard<std::mutex> lock(stats_mutex_);
-  std::vector<double> out;
-  for (int p = 0; p < NUM_PHASES; ++p) out.push_back(last_phase_ns_[p] * 1e-9);
-  return out;
-}
+std::vector<double> DecodeStack::phase_seconds() const { return stats_.phase_seconds(); }
 
-int DecodeStack::last_team() const {
-  std::lock_guard<std::mutex> lock(stats_mutex_);
-  return last_team_;
-}
+int DecodeStack::last_team() const { return stats_.last_team(); }
 
 }  // namespace cadence_kernels

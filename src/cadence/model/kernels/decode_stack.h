@@ -21,6 +21,8 @@
 #include <mutex>
 #include <vector>
 
+#include "team.h"
+
 namespace cadence_kernels {
 
 class DecodeStack {
@@ -61,15 +63,9 @@ class DecodeStack {
   at::Tensor final_norm_;
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   double eps_;
-  // Steps left to run on one thread after the team was seen waiting on a descheduled partner.
-  static constexpr int SOLO_STEPS = 64;
-  // Consecutive steps with a thread off its core that switch to solo steps.
-  static constexpr int LOST_STEPS_TO_SOLO = 2;
-  mutable std::atomic<int> solo_steps_left_{0};
-  mutable std::atomic<int> lost_steps_{0};
-  mutable std::mutex stats_mutex_;
-  mutable std::array<int64_t, NUM_PHASES> last_phase_ns_{};
-  mutable int last_team_ = 0;
+  // Solo steps after a busy neighbour (team.h), and the last step's diagnostics.
+  mutable SoloSchedule solo_;
+  mutable StepStats<NUM_PHASES> stats_;
 };
 
 }  // namespace cadence_kernels

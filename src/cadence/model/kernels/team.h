@@ -8,9 +8,14 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include <c10/util/Exception.h>
+
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 namespace cadence_kernels {
 
@@ -90,6 +95,80 @@ inline int64_t take_item(std::atomic<uint64_t>& range, bool front) {
 inline int64_t peek_front(const std::atomic<uint64_t>& range) {
   const uint64_t cur = range.load(std::memory_order_acquire);
   return range_head(cur) < range_tail(cur) ? range_head(cur) : -1;
+}
+
+// How many threads a fused stack's next step runs on: all of them, unless recent steps had a
+// thread pushed off its core (a busy neighbour process): then one for SOLO_STEPS steps, and the
+// team is tried again after. One such step alone may be a passing burst (the host's steal time, an
+// interrupt storm) that costs less than SOLO_STEPS steps at half speed would: it takes
+// LOST_STEPS_TO_SOLO in a row.
+class SoloSchedule {
+ public:
+  static constexpr int SOLO_STEPS = 64;
+  static constexpr int LOST_STEPS_TO_SOLO = 2;
+
+  int team_for_step(int threads) {
+    const int solo_left = solo_steps_left_.load(std::memory_order_relaxed);
+    if (solo_left > 0) {
+      solo_steps_left_.store(solo_left - 1, std::memory_order_relaxed);
+      return 1;
+    }
+    return threads;
+  }
+  // After a step on `team` threads; lost_core: a thread was pushed off its core in it.
+  void after_step(int team, bool lost_core) {
+    if (team <= 1) return;
+    const int lost = lost_core ? lost_steps_.load(std::memory_order_relaxed) + 1 : 0;
+    lost_steps_.store(lost >= LOST_STEPS_TO_SOLO ? 0 : lost, std::memory_order_relaxed);
+    if (lost >= LOST_STEPS_TO_SOLO) solo_steps_left_.store(SOLO_STEPS, std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<int> solo_steps_left_{0};
+  std::atomic<int> lost_steps_{0};
+};
+
+// Diagnostics of a stack's last forward: thread 0's nanoseconds per phase and the team size.
+template <int PHASES>
+class StepStats {
+ public:
+  void record(const std::array<int64_t, PHASES>& phase_ns, int team) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_phase_ns_ = phase_ns;
+    last_team_ = team;
+  }
+  std::vector<double> phase_seconds() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<double> out;
+    for (int p = 0; p < PHASES; ++p) out.push_back(last_phase_ns_[p] * 1e-9);
+    return out;
+  }
+  int last_team() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return last_team_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::array<int64_t, PHASES> last_phase_ns_{};
+  int last_team_ = 0;
+};
+
+// Bounds of a step's rows (slot, block-table row, context length, every block id they reach): a
+// bad slot, table or length must fail here, not read or write arbitrary memory.
+inline void check_step_rows(const char* who, int64_t T, const int64_t* slots, const int64_t* row_seq,
+                            const int64_t* ctx_lens, const int32_t* tables, int64_t num_tables,
+                            int64_t max_blocks, int64_t blocks, int64_t block_size) {
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < blocks * block_size, who, ": slot ", slots[t], " outside the cache");
+    TORCH_CHECK(row_seq[t] >= 0 && row_seq[t] < num_tables, who, ": row_seq outside block_tables");
+    TORCH_CHECK(ctx_lens[t] > 0 && ctx_lens[t] <= max_blocks * block_size, who, ": ctx_len ", ctx_lens[t],
+                " outside the table");
+    for (int64_t b = 0; b < (ctx_lens[t] + block_size - 1) / block_size; ++b) {
+      const int32_t id = tables[row_seq[t] * max_blocks + b];
+      TORCH_CHECK(id >= 0 && id < blocks, who, ": block id ", id, " outside pool of ", blocks);
+    }
+  }
 }
 
 }  // namespace cadence_kernels

@@ -117,17 +117,7 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
   const int64_t* seqp = seq.data_ptr<int64_t>();
   const int64_t* lenp = lens.data_ptr<int64_t>();
   const int32_t* btp = block_tables.data_ptr<int32_t>();
-  // Bounds: a bad slot, table or length must fail here, not read or write arbitrary memory.
-  for (int64_t t = 0; t < T; ++t) {
-    TORCH_CHECK(slp[t] >= 0 && slp[t] < blocks * block_size, "DecodeStackF32: slot ", slp[t], " outside the cache");
-    TORCH_CHECK(seqp[t] >= 0 && seqp[t] < block_tables.size(0), "DecodeStackF32: row_seq outside block_tables");
-    TORCH_CHECK(lenp[t] > 0 && lenp[t] <= max_blocks * block_size, "DecodeStackF32: ctx_len ", lenp[t],
-                " outside the table");
-    for (int64_t b = 0; b < (lenp[t] + block_size - 1) / block_size; ++b) {
-      const int32_t id = btp[seqp[t] * max_blocks + b];
-      TORCH_CHECK(id >= 0 && id < blocks, "DecodeStackF32: block id ", id, " outside pool of ", blocks);
-    }
-  }
+  check_step_rows("DecodeStackF32", T, slp, seqp, lenp, btp, block_tables.size(0), max_blocks, blocks, block_size);
   const int64_t layer_stride = 2 * blocks * block_size * Hkv * D;
   float* kvp = kv.data_ptr<float>();
   const float* cp = c.data_ptr<float>();
@@ -147,10 +137,7 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
       gate_up_buf(T * 2 * I);
   auto out = at::empty({T, H}, x.options());
 
-  const int threads = std::max(1, at::get_num_threads());
-  const int solo_left = solo_steps_left_.load(std::memory_order_relaxed);
-  const int team = solo_left > 0 ? 1 : threads;
-  if (solo_left > 0) solo_steps_left_.store(solo_left - 1, std::memory_order_relaxed);
+  const int team = solo_.team_for_step(std::max(1, at::get_num_threads()));
   std::atomic<bool> lost_core{false};
   std::unique_ptr<std::atomic<int64_t>[]> next_item(new std::atomic<int64_t>[L]);
   for (int64_t l = 0; l < L; ++l) next_item[l].store(0, std::memory_order_relaxed);
@@ -284,18 +271,11 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
       if (tid == 0) std::memcpy(out.data_ptr<float>(), normed.data(), sizeof(float) * T * H);
       if (team > 1 && clock.descheduled(0.75)) lost_core.store(true, std::memory_order_relaxed);
       if (tid == 0) {
-        std::lock_guard<std::mutex> lock(stats_mutex_);
-        for (int p = 0; p < NUM_PHASES; ++p) last_phase_ns_[p] = phase_ns[p];
-        last_team_ = nth;
+        stats_.record(phase_ns, nth);
       }
     }
   }
-  // Two steps in a row with a thread off its core: run solo for a while (see decode_stack.h).
-  if (team > 1) {
-    const int lost = lost_core.load() ? lost_steps_.load(std::memory_order_relaxed) + 1 : 0;
-    lost_steps_.store(lost >= LOST_STEPS_TO_SOLO ? 0 : lost, std::memory_order_relaxed);
-    if (lost >= LOST_STEPS_TO_SOLO) solo_steps_left_.store(SOLO_STEPS, std::memory_order_relaxed);
-  }
+  solo_.after_step(team, lost_core.load());
   return out;
 #else
   TORCH_CHECK(false, "DecodeStackF32: built without AVX2/FMA");
@@ -303,16 +283,8 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
 #endif
 }
 
-std::vector<double> DecodeStackF32::phase_seconds() const {
-  std::lock_guard<std::mutex> lock(stats_mutex_);
-  std::vector<double> out;
-  for (int p = 0; p < NUM_PHASES; ++p) out.push_back(last_phase_ns_[p] * 1e-9);
-  return out;
-}
+std::vector<double> DecodeStackF32::phase_seconds() const { return stats_.phase_seconds(); }
 
-int DecodeStackF32::last_team() const {
-  std::lock_guard<std::mutex> lock(stats_mutex_);
-  return last_team_;
-}
+int DecodeStackF32::last_team() const { return stats_.last_team(); }
 
 }  // namespace cadence_kernels

@@ -16,6 +16,8 @@
 #include <mutex>
 #include <vector>
 
+#include "../team.h"
+
 namespace cadence_kernels {
 
 class DecodeStackF32 {
@@ -57,13 +59,8 @@ class DecodeStackF32 {
   at::Tensor final_norm_;
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_, format_;
   double eps_;
-  static constexpr int SOLO_STEPS = 64;
-  static constexpr int LOST_STEPS_TO_SOLO = 2;
-  mutable std::atomic<int> solo_steps_left_{0};
-  mutable std::atomic<int> lost_steps_{0};
-  mutable std::mutex stats_mutex_;
-  mutable std::array<int64_t, NUM_PHASES> last_phase_ns_{};
-  mutable int last_team_ = 0;
+  mutable SoloSchedule solo_;
+  mutable StepStats<NUM_PHASES> stats_;
 };
 
 }  // namespace cadence_kernels
