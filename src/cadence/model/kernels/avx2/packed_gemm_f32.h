@@ -82,16 +82,21 @@ inline void gemm_tile(const float* x, int64_t ldx, const PackedWeight& w, int64_
     blocks[b] = block_ptr<F>(w, b0 + b);
     scales[b] = block_scales(w, b0 + b);
   }
+  // Local sums (not acc itself): __m256 may alias any float, so sums kept behind the acc pointer
+  // would be stored and reloaded around every load of x (the tile ran at 40% of the FMA rate).
+  __m256 sums[MR][2 * NB];
   for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < 2 * NB; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < 2 * NB; ++c) sums[r][c] = _mm256_setzero_ps();
   for (int64_t k = 0; k < w.K; ++k) {
     __m256 wv[2 * NB];
     for (int b = 0; b < NB; ++b) load_wrow<F>(blocks[b], scales[b], k, wv[2 * b], wv[2 * b + 1]);
     for (int r = 0; r < MR; ++r) {
       const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
-      for (int c = 0; c < 2 * NB; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      for (int c = 0; c < 2 * NB; ++c) sums[r][c] = _mm256_fmadd_ps(xv, wv[c], sums[r][c]);
     }
   }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < 2 * NB; ++c) acc[r][c] = sums[r][c];
 }
 
 // Tile shape for a GEMM with M rows: (rows per tile, blocks per tile).
