@@ -256,9 +256,11 @@ def engine_overhead(loaded: LoadedModel, num_seqs: int, prompt_len: int, steps: 
         for i in range(num_seqs):
             prompt = torch.randint(3, loaded.config.vocab_size, (prompt_len,), generator=gen).tolist()
             engine.add_request(f"r{i}", prompt, params)
-        while engine.scheduler.stats().num_waiting or any(
-                engine.scheduler.get_request(f"r{i}").num_computed_tokens < prompt_len
-                for i in range(num_seqs)):
+        def prefilling(req_id: str) -> bool:
+            req = engine.scheduler.get_request(req_id)  # None once it has left the scheduler
+            return req is not None and req.num_computed_tokens < prompt_len
+
+        while engine.scheduler.stats().num_waiting or any(prefilling(f"r{i}") for i in range(num_seqs)):
             engine.step()
         engine.step()  # the first all-decode step warms up
         step_times, shares = [], []
