@@ -65,6 +65,20 @@ _CONTENT_TYPES = {
 }
 
 
+# A text/event-stream body is documented per event (as OpenAPI 3.2 describes SSE and schema
+# checkers validate it): each event has a `data` string (a JSON chunk, or `[DONE]`).
+_SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+                   "retry": {"type": "integer"}},
+    "required": ["data"],
+}
+
+
+def _content_schema(media_type: str) -> dict[str, Any]:
+    return {"schema": _SSE_EVENT_SCHEMA if media_type == "text/event-stream" else {"type": "string"}}
+
+
 def _error_response(status: int) -> dict[str, Any]:
     response: dict[str, Any] = {
         "description": _DESCRIPTIONS.get(status, "Error."),
@@ -84,10 +98,9 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             responses.pop("422", None)
             ok = responses.setdefault("200", {"description": "OK"})
             if path in _STREAMING_PATHS:
-                ok.setdefault("content", {}).setdefault(
-                    "text/event-stream", {"schema": {"type": "string"}})
+                ok.setdefault("content", {}).setdefault("text/event-stream", _content_schema("text/event-stream"))
             if path in _CONTENT_TYPES:
-                ok["content"] = {_CONTENT_TYPES[path]: {"schema": {"type": "string"}}}
+                ok["content"] = {_CONTENT_TYPES[path]: _content_schema(_CONTENT_TYPES[path])}
             statuses = set(_OPERATION_ERRORS.get((path, method), (400,) if "requestBody" in op
                                                  else ()))
             if path not in _PUBLIC_PATHS:
