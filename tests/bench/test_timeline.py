@@ -37,4 +37,41 @@ def test_request_gets_the_state_last_scraped_before_send_and_first_token():
 
 def test_no_samples_no_join():
     rec = make_record(0, 0.0, [(0.1, 1)])
-    assert join_timeline([rec], [PrefillWindow(0, 0.0, 0.1)], []) == {"windows": [], "requests": []}
+    assert join_timeline([rec], [PrefillWindow(0, 0.0, 0.1)], []) == {
+        "kv_events": [], "windows": [], "requests": []}
+
+
+def test_kv_offload_counters_become_timeline_marks_and_window_counts():
+    samples = [
+        {"t": 0.0, "kv_blocks_swapped_out_total": 0, "kv_blocks_swapped_out_disk_total": 0,
+         "prefix_cache_blocks_reloaded_total": 0},
+        {"t": 1.2, "kv_blocks_swapped_out_total": 6, "kv_blocks_swapped_out_disk_total": 0,
+         "prefix_cache_blocks_reloaded_total": 0},
+        {"t": 1.8, "kv_blocks_swapped_out_total": 6, "kv_blocks_swapped_out_disk_total": 4,
+         "prefix_cache_blocks_reloaded_total": 3},
+        {"t": 3.0, "kv_blocks_swapped_out_total": 6, "kv_blocks_swapped_out_disk_total": 4,
+         "prefix_cache_blocks_reloaded_total": 3},
+    ]
+    doc = make_record(9, 1.0, [(2.0, 1)], prompt_tokens=2000)
+    joined = join_timeline([doc], [PrefillWindow(9, 1.0, 2.0)], samples)
+    assert joined["kv_events"] == [
+        {"t": 1.2, "kind": "swap_out_host", "blocks": 6},
+        {"t": 1.8, "kind": "prefix_reload_disk", "blocks": 3},
+        {"t": 1.8, "kind": "swap_out_disk", "blocks": 4},
+    ]
+    (w,) = joined["windows"]
+    assert (w["swap_out_host"], w["swap_out_disk"], w["prefix_reload_disk"]) == (6, 4, 3)
+
+
+def test_the_scraper_reads_the_kv_offload_counters():
+    from cadence.bench.metrics_scraper import parse_metrics
+    from cadence.telemetry.prometheus import PrometheusMetrics
+
+    metrics = PrometheusMetrics("m")
+    metrics.update_engine_stats({"num_blocks_disk_swapped_out_total": 5,
+                          "num_prefix_blocks_reloaded_total": 2,
+                          "num_blocks_swapped_in_total": 7})
+    found = parse_metrics(metrics.render().decode())
+    assert found["kv_blocks_swapped_out_disk_total"] == 5
+    assert found["prefix_cache_blocks_reloaded_total"] == 2
+    assert found["kv_blocks_swapped_in_total"] == 7

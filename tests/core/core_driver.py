@@ -31,8 +31,10 @@ def make_scheduler(
     partial_prefills: int | None = None,
     long_partial_prefills: int = 1,
     swap_blocks: int = 0,
+    disk_blocks: int = 0,
+    prefix_spill: bool = True,
 ) -> Scheduler:
-    return Scheduler(
+    scheduler = Scheduler(
         SchedulerConfig(
             max_num_partial_prefills=partial_prefills,
             max_long_partial_prefills=long_partial_prefills,
@@ -46,8 +48,15 @@ def make_scheduler(
         CacheConfig(
             block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix_caching,
             num_swap_blocks=swap_blocks,
+            # The scheduler never touches the directory (the executor does): any name works.
+            kv_offload_dir="fake-disk-tier" if disk_blocks else None,
+            kv_offload_disk_blocks=max(1, disk_blocks), kv_offload_prefix_spill=prefix_spill,
         ),
     )
+    # A fast disk (as measured on an SSD with the page cache): the cost choice then picks the
+    # disk tier for any block of a few tokens (recompute is modelled at 1 ms a token).
+    scheduler.disk_block_write_s = scheduler.disk_block_read_s = 1e-4
+    return scheduler
 
 
 def make_request(
@@ -192,6 +201,8 @@ def run(
         for c in plan.chunks:
             tracker.chunk(c.req_id, c.start_pos, c.end_pos)
         out = executor.execute(plan)
+        for req_id in out.skipped_req_ids:  # its KV could not be read: it restarts
+            tracker.preempted(req_id)
         for s in specs:
             if s.abort_step == step and s.abort_mid_step:
                 abort(scheduler, s)

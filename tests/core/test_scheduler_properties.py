@@ -4,6 +4,8 @@ run (huge budget, big pool): scheduling never changes the tokens."""
 
 from __future__ import annotations
 
+import random
+
 from core_driver import EOS, VOCAB, RequestSpec, make_scheduler, reference_outputs, run
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -65,7 +67,10 @@ def scheduler_configs(draw):
     partial = draw(st.sampled_from([1, 3])) if policy == "chunked" else 1
     # Sometimes a host tier for swap preemption (small: it fills up and falls back too).
     swap = draw(st.sampled_from([0, 0, 4, 64]))
-    return dict(policy=policy, partial_prefills=partial, swap_blocks=swap, **draw_limits(draw))
+    # Sometimes a disk tier (swap when the host tier is full or absent, prefix spill).
+    disk = draw(st.sampled_from([0, 0, 3, 64]))
+    return dict(policy=policy, partial_prefills=partial, swap_blocks=swap, disk_blocks=disk,
+                **draw_limits(draw))
 
 
 def draw_num_blocks(data, specs, block_size: int) -> int:
@@ -84,8 +89,14 @@ def test_scheduling_never_changes_tokens(specs, cfg, data):
     specs = [s for s in specs if len(s.prompt) + s.max_tokens <= MAX_MODEL_LEN]
     num_blocks = draw_num_blocks(data, specs, cfg["block_size"])
     scheduler = make_scheduler(num_blocks=num_blocks, max_model_len=MAX_MODEL_LEN, **cfg)
+    if cfg["disk_blocks"] and data.draw(st.booleans(), label="disk faults"):
+        # A disk that fails some writes and reads: those fall back to recompute.
+        rng = random.Random(data.draw(st.integers(0, 2**16), label="fault seed"))
+        executor.disk_fault = lambda op, slot: rng.random() < 0.3
     result = run(scheduler, executor, specs)
     event(f"preempted: {result.num_preemptions > 0}")
+    event(f"disk swap: {result.stats.num_disk_swap_preemptions_total > 0}")
+    event(f"prefix reload: {result.stats.num_prefix_blocks_reloaded_total > 0}")
     event(f"prefix hits: {result.stats.prefix_cache_hits > 0}")
     for reason in sorted(set(result.finish_reasons.values())):
         event(f"some finished with {reason}")

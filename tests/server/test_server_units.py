@@ -102,7 +102,9 @@ def test_cli_flags_come_from_config_metadata():
     assert engine["scheduler"]["scheduling"] == "priority"
     assert engine["cache"] == {"block_size": 16, "num_blocks": 100,
                                "kv_cache_memory_bytes": 2**30, "enable_prefix_caching": False,
-                               "num_swap_blocks": 0}
+                               "num_swap_blocks": 0, "kv_offload_dir": None,
+                               "kv_offload_disk_blocks": 1024,
+                               "kv_offload_prefix_spill": True}
     assert engine["trace_path"] == "/tmp/t.jsonl"
     assert server.api_key == "k" and process.limits.max_num_queued_requests == 5
     # Unset flags keep the dataclass defaults.
@@ -111,7 +113,8 @@ def test_cli_flags_come_from_config_metadata():
     _, args = _parse("--target-itl-ms", "250", "--max-prefill-slowdown", "1.3",
                      "--max-num-partial-prefills", "4", "--max-long-partial-prefills", "1",
                      "--long-prefill-token-threshold", "256", "--no-startup-profile",
-                     "--num-swap-blocks", "512")
+                     "--num-swap-blocks", "512", "--kv-offload-dir", "/tmp/kv",
+                     "--kv-offload-disk-blocks", "64", "--no-kv-offload-prefix-spill")
     _, process = configs_from_args(args)
     sched = process.engine_config["scheduler"]
     assert (sched["policy"], sched["target_itl_ms"], sched["max_prefill_slowdown"]) == (
@@ -120,6 +123,9 @@ def test_cli_flags_come_from_config_metadata():
             sched["long_prefill_token_threshold"]) == (4, 1, 256)
     assert process.engine_config["startup_profile"] is False
     assert process.engine_config["cache"]["num_swap_blocks"] == 512
+    cache = process.engine_config["cache"]
+    assert (cache["kv_offload_dir"], cache["kv_offload_disk_blocks"],
+            cache["kv_offload_prefix_spill"]) == ("/tmp/kv", 64, False)
 
 
 def test_cli_rejects_bad_values():

@@ -21,6 +21,15 @@ TRACKED = {
     "num_requests_running": ("num_requests_running",),
     "num_requests_waiting": ("num_requests_waiting",),
     "num_preemptions_total": ("num_preemptions_total", "num_preemptions"),
+    # KV offload (cadence): swaps to the host and disk tiers, prefix-cache spills and reloads.
+    "num_swap_preemptions_total": ("num_swap_preemptions_total",),
+    "kv_blocks_swapped_out_total": ("kv_blocks_swapped_out_total",),
+    "kv_blocks_swapped_in_total": ("kv_blocks_swapped_in_total",),
+    "kv_blocks_swapped_out_disk_total": ("kv_blocks_swapped_out_disk_total",),
+    "kv_blocks_swapped_in_disk_total": ("kv_blocks_swapped_in_disk_total",),
+    "prefix_cache_blocks_spilled_total": ("prefix_cache_blocks_spilled_total",),
+    "prefix_cache_blocks_reloaded_total": ("prefix_cache_blocks_reloaded_total",),
+    "kv_offload_failures_total": ("kv_offload_failures_total",),
 }
 
 

@@ -130,10 +130,29 @@ def _server_panel(ax, samples: list[dict[str, Any]]) -> None:
     for (_, a), (tb, b) in zip(pre, pre[1:]):
         if b > a:
             ax.axvline(tb, color="black", ls=":", lw=1)
+    # KV offload marks (bench.timeline.kv_events): triangles along the bottom, one color each.
+    from cadence.bench.timeline import kv_events
+
+    for kind, (color, marker) in _KV_MARKS.items():
+        ts = [m["t"] for m in kv_events(samples) if m["kind"] == kind]
+        if ts:
+            handles += ax.plot(ts, [0] * len(ts), marker, color=color, ms=6, ls="none",
+                               clip_on=False, label=kind.replace("_", " "))
     ax.set_ylabel("requests")
     ax.legend(handles=handles, fontsize=7, loc="upper right")
     ax.grid(alpha=0.3)
-    ax.set_xlabel("seconds since start (dotted: preemptions)")
+    ax.set_xlabel("seconds since start (dotted: preemptions; triangles: KV swaps/spills/reloads)")
+
+
+_KV_MARKS = {
+    "swap_out_host": ("tab:green", "v"),
+    "swap_in_host": ("tab:green", "^"),
+    "swap_out_disk": ("tab:brown", "v"),
+    "swap_in_disk": ("tab:brown", "^"),
+    "prefix_spill_disk": ("tab:gray", "v"),
+    "prefix_reload_disk": ("tab:olive", "^"),
+    "offload_failure": ("tab:red", "x"),
+}
 
 
 def plot_run(run: dict[str, Any], out_dir: str, prefix: str) -> list[str]:

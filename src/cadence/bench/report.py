@@ -128,6 +128,13 @@ def run_markdown(run: dict[str, Any]) -> list[str]:
         lines += ["", f"Server /metrics: {len(sm['samples'])} scrapes"
                   + (f", peak KV usage {max(kv):.1%}" if kv else "")
                   + (f", preemptions during run {pre[-1] - pre[0]:.0f}" if pre else "") + "."]
+        marks = run.get("timeline", {}).get("kv_events", [])
+        if marks:
+            moved: dict[str, float] = {}
+            for mark in marks:
+                moved[mark["kind"]] = moved.get(mark["kind"], 0) + mark["blocks"]
+            lines.append("KV offload (blocks): " + ", ".join(
+                f"{kind.replace('_', ' ')} {n:.0f}" for kind, n in moved.items()) + ".")
         for w in run.get("timeline", {}).get("windows", []):
             lines.append(f"- prefill window of #{w['index']} ({w['end'] - w['start']:.2f} s): peak running "
                          f"{w['max_num_requests_running']}, waiting {w['max_num_requests_waiting']}, "

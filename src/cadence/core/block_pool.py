@@ -9,7 +9,7 @@ then evicts cached ones, least recently freed first, so the cache keeps what it 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cadence.core.block_hash import BlockHash
@@ -41,6 +41,9 @@ class BlockPool:
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[BlockHash, int] = {}
         self.num_evictions = 0
+        # Told (block id, hash) when allocation evicts a cached block, before its new owner
+        # overwrites it: the scheduler may spill it to the disk tier (core/disk_tier.py).
+        self.on_evict: Callable[[int, BlockHash], None] | None = None
 
     # -- counts -----------------------------------------------------------------------------
     @property
@@ -69,7 +72,10 @@ class BlockPool:
                 del self._free_plain[block_id]
             else:
                 block_id, _ = self._free_cached.popitem(last=False)
+                block_hash = self.blocks[block_id].block_hash
                 self._evict(block_id)
+                if self.on_evict is not None:
+                    self.on_evict(block_id, block_hash)
             self.blocks[block_id].ref_count = 1
             out.append(block_id)
         return out

@@ -168,6 +168,25 @@ class CacheConfig:
                   "to when copying their KV out and back is cheaper than recomputing it "
                   "(0 = always recompute)."},
     )
+    kv_offload_dir: str | None = field(
+        default=None,
+        metadata={"help": "Directory for the disk tier of the KV cache: preempted requests "
+                  "swap their blocks there when the host tier is full or absent and writing "
+                  "and reading them is predicted cheaper than recomputing, and evicted "
+                  "prefix-cache blocks spill there for later reloads (a fresh subdirectory "
+                  "per engine, removed at shutdown; unset = no disk tier)."},
+    )
+    kv_offload_disk_blocks: int = field(
+        default=1024,
+        metadata={"help": "Disk tier budget in KV blocks (with --kv-offload-dir); swapped "
+                  "requests take precedence over spilled prefix blocks, which are "
+                  "evicted least recently used first."},
+    )
+    kv_offload_prefix_spill: bool = field(
+        default=True,
+        metadata={"help": "Spill evicted prefix-cache blocks to the disk tier and reload them "
+                  "on a later hit (with --kv-offload-dir and prefix caching)."},
+    )
 
     def __post_init__(self) -> None:
         _require_int("block_size", self.block_size, minimum=1)
@@ -176,6 +195,14 @@ class CacheConfig:
         if self.kv_cache_memory_bytes is not None:
             _require_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, minimum=1)
         _require_int("num_swap_blocks", self.num_swap_blocks, minimum=0)
+        _require_int("kv_offload_disk_blocks", self.kv_offload_disk_blocks, minimum=1)
+        if self.kv_offload_dir is not None and (
+                not isinstance(self.kv_offload_dir, str) or not self.kv_offload_dir):
+            raise ValueError(f"kv_offload_dir must be a directory path, got "
+                             f"{self.kv_offload_dir!r}")
+        if not isinstance(self.kv_offload_prefix_spill, bool):
+            raise ValueError(f"kv_offload_prefix_spill must be a bool, got "
+                             f"{self.kv_offload_prefix_spill!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(
                 f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"

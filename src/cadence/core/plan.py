@@ -67,6 +67,13 @@ class StepPlan:
     # pairs to copy back.
     swap_out: tuple[tuple[int, int], ...] = ()
     swap_in: tuple[tuple[int, int], ...] = ()
+    # The disk tier (core/disk_tier.py): (device block, disk slot) pairs written before
+    # anything else (swap-outs and spilled prefix blocks), (disk slot, device block) pairs read
+    # after every write (swap-ins and prefix reloads), and slots whose files are deleted after
+    # the reads.
+    disk_out: tuple[tuple[int, int], ...] = ()
+    disk_in: tuple[tuple[int, int], ...] = ()
+    disk_discard: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -101,3 +108,9 @@ class StepOutput:
     sampled: dict[str, SampledToken] = field(default_factory=dict)
     # Wall time of the forward pass, seconds (telemetry; the fake executor may report 0).
     forward_time_s: float = 0.0
+    # Disk tier I/O that failed (disk full, unreadable file): the slots, and the requests whose
+    # chunks were left out of the forward because their KV could not be read (the scheduler
+    # recomputes them); `io_error` says why, for the log.
+    failed_disk_slots: tuple[int, ...] = ()
+    skipped_req_ids: tuple[str, ...] = ()
+    io_error: str = ""

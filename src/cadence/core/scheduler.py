@@ -14,9 +14,11 @@ requests that finish in a step. Until then `has_unfinished()` stays True, so an 
 
 from __future__ import annotations
 
+import logging
 import operator
 
 from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.disk_tier import DiskTier
 from cadence.core.kv_cache_manager import KVCacheManager
 from cadence.core.plan import StepOutput, StepPlan
 from cadence.core.policies import make_policy
@@ -30,6 +32,8 @@ from cadence.core.swap import SwapSpace
 from cadence.core.stop_checker import check_stop
 
 __all__ = ["KVLoad", "RequestUpdate", "Scheduler", "SchedulerStats"]
+
+logger = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -47,6 +51,18 @@ class Scheduler:
         # Seconds to copy one KV block between tiers, one way (the engine measures it).
         self.swap_block_copy_s = 2e-4
         self.num_swap_preemptions_total = 0
+        # Disk tier (swap when the host tier is full or absent, prefix spill): None without
+        # --kv-offload-dir. Seconds to write / read one block (the engine measures them).
+        self.disk = None
+        if cache.kv_offload_dir is not None:
+            self.disk = DiskTier(cache.kv_offload_disk_blocks, prefix_spill=(
+                cache.kv_offload_prefix_spill and cache.enable_prefix_caching))
+            if self.disk.prefix_spill:
+                self.kv.pool.on_evict = self._spill
+        self.disk_block_write_s = 2e-3
+        self.disk_block_read_s = 2e-3
+        # Evicted prefix blocks spilled while the current step is built: (device, slot).
+        self._spills: list[tuple[int, int]] = []
         # Stages that run before the policy's own, chosen once by the config: with priority
         # scheduling a waiting request may preempt running ones that rank below it.
         self._before_policy = (
@@ -166,6 +182,8 @@ class Scheduler:
         preempted: list[str] = []
         swap_out: list[tuple[int, int]] = []
         swap_in: list[tuple[int, int]] = []
+        disk_out: list[tuple[int, int]] = []
+        disk_in: list[tuple[int, int]] = []
         # Disaggregated decode (a stage before the policy): loaded requests take free seats,
         # queued ones take the blocks their KV will land in.
         self.remote.start_ready(self.running, self.sched.max_num_seqs)
@@ -183,7 +201,8 @@ class Scheduler:
                 fail=self._fail_request,
                 preempted_before=preempted,
                 swap=self.swap,
-                should_swap=self._should_swap,
+                choose_tier=self._choose_tier,
+                disk=self.disk,
             )
             for stage in self._before_policy:
                 stage(step)
@@ -191,18 +210,26 @@ class Scheduler:
             preempted += step.preempted
             swap_out += step.swap_out
             swap_in += step.swap_in
+            disk_out += step.disk_out
+            disk_in += step.disk_in
             # A request that failed (cannot fit the cache) freed its blocks and its seat after
             # the policy had passed others over: build again rather than emit an empty step.
             # Each round fails at least one more request, so this ends.
             if not step.is_empty or len(self._finished_unreported) == num_failed:
                 break
-        plan = step.build_plan(self._next_step_id, preempted, swap_out, swap_in)
+        # Spilled prefix blocks are written first: allocation in this step reuses them.
+        disk_out = self._spills + disk_out
+        self._spills = []
+        discard = self.disk.take_discards() if self.disk is not None else ()
+        plan = step.build_plan(self._next_step_id, preempted, swap_out, swap_in,
+                               disk_out, disk_in, discard)
         if self.swap is not None:
             self.swap.end_step()
+        if self.disk is not None:
+            self.disk.end_step()
         self._next_step_id += 1
         self.num_preemptions_total += len(plan.preempted)
-        self.num_swap_preemptions_total += sum(
-            1 for r in plan.preempted if self.swap is not None and self.swap.holds(r))
+        self.num_swap_preemptions_total += sum(1 for r in plan.preempted if self._swapped(r))
         self._outstanding_step_id = None if plan.is_empty else plan.step_id
         return plan
 
@@ -217,11 +244,14 @@ class Scheduler:
             )
         # Validate everything before changing anything: a bad output leaves the state as it
         # was (the plan stays outstanding and can be retried or dropped).
+        skipped = set(out.skipped_req_ids)
         live = []
         for chunk in plan.chunks:
             req = self._requests.get(chunk.req_id)
             if req is None or req.is_finished:
                 continue  # finished (aborted) after schedule(): reported below
+            if chunk.req_id in skipped:
+                continue  # its KV could not be read back: recomputed (below)
             if chunk.start_pos != req.num_computed_tokens:
                 raise RuntimeError(
                     f"request {req.req_id}: chunk starts at {chunk.start_pos} but "
@@ -231,6 +261,8 @@ class Scheduler:
             live.append((chunk, req, token_id))
         if not plan.is_empty:
             self._outstanding_step_id = None
+        if out.failed_disk_slots or skipped:
+            self._recover_from_disk_errors(out)
         updates: list[RequestUpdate] = []
         for chunk, req, token_id in live:
             req.num_computed_tokens = chunk.end_pos
@@ -275,6 +307,7 @@ class Scheduler:
     # -- introspection ----------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
         pool = self.kv.pool
+        disk = self.disk
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
@@ -292,6 +325,14 @@ class Scheduler:
             num_swap_preemptions_total=self.num_swap_preemptions_total,
             num_blocks_swapped_out_total=self.swap.num_blocks_swapped_out if self.swap else 0,
             num_blocks_swapped_in_total=self.swap.num_blocks_swapped_in if self.swap else 0,
+            num_disk_swap_preemptions_total=disk.num_swap_preemptions if disk else 0,
+            num_blocks_disk_swapped_out_total=disk.num_blocks_swapped_out if disk else 0,
+            num_blocks_disk_swapped_in_total=disk.num_blocks_swapped_in if disk else 0,
+            num_prefix_blocks_spilled_total=disk.num_blocks_spilled if disk else 0,
+            num_prefix_blocks_reloaded_total=disk.num_blocks_reloaded if disk else 0,
+            num_disk_blocks_used=disk.num_used_blocks if disk else 0,
+            num_disk_blocks_total=disk.num_blocks if disk else 0,
+            num_kv_offload_failures_total=disk.num_io_failures if disk else 0,
         )
 
     @property
@@ -309,11 +350,13 @@ class Scheduler:
         for req in self.waiting:
             if req.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
                 raise RuntimeError(f"waiting {req} has status {req.status}")
-            swapped = self.swap is not None and self.swap.holds(req.req_id)
+            swapped = self._swapped(req.req_id)
             if self.kv.holds_blocks(req.req_id) or (req.num_computed_tokens and not swapped):
                 raise RuntimeError(f"waiting {req} holds blocks or computed tokens")
         if self.swap is not None:
             self.swap.check_integrity()
+        if self.disk is not None:
+            self.disk.check_integrity()
         self.remote.check_integrity(self.kv)
         live = {r.req_id for r in self.running} | {r.req_id for r in self.waiting}
         live |= {r.req_id for r in self.remote}
@@ -344,6 +387,8 @@ class Scheduler:
             self.kv.free(req)
         if self.swap is not None:
             self.swap.release(req.req_id, swapped_in=False)
+        if self.disk is not None:
+            self.disk.release(req.req_id, swapped_in=False)
         req.set_finished(status, message)
 
     def _blocks_for_next_decodes(self) -> int:
@@ -351,19 +396,76 @@ class Scheduler:
         that run before the policy, so they do not cause preemptions)."""
         return sum(self.kv.num_free_blocks_needed(r, 1) for r in self.running)
 
-    def _should_swap(self, req: Request) -> bool:
-        """Swap rather than recompute when copying the request's full blocks out and back is
-        predicted cheaper than computing its tokens again (the policy's step-time model when
-        it has one, else 1 ms a token)."""
-        num_blocks = req.num_computed_tokens // self.cache.block_size
-        tokens = num_blocks * self.cache.block_size
+    def _swapped(self, req_id: str) -> bool:
+        return ((self.swap is not None and self.swap.holds(req_id))
+                or (self.disk is not None and self.disk.holds(req_id)))
+
+    def _recompute_s(self, num_tokens: int) -> float:
+        """Predicted seconds to compute `num_tokens` prompt tokens again (the policy's
+        step-time model when it has one, else 1 ms a token)."""
         model = getattr(self.policy, "cost_model", None)
         if model is not None:
-            recompute_s = model.predict(StepFeatures.of_chunk(0, tokens)) - model.predict(
+            return model.predict(StepFeatures.of_chunk(0, num_tokens)) - model.predict(
                 StepFeatures())
-        else:
-            recompute_s = 1e-3 * tokens
-        return 2 * num_blocks * self.swap_block_copy_s < recompute_s
+        return 1e-3 * num_tokens
+
+    def _choose_tier(self, req: Request, num_blocks: int) -> str | None:
+        """Where a preempted request's `num_blocks` full blocks go: the cheapest tier with
+        room whose copy out and back is predicted cheaper than recomputing them ("host" or
+        "disk"), else None (recompute)."""
+        options = []
+        if self.swap is not None and num_blocks <= self.swap.num_free_blocks:
+            options.append((2 * num_blocks * self.swap_block_copy_s, "host"))
+        if self.disk is not None and self.disk.has_room(num_blocks):
+            options.append((num_blocks * (self.disk_block_write_s + self.disk_block_read_s),
+                            "disk"))
+        if not options:
+            return None
+        cost, tier = min(options)
+        return tier if cost < self._recompute_s(num_blocks * self.cache.block_size) else None
+
+    def _spill(self, block_id: int, block_hash: bytes) -> None:
+        """An evicted prefix block: write it to the disk tier when reading it back later is
+        predicted cheaper than computing it again (the write is paid now, in this step)."""
+        io_s = self.disk_block_write_s + self.disk_block_read_s
+        if io_s >= self._recompute_s(self.cache.block_size):
+            return
+        slot = self.disk.spill(block_hash)
+        if slot is not None:
+            self._spills.append((block_id, slot))
+
+    def _recover_from_disk_errors(self, out: StepOutput) -> None:
+        """Disk I/O failed in the executor: a request whose swap-out was not written, or
+        whose blocks could not be read back (its chunk was left out of the forward), is
+        recomputed from its tokens; a spilled prefix block that failed is forgotten."""
+        disk = self.disk
+        if disk is None:
+            raise RuntimeError(f"step {out.step_id}: disk I/O failures without a disk tier")
+        reason = out.io_error or "disk I/O failed"
+        for slot in dict.fromkeys(out.failed_disk_slots):
+            disk.num_io_failures += 1
+            owner = disk.owner_of(slot)
+            if isinstance(owner, str):
+                req = self._requests.get(owner)
+                disk.release(owner, swapped_in=False)
+                if req is not None and not req.is_finished and req not in self.running:
+                    req.num_computed_tokens = 0
+                    logger.warning("request %s: swap-out to disk failed (%s); it will be "
+                                   "recomputed", owner, reason)
+            elif owner is not None:
+                disk.forget_slot(slot)
+                logger.warning("prefix block spilled to disk slot %d dropped: %s", slot, reason)
+        for req_id in out.skipped_req_ids:
+            req = self._requests.get(req_id)
+            if req is None or req.is_finished or req not in self.running:
+                continue
+            logger.warning("request %s: its KV could not be read from disk (%s); it will be "
+                           "recomputed", req_id, reason)
+            self.kv.free(req)
+            self.running.remove(req)
+            req.num_computed_tokens = 0
+            req.status = RequestStatus.PREEMPTED
+            self.waiting.add_front(req)
 
     def _fail_request(self, req: Request, message: str) -> None:
         self._finish(req, RequestStatus.FINISHED_ERROR, message)

@@ -49,6 +49,18 @@ class SchedulerStats:
     num_swap_preemptions_total: int = 0
     num_blocks_swapped_out_total: int = 0
     num_blocks_swapped_in_total: int = 0
+    # The disk tier (core/disk_tier.py): swap preemptions and blocks that went to disk (a
+    # subset of the swap preemptions above; the block counts are disk-only), prefix-cache
+    # blocks spilled and reloaded, slots in use of the budget, and I/O failures that fell back
+    # to recompute.
+    num_disk_swap_preemptions_total: int = 0
+    num_blocks_disk_swapped_out_total: int = 0
+    num_blocks_disk_swapped_in_total: int = 0
+    num_prefix_blocks_spilled_total: int = 0
+    num_prefix_blocks_reloaded_total: int = 0
+    num_disk_blocks_used: int = 0
+    num_disk_blocks_total: int = 0
+    num_kv_offload_failures_total: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from cadence.core.disk_tier import DiskTier
 from cadence.core.kv_cache_manager import KVCacheManager
 from cadence.core.plan import ScheduledChunk, StepPlan
 from cadence.core.request import Request, RequestStatus
@@ -34,7 +35,8 @@ class StepBuilder:
         fail: Callable[[Request, str], None],
         preempted_before: Iterable[str] = (),
         swap: SwapSpace | None = None,
-        should_swap: Callable[[Request], bool] | None = None,
+        choose_tier: Callable[[Request, int], str | None] | None = None,
+        disk: DiskTier | None = None,
     ) -> None:
         self._kv = kv
         self._running = running
@@ -57,11 +59,16 @@ class StepBuilder:
         self._preempted_before = frozenset(preempted_before)
         # The waiting request _admit is sizing a chunk for (peek_waiting returns it).
         self._admitting: Request | None = None
-        # Swap preemption (core/swap.py): the host tier, the cost choice, this step's copies.
+        # Swap preemption (core/swap.py, core/disk_tier.py): the host and disk tiers, the
+        # cost choice ((request, full blocks) -> "host" | "disk" | None = recompute), this
+        # step's copies; the disk tier also serves prefix reloads.
         self._swap = swap
-        self._should_swap = should_swap
+        self._choose_tier = choose_tier
+        self._disk = disk
         self.swap_out: list[tuple[int, int]] = []
         self.swap_in: list[tuple[int, int]] = []
+        self.disk_out: list[tuple[int, int]] = []
+        self.disk_in: list[tuple[int, int]] = []
         self._swapped_in: set[str] = set()
 
     @property
@@ -174,14 +181,18 @@ class StepBuilder:
             self._waiting.remove(request)
             self._fail(request, self._too_big_message(request, request.num_tokens))
             return False
-        swapped = self._swap is not None and self._swap.holds(request.req_id)
+        on_host = self._swap is not None and self._swap.holds(request.req_id)
+        on_disk = self._disk is not None and self._disk.holds(request.req_id)
+        swapped = on_host or on_disk
+        reload_slots: list[int] = []
         if swapped:
-            # Its KV comes back from the host tier: no prefix lookup, it resumes where it was.
+            # Its KV comes back from a tier: no prefix lookup, it resumes where it was.
             computed_blocks: list[int] = []
             num_hit_tokens = request.num_computed_tokens
         else:
             computed_blocks = self._kv.get_computed_blocks(request)
-            num_hit_tokens = len(computed_blocks) * self._kv.block_size
+            reload_hashes = self._disk_prefix_hits(request, len(computed_blocks))
+            num_hit_tokens = (len(computed_blocks) + len(reload_hashes)) * self._kv.block_size
         self._admitting = request
         try:
             num_new = rule(request.num_tokens - num_hit_tokens, self.token_budget, self.is_empty)
@@ -189,21 +200,30 @@ class StepBuilder:
             self._admitting = None
         if num_new <= 0:
             return False
-        need = self._kv.num_free_blocks_needed(request, num_new, computed_blocks)
+        # Prefix blocks reloaded from disk land in new device blocks: allocated like tokens.
+        reload_tokens = 0 if swapped else len(reload_hashes) * self._kv.block_size
+        need = self._kv.num_free_blocks_needed(request, num_new + reload_tokens, computed_blocks)
         if need + reserved > self._kv.pool.num_free_blocks:
             return False
         self._waiting.remove(request)
         if swapped:
             self._kv.allocate(request, num_new)
             device = self._kv.get_block_table(request.req_id)
-            host = self._swap.release(request.req_id, swapped_in=True)
-            self.swap_in.extend(zip(host, device))
+            if on_host:
+                host = self._swap.release(request.req_id, swapped_in=True)
+                self.swap_in.extend(zip(host, device))
+            else:
+                slots = self._disk.release(request.req_id, swapped_in=True)
+                self.disk_in.extend(zip(slots, device))
             self._swapped_in.add(request.req_id)
             request.status = RequestStatus.RUNNING
             self._running.append(request)
             self._add(request, num_new)
             return True
-        self._kv.allocate(request, num_new, computed_blocks)
+        # Pinned before allocating: an eviction that allocation spills must not reuse them.
+        reload_slots = [self._disk.reload(h) for h in reload_hashes]
+        new_blocks = self._kv.allocate(request, num_new + reload_tokens, computed_blocks)
+        self.disk_in.extend(zip(reload_slots, new_blocks))
         self._kv.record_prefix_lookup(request.num_tokens, num_hit_tokens)
         request.num_computed_tokens = num_hit_tokens
         if request.num_cached_tokens < 0:
@@ -220,6 +240,9 @@ class StepBuilder:
         preempted: list[str] | None = None,
         swap_out: list[tuple[int, int]] | None = None,
         swap_in: list[tuple[int, int]] | None = None,
+        disk_out: list[tuple[int, int]] | None = None,
+        disk_in: list[tuple[int, int]] | None = None,
+        disk_discard: tuple[int, ...] = (),
     ) -> StepPlan:
         """Freeze the scheduled work; `preempted` and the swaps default to this builder's
         (the scheduler passes those of every build of the step)."""
@@ -249,6 +272,9 @@ class StepBuilder:
             preempted=tuple(self.preempted if preempted is None else preempted),
             swap_out=tuple(self.swap_out if swap_out is None else swap_out),
             swap_in=tuple(self.swap_in if swap_in is None else swap_in),
+            disk_out=tuple(self.disk_out if disk_out is None else disk_out),
+            disk_in=tuple(self.disk_in if disk_in is None else disk_in),
+            disk_discard=tuple(disk_discard),
         )
 
     # -- helpers ----------------------------------------------------------------------------
@@ -290,16 +316,25 @@ class StepBuilder:
             # recomputed (its device blocks hold nothing yet).
             device_blocks = set(self._kv.get_block_table(request.req_id))
             self.swap_in = [(h, d) for h, d in self.swap_in if d not in device_blocks]
+            self.disk_in = [(s, d) for s, d in self.disk_in if d not in device_blocks]
             self._swapped_in.discard(request.req_id)
             num_full = 0
-        if (num_full and self._swap is not None and self._should_swap is not None
-                and num_full <= self._swap.num_free_blocks and self._should_swap(request)):
-            device = self._kv.get_block_table(request.req_id)[:num_full]
-            host = self._swap.take(request.req_id, num_full)
-            self.swap_out.extend(zip(device, host))
-            kept = num_full * self._kv.block_size
-        else:
-            kept = 0
+        elif self.disk_in and request.num_computed_tokens and request in self._running:
+            # Admitted in this step with prefix blocks reloaded from disk: their reads are
+            # cancelled and it is recomputed (the device blocks hold nothing yet).
+            device_blocks = set(self._kv.get_block_table(request.req_id))
+            if any(d in device_blocks for _, d in self.disk_in):
+                self.disk_in = [(s, d) for s, d in self.disk_in if d not in device_blocks]
+                num_full = 0
+        tier = None
+        if num_full and self._choose_tier is not None:
+            tier = self._choose_tier(request, num_full)
+        device = self._kv.get_block_table(request.req_id)[:num_full]
+        if tier == "host":
+            self.swap_out.extend(zip(device, self._swap.take(request.req_id, num_full)))
+        elif tier == "disk":
+            self.disk_out.extend(zip(device, self._disk.take(request.req_id, num_full)))
+        kept = num_full * self._kv.block_size if tier else 0
         self._kv.free(request)
         self._running.remove(request)
         request.num_computed_tokens = kept
@@ -307,6 +342,20 @@ class StepBuilder:
         request.num_preemptions += 1
         self._waiting.add_front(request)
         self.preempted.append(request.req_id)
+
+    def _disk_prefix_hits(self, request: Request, num_device_hits: int) -> list:
+        """Hashes of the spilled prefix blocks that continue the request's device hits (the
+        same cap as device hits: its last token is always computed)."""
+        if self._disk is None or not self._kv.enable_prefix_caching or (
+                request.num_computed_tokens):
+            return []
+        max_hit_blocks = (request.num_tokens - 1) // self._kv.block_size
+        hashes = []
+        for block_hash in request.block_hashes[num_device_hits:max_hit_blocks]:
+            if self._disk.lookup(block_hash) is None:
+                break
+            hashes.append(block_hash)
+        return hashes
 
     def _too_big_message(self, request: Request, num_tokens: int) -> str:
         needed = self._kv.blocks_for_tokens(num_tokens)

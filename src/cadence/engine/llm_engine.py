@@ -93,10 +93,17 @@ class LLMEngine:
             load_cpu_kernels()
             logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)
         executor = ModelExecutor(loaded, cache_cfg.num_blocks, cache_cfg.block_size, seed=cfg.seed,
-                                 num_swap_blocks=cache_cfg.num_swap_blocks)
+                                 num_swap_blocks=cache_cfg.num_swap_blocks,
+                                 kv_offload_dir=cache_cfg.kv_offload_dir)
         scheduler = Scheduler(sched_cfg, cache_cfg)
         if cache_cfg.num_swap_blocks:
             scheduler.swap_block_copy_s = executor.measure_swap_block_copy_s()
+        if cache_cfg.kv_offload_dir is not None:
+            write_s, read_s = executor.measure_disk_block_io_s()
+            scheduler.disk_block_write_s, scheduler.disk_block_read_s = write_s, read_s
+            logger.info("KV disk tier in %s: %d blocks, %.2f ms to write and %.2f ms to read "
+                        "a block", executor.disk.dir, cache_cfg.kv_offload_disk_blocks,
+                        write_s * 1e3, read_s * 1e3)
         from cadence.model.fast_path_info import describe_fast_path
 
         self.fast_path, slow_warning = describe_fast_path(loaded, cache_cfg.num_blocks * cache_cfg.block_size)
@@ -305,7 +312,11 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         t_start = self._clock()
         plan: StepPlan = self.scheduler.schedule()
-        if plan.is_empty:
+        if plan.is_empty and _moves_blocks(plan):
+            # Nothing to compute, but copies to make (a request preempted itself to a tier)
+            # or files to delete (a swapped request was aborted).
+            out = self.executor.execute(plan)
+        elif plan.is_empty:
             out = StepOutput(step_id=plan.step_id)
         else:
             t_exec = time.perf_counter()
@@ -353,8 +364,11 @@ class LLMEngine:
         return outputs
 
     def close(self) -> None:
-        """Flush telemetry listeners (trace files)."""
+        """Flush telemetry listeners (trace files); remove the disk tier's files."""
         self.telemetry.close()
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
 
     # ---------------------------------------------------------------------------------------
     def _prompt_ids(self, req_id: str, prompt: str | Sequence[int]) -> tuple[int, ...]:
@@ -452,3 +466,8 @@ def _kernel_description(device: Any) -> str:
         return "torch reference (CPU kernels off or unavailable)"
     tier = getattr(module, "TIER", None) or getattr(cpu_ops, "active_tier", lambda: None)()
     return f"cadence CPU kernels{f' ({tier})' if tier else ''}"
+
+
+def _moves_blocks(plan: StepPlan) -> bool:
+    return bool(plan.block_copies or plan.swap_out or plan.swap_in or plan.disk_out
+                or plan.disk_in or plan.disk_discard)

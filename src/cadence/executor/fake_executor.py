@@ -42,29 +42,61 @@ class FakeExecutor:
         self._kv: dict[int, list[int | None]] = {}
         # host block id -> contents (the host tier of swap preemption).
         self._host: dict[int, list[int | None]] = {}
+        # disk slot -> contents (the disk tier); `disk_fault(op, slot)` -> True makes that
+        # write ("write") or read ("read") fail, as a full disk or an unreadable file would.
+        self._disk: dict[int, list[int | None]] = {}
+        self.disk_fault = None
         # Every chunk computed: (req_id, start_pos, end_pos), in execution order.
         self.computed: list[tuple[str, int, int]] = []
         self.num_steps = 0
 
     def execute(self, plan: StepPlan) -> StepOutput:
         sampled: dict[str, SampledToken] = {}
-        # Swap preemption: out to the host tier first, then back in (as the real executor).
+        # Swap preemption: every copy out first (disk, then host), then back in (as the real
+        # executor); failed disk I/O leaves the chunks it would feed out of the step.
+        failed: list[int] = []
+        for dev, slot in plan.disk_out:
+            if self.disk_fault is not None and self.disk_fault("write", slot):
+                self._disk.pop(slot, None)
+                failed.append(slot)
+            else:
+                self._disk[slot] = list(self._kv.get(dev, ()))
         for dev, host in plan.swap_out:
             self._host[host] = list(self._kv.get(dev, ()))
         for host, dev in plan.swap_in:
             if host not in self._host:
                 raise FakeExecutorError(f"swap-in of host block {host} that holds nothing")
             self._kv[dev] = list(self._host[host])
+        unread: set[int] = set()
+        for slot, dev in plan.disk_in:
+            if slot not in self._disk or (self.disk_fault is not None
+                                          and self.disk_fault("read", slot)):
+                failed.append(slot)
+                unread.add(dev)
+            else:
+                self._kv[dev] = list(self._disk[slot])
+        for slot in plan.disk_discard:
+            self._disk.pop(slot, None)
+        skipped = tuple(c.req_id for c in plan.chunks if unread.intersection(c.block_table))
         for chunk in plan.chunks:
+            if chunk.req_id in skipped:
+                continue
             self._write(chunk, plan.block_size)
             self.computed.append((chunk.req_id, chunk.start_pos, chunk.end_pos))
         # Read after all writes, as a real forward writes a layer's KV before attending.
         for chunk in plan.chunks:
-            if chunk.sample:
+            if chunk.sample and chunk.req_id not in skipped:
                 history = self._read(chunk, plan.block_size)
                 sampled[chunk.req_id] = SampledToken(self.next_token(history))
         self.num_steps += 1
-        return StepOutput(step_id=plan.step_id, sampled=sampled)
+        return StepOutput(step_id=plan.step_id, sampled=sampled,
+                          failed_disk_slots=tuple(failed), skipped_req_ids=skipped,
+                          io_error="injected disk fault" if failed else "")
+
+    @property
+    def num_disk_files(self) -> int:
+        """Disk slots holding contents (a real executor's files)."""
+        return len(self._disk)
 
     def next_token(self, history: list[int]) -> int:
         """The fake model: a pure function of the whole token history."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 
 import torch
@@ -13,6 +15,18 @@ from cadence.executor.structured_output import StructuredOutputs
 from cadence.model.kv_cache import KVCache
 from cadence.model.loader import LoadedModel
 
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class DiskIO:
+    """What the disk tier's I/O of one step left undone: failed slots, the device blocks that
+    were not read back (their chunks are left out of the forward), and why."""
+
+    failed_slots: list[int] = dataclasses.field(default_factory=list)
+    unread_blocks: set[int] = dataclasses.field(default_factory=set)
+    error: str = ""
+
 
 class ModelExecutor:
     """StepPlan -> tensors -> forward -> logits of the sampling rows -> sampled tokens.
@@ -23,7 +37,8 @@ class ModelExecutor:
     """
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
-                 seed: int | None = None, num_swap_blocks: int = 0):
+                 seed: int | None = None, num_swap_blocks: int = 0,
+                 kv_offload_dir: str | None = None):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -39,6 +54,14 @@ class ModelExecutor:
             shape[2] = num_swap_blocks
             self.host_kv = torch.zeros(shape, dtype=loaded.dtype, device="cpu",
                                        pin_memory=self.device.type == "cuda")
+        # The disk tier (core/disk_tier.py): block files under a directory of its own.
+        self.disk = None
+        if kv_offload_dir is not None:
+            from cadence.executor.disk_kv import DiskKVStore
+
+            shape = list(self.kv_cache.storage.shape)
+            del shape[2]  # one block: [num_layers, 2, block_size, num_kv_heads, head_dim]
+            self.disk = DiskKVStore(kv_offload_dir, tuple(shape), loaded.dtype)
         self.model.prepare_fast_path()  # pack fast-path weights now, not in the first request
         self.structured = StructuredOutputs(loaded.tokenizer, loaded.config.vocab_size)
         # Seconds the last step spent computing grammar masks (the structured-output cost).
@@ -85,19 +108,64 @@ class ModelExecutor:
 
     @torch.inference_mode()
     def _forward(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor | None, ModelInputs]:
-        """Copy-on-write blocks, run the forward; returns logits [S_sample, V] float32 and, when
-        the LM head computed it, their argmax [S_sample] int64."""
+        """Run the forward; returns logits [S_sample, V] float32 and, when the LM head
+        computed it, their argmax [S_sample] int64."""
         self._check_plan(plan)
         inputs = ModelInputs.from_plan(plan, self.config.vocab_size, self.num_blocks, self.device)
-        self.kv_cache.copy_blocks(plan.block_copies)
-        self.swap_blocks(plan)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache)  # [T, H]
         logits, argmax = self.model.compute_logits_and_argmax(hidden[inputs.sample_rows])  # [S_sample, V]
         return logits, argmax, inputs
 
+    @torch.inference_mode()
+    def move_blocks(self, plan: StepPlan) -> DiskIO:
+        """Everything a plan copies before its forward: copy-on-write blocks, then the tiers'
+        copies, every copy out (disk, then host) before any copy in, so device blocks freed
+        by a swap-out or an eviction may be reused in the same step."""
+        self.kv_cache.copy_blocks(plan.block_copies)
+        io = DiskIO()
+        if plan.disk_out or plan.disk_in or plan.disk_discard:
+            if self.disk is None:
+                raise ValueError("the plan moves KV blocks to disk but the executor has no "
+                                 "disk tier")
+            self._write_disk(plan, io)
+        self.swap_blocks(plan)
+        if plan.disk_in:
+            self._read_disk(plan, io)
+        for slot in plan.disk_discard:
+            self.disk.discard(slot)
+        return io
+
+    def _write_disk(self, plan: StepPlan, io: DiskIO) -> None:
+        if not plan.disk_out:
+            return
+        storage = self.kv_cache.storage  # [layers, 2, num_blocks, block_size, H_kv, D]
+        dev = torch.tensor([d for d, _ in plan.disk_out], device=self.device)
+        blocks = storage[:, :, dev].to("cpu")  # [layers, 2, n, block_size, H_kv, D]
+        for i, (_, slot) in enumerate(plan.disk_out):
+            try:
+                self.disk.write(slot, blocks[:, :, i])
+            except OSError as exc:
+                io.failed_slots.append(slot)
+                io.error = io.error or f"writing KV to {self.disk.dir}: {exc}"
+
+    def _read_disk(self, plan: StepPlan, io: DiskIO) -> None:
+        storage = self.kv_cache.storage
+        devs, blocks = [], []
+        for slot, dev in plan.disk_in:
+            try:
+                blocks.append(self.disk.read(slot))
+                devs.append(dev)
+            except OSError as exc:
+                io.failed_slots.append(slot)
+                io.unread_blocks.add(dev)
+                io.error = io.error or f"reading KV from {self.disk.dir}: {exc}"
+        if devs:
+            index = torch.tensor(devs, device=self.device)
+            storage[:, :, index] = torch.stack(blocks, dim=2).to(self.device)
+
     def swap_blocks(self, plan: StepPlan) -> None:
-        """The plan's swap preemption copies, before its forward: out to the host tier first
-        (the freed device blocks may be reused in this step), then back in."""
+        """The plan's host-tier copies: out first (the freed device blocks may be reused in
+        this step), then back in."""
         if not plan.swap_out and not plan.swap_in:
             return
         if self.host_kv is None:
@@ -127,19 +195,46 @@ class ModelExecutor:
             best = min(best, time.perf_counter() - t0)
         return best / n
 
+    def measure_disk_block_io_s(self) -> tuple[float, float]:
+        """Seconds to write and to read one block of the disk tier (for the cost choice);
+        (0, 0) without a disk tier."""
+        if self.disk is None:
+            return 0.0, 0.0
+        return self.disk.measure(self.kv_cache.storage[:, :, 0].to("cpu"))
+
+    def close(self) -> None:
+        """Remove the disk tier's files."""
+        if self.disk is not None:
+            self.disk.close()
+
     def forward_logits(self, plan: StepPlan) -> torch.Tensor:
         """Logits [S_sample, V] float32 for the plan's sampling chunks (writes the KV cache)."""
         if plan.is_empty:
             return torch.empty(0, self.config.vocab_size)
+        self.move_blocks(plan)
         return self._forward(plan)[0]
 
     def execute(self, plan: StepPlan) -> StepOutput:
         """Run one step; one SampledToken per chunk with sample=True, keyed by req_id."""
         if plan.is_empty:
-            self.kv_cache.copy_blocks(plan.block_copies)
-            self.swap_blocks(plan)
-            return StepOutput(step_id=plan.step_id)
+            io = self.move_blocks(plan)
+            return StepOutput(step_id=plan.step_id, failed_disk_slots=tuple(io.failed_slots),
+                              io_error=io.error)
         start = time.perf_counter()
+        io = self.move_blocks(plan)
+        skipped: tuple[str, ...] = ()
+        if io.unread_blocks:
+            # Chunks whose KV did not come back are left out; the scheduler recomputes them.
+            skipped = tuple(c.req_id for c in plan.chunks
+                            if io.unread_blocks.intersection(c.block_table))
+            plan = dataclasses.replace(
+                plan, chunks=tuple(c for c in plan.chunks if c.req_id not in skipped))
+        if io.failed_slots:
+            logger.warning("step %d: disk tier I/O failed for %d blocks (%s)", plan.step_id,
+                           len(io.failed_slots), io.error)
+        if plan.is_empty:
+            return StepOutput(step_id=plan.step_id, failed_disk_slots=tuple(io.failed_slots),
+                              skipped_req_ids=skipped, io_error=io.error)
         # Grammar masks depend only on tokens already known, so they are computed on a side
         # thread while the forward runs (llguidance and the forward's kernels release the GIL);
         # the step waits for them only if they take longer than the forward.
@@ -158,4 +253,7 @@ class ModelExecutor:
             step_id=plan.step_id,
             sampled={c.req_id: tok for c, tok in zip(inputs.sample_chunks, sampled)},
             forward_time_s=elapsed,
+            failed_disk_slots=tuple(io.failed_slots),
+            skipped_req_ids=skipped,
+            io_error=io.error,
         )

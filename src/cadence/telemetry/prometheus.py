@@ -14,7 +14,10 @@ records from the telemetry recorder, step token counts, scheduler stats):
 - gauges: num_requests_running, num_requests_waiting, kv_cache_usage_perc (0..1, as vLLM),
   kv_cache_blocks_used / _free / _total / _cached; with the slo policy itl_target_seconds and
   itl_target_reachable_seconds; num_swap_preemptions_total, kv_blocks_swapped_out_total,
-  kv_blocks_swapped_in_total (swap preemption).
+  kv_blocks_swapped_in_total (swap preemption); num_disk_swap_preemptions_total,
+  kv_blocks_swapped_out_disk_total, kv_blocks_swapped_in_disk_total,
+  prefix_cache_blocks_spilled_total, prefix_cache_blocks_reloaded_total,
+  kv_offload_failures_total, kv_offload_disk_blocks_used / _total (the disk tier).
 """
 
 from __future__ import annotations
@@ -113,6 +116,25 @@ class _EngineStatsCollector(Collector):
                       "num_blocks_swapped_out_total")
         yield counter("kv_blocks_swapped_in", "KV blocks copied back from the host tier.",
                       "num_blocks_swapped_in_total")
+        # The disk tier (--kv-offload-dir): swap preemptions to disk, prefix-cache spills and
+        # reloads, the budget in use, and disk I/O failures that fell back to recompute.
+        yield counter("num_disk_swap_preemptions", "Swap preemptions whose KV went to the "
+                      "disk tier (a subset of num_swap_preemptions).",
+                      "num_disk_swap_preemptions_total")
+        yield counter("kv_blocks_swapped_out_disk", "KV blocks written to the disk tier by "
+                      "swap preemption.", "num_blocks_disk_swapped_out_total")
+        yield counter("kv_blocks_swapped_in_disk", "KV blocks read back from the disk tier by "
+                      "swap preemption.", "num_blocks_disk_swapped_in_total")
+        yield counter("prefix_cache_blocks_spilled", "Evicted prefix-cache blocks written to "
+                      "the disk tier.", "num_prefix_blocks_spilled_total")
+        yield counter("prefix_cache_blocks_reloaded", "Prefix-cache blocks reloaded from the "
+                      "disk tier on a hit.", "num_prefix_blocks_reloaded_total")
+        yield counter("kv_offload_failures", "Disk tier writes or reads that failed (the "
+                      "request was recomputed instead).", "num_kv_offload_failures_total")
+        yield gauge("kv_offload_disk_blocks_used", "Disk tier slots holding swapped or spilled "
+                    "blocks.", s.get("num_disk_blocks_used", 0))
+        yield gauge("kv_offload_disk_blocks_total", "Disk tier budget in blocks (0: no disk "
+                    "tier).", s.get("num_disk_blocks_total", 0))
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                       "prefix_cache_queries")
         yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
