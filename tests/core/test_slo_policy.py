@@ -101,9 +101,14 @@ def test_features_of_a_chunk_count_causal_attention_pairs():
     f = StepFeatures.of_chunk(start_pos=10, num_new_tokens=3)
     # Positions 10, 11, 12 attend to 11, 12 and 13 keys.
     assert (f.prefill_tokens, f.decode_tokens, f.attention_pairs) == (3, 0, 36)
+    # 3 queries x 10 cached positions of those pairs are against context cached earlier.
+    assert f.context_pairs == 30
+    assert StepFeatures.of_chunk(start_pos=0, num_new_tokens=3).context_pairs == 0
     d = StepFeatures.of_chunk(start_pos=99, num_new_tokens=1, is_prefill=False)
     assert (d.prefill_tokens, d.decode_tokens, d.attention_pairs) == (0, 1, 100)
-    assert (f + d).num_tokens == 4
+    # A decode's attention is the paged kernel's, priced by attention_pairs alone.
+    assert d.context_pairs == 0
+    assert (f + d).num_tokens == 4 and (f + d).context_pairs == 30
 
 
 def test_prior_predicts_before_any_data():

@@ -1,11 +1,18 @@
 """An online model of how long a step takes, as a function of its plan (pure Python, no numpy).
 
     t = base + per_prefill_token * prefill_tokens + per_decode_token * decode_tokens
-             + per_attention_pair * attention_pairs
+             + per_attention_pair * attention_pairs + per_context_pair * context_pairs
 
 `attention_pairs` counts (query, key) pairs of causal attention: a chunk of n new tokens starting
 at position s attends n*s + n(n+1)/2 pairs, which is why late chunks of a long prompt cost more
-than early ones. The model is linear in these four features and is fitted online by
+than early ones. `context_pairs` counts again the n*s of those pairs that a *prompt* chunk
+attends against context cached by earlier chunks: the executor serves them on another path
+than a chunk's attention over its own keys (on CPU in float32: the context gathered from the
+paged cache and attended with an explicit mask, several times the cost per pair of the causal
+flash kernel that a chunk from position 0 takes), so one coefficient for both under-predicted
+every continuing chunk of a document by 30-50% on the Zen 3 host. It is the extra cost of such
+a pair (>= 0; 0 where both paths cost the same). The model is linear in these five features
+and is fitted online by
 exponentially weighted ridge regression toward a prior:
 
     A = sum_i w_i x_i x_i^T,  b = sum_i w_i x_i y_i,  w_i = forgetting ** age_i
@@ -16,7 +23,7 @@ a while) falls back to its prior cost instead of drifting (no estimator wind-up,
 recursive least squares with forgetting). Each observation's residual is clipped to a few times
 the running mean relative residual times the prediction (step times span three orders of
 magnitude, so the scale is relative), and one slow step (GC pause, page fault) barely moves it.
-Features are scaled to similar magnitudes before fitting so the 4x4 solve stays well
+Features are scaled to similar magnitudes before fitting so the 5x5 solve stays well
 conditioned.
 """
 
@@ -27,10 +34,10 @@ from dataclasses import dataclass, field
 
 from cadence.core.plan import StepPlan
 
-NUM_FEATURES = 4
+NUM_FEATURES = 5
 # Divides each raw feature so that a typical step has scaled features of order 1; the prior's
 # precision is then "strength observations" per feature.
-_FEATURE_SCALES = (1.0, 100.0, 10.0, 1e6)
+_FEATURE_SCALES = (1.0, 100.0, 10.0, 1e6, 1e6)
 
 
 @dataclass(frozen=True)
@@ -40,12 +47,15 @@ class StepFeatures:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     attention_pairs: int = 0
+    # Of attention_pairs: prompt-chunk queries against context cached by earlier chunks.
+    context_pairs: int = 0
 
     def __add__(self, other: StepFeatures) -> StepFeatures:
         return StepFeatures(
             self.prefill_tokens + other.prefill_tokens,
             self.decode_tokens + other.decode_tokens,
             self.attention_pairs + other.attention_pairs,
+            self.context_pairs + other.context_pairs,
         )
 
     @property
@@ -53,8 +63,10 @@ class StepFeatures:
         return self.prefill_tokens + self.decode_tokens
 
     def vector(self) -> tuple[float, ...]:
-        """Scaled regression inputs [1, prefill, decode, attention] (a step always pays base)."""
-        raw = (1.0, self.prefill_tokens, self.decode_tokens, self.attention_pairs)
+        """Scaled regression inputs [1, prefill, decode, attention, context attention] (a
+        step always pays base)."""
+        raw = (1.0, self.prefill_tokens, self.decode_tokens, self.attention_pairs,
+               self.context_pairs)
         return tuple(v / s for v, s in zip(raw, _FEATURE_SCALES))
 
     @staticmethod
@@ -63,7 +75,8 @@ class StepFeatures:
         n = num_new_tokens
         pairs = n * start_pos + n * (n + 1) // 2
         if is_prefill:
-            return StepFeatures(prefill_tokens=n, attention_pairs=pairs)
+            return StepFeatures(prefill_tokens=n, attention_pairs=pairs,
+                                context_pairs=n * start_pos)
         return StepFeatures(decode_tokens=n, attention_pairs=pairs)
 
     @staticmethod
@@ -79,12 +92,14 @@ class StepCostCoefficients:
     """Seconds per unit of each feature. The defaults are a roofline of SmolLM2-135M in bf16 on
     two CPU cores (44 GB/s, 380 GFLOP/s): base = 270 MB of weights / bandwidth plus framework
     overhead; a token = 2 * 106 M layer parameters of GEMM work; a decode token also pays the
-    49152 x 576 LM head and sampling; an attention pair = 4 * 9 heads * 64 dims * 30 layers."""
+    49152 x 576 LM head and sampling; an attention pair = 4 * 9 heads * 64 dims * 30 layers.
+    A pair against cached context costs no extra by default (the calibration learns it)."""
 
     base_s: float = 0.008
     per_prefill_token_s: float = 0.00056
     per_decode_token_s: float = 0.0008
     per_attention_pair_s: float = 1.8e-7
+    per_context_pair_s: float = 0.0
 
     def as_tuple(self) -> tuple[float, ...]:
         return (
@@ -92,6 +107,7 @@ class StepCostCoefficients:
             self.per_prefill_token_s,
             self.per_decode_token_s,
             self.per_attention_pair_s,
+            self.per_context_pair_s,
         )
 
     def __post_init__(self) -> None:
@@ -105,6 +121,7 @@ _COEFFICIENT_NAMES = (
     "per_prefill_token_s",
     "per_decode_token_s",
     "per_attention_pair_s",
+    "per_context_pair_s",
 )
 
 

@@ -47,8 +47,9 @@ class ProfileShape:
         return " + ".join(parts) or "empty"
 
 
-# Enough variety to pin down the four coefficients (fixed cost, per prompt token, per decode
-# token, per attention pair) without taking more than a few seconds on a slow CPU.
+# Enough variety to pin down the five coefficients (fixed cost, per prompt token, per decode
+# token, per attention pair, per pair against cached context: continuing chunks at three
+# positions and two sizes) without taking more than a few seconds on a slow CPU.
 DEFAULT_SHAPES: tuple[ProfileShape, ...] = (
     ProfileShape(decodes=1),
     ProfileShape(decodes=4),
@@ -59,6 +60,7 @@ DEFAULT_SHAPES: tuple[ProfileShape, ...] = (
     ProfileShape(decodes=4, chunk=128),
     ProfileShape(decodes=4, chunk=64, chunk_start=512),
     ProfileShape(chunk=128, chunk_start=768),
+    ProfileShape(decodes=4, chunk=96, chunk_start=1408),
 )
 
 

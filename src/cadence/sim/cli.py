@@ -142,7 +142,7 @@ def run_validation(args: argparse.Namespace) -> int:
         f"calibrated ({loaded.name}, {loaded.dtype}): base {c.base_s * 1e3:.1f} ms, "
         f"prefill {c.per_prefill_token_s * 1e3:.3f} ms/token, decode "
         f"{c.per_decode_token_s * 1e3:.3f} ms/token, attention {c.per_attention_pair_s * 1e9:.2f}"
-        " ns/pair"
+        f" ns/pair (+{c.per_context_pair_s * 1e9:.2f} against cached context)"
     )
     table = Table(title="simulator vs real engine (error = (sim - real) / real)")
     for col in ("workload", "metric", "real (ms)", "sim (ms)", "error"):

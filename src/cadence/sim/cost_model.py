@@ -60,7 +60,8 @@ class RooflineCostModel:
 
 
 class LinearCostModel:
-    """t = base + per-prefill-token + per-decode-token + per-attention-pair terms."""
+    """t = base + per-prefill-token + per-decode-token + per-attention-pair + per-context-pair
+    terms (core/step_cost.py)."""
 
     def __init__(self, coefficients: StepCostCoefficients, name: str = "linear") -> None:
         self.coefficients = coefficients
@@ -76,4 +77,5 @@ class LinearCostModel:
             + c.per_prefill_token_s * f.prefill_tokens
             + c.per_decode_token_s * f.decode_tokens
             + c.per_attention_pair_s * f.attention_pairs
+            + c.per_context_pair_s * f.context_pairs
         )

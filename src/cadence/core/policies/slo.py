@@ -24,7 +24,7 @@ floor sized) when it exceeds the configured target.
 
 The prediction is inflated by the model's running relative error (capped at 50%) before it is
 compared with the target: on a noisy machine a chunk sized to the mean would overshoot in
-about half the steps.
+about half the steps. The floor uses the mean prediction (its bound is on a sum of chunks).
 
 With no decode in the step there is no stream to protect, and prompts get the whole token
 budget (as `chunked`). The token budget, sequence cap and `long_prefill_token_threshold` bound
@@ -98,9 +98,11 @@ class SLOPolicy(Policy):
             StepFeatures.of_plan(so_far),
             min_chunk=so_far.block_size,
             threshold=self.config.long_prefill_token_threshold,
-            # The floor errs toward larger chunks by the same recent error: a prefill's
-            # slowdown bound should hold on a noisy machine too.
-            slowdown=1.0 + (self.config.max_prefill_slowdown - 1.0) / margin,
+            # The floor uses the mean prediction, no margin: the slowdown bound is on the sum
+            # over a prompt's chunks, where the steps' noise averages out, while a margin
+            # toward larger chunks (as this had) makes every step, and so every stream's
+            # gap, longer by the same factor (1.3-1.5x under load).
+            slowdown=self.config.max_prefill_slowdown,
         )
 
     def schedule_prompts(self, step: StepBuilder, prefills: list, sizer: ChunkSizer) -> None:
