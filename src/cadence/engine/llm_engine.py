@@ -94,7 +94,8 @@ class LLMEngine:
             logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)
         executor = ModelExecutor(loaded, cache_cfg.num_blocks, cache_cfg.block_size, seed=cfg.seed,
                                  num_swap_blocks=cache_cfg.num_swap_blocks,
-                                 kv_offload_dir=cache_cfg.kv_offload_dir)
+                                 kv_offload_dir=cache_cfg.kv_offload_dir,
+                                 kv_offload_disk_blocks=cache_cfg.kv_offload_disk_blocks)
         scheduler = Scheduler(sched_cfg, cache_cfg)
         if cache_cfg.num_swap_blocks:
             scheduler.swap_block_copy_s = executor.measure_swap_block_copy_s()

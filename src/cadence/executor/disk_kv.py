@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 import weakref
 
 import torch
@@ -108,26 +107,6 @@ class DiskKVStore:
             os.unlink(self.path(slot))
         except OSError:
             pass
-
-    def measure(self, block: torch.Tensor, num_blocks: int = 4) -> tuple[float, float]:
-        """Seconds to write and to read one block (best of 3 rounds of `num_blocks`), with
-        probe files that are removed afterwards."""
-        probes = [-(i + 1) for i in range(num_blocks)]
-        best_w = best_r = float("inf")
-        try:
-            for _ in range(3):
-                t0 = time.perf_counter()
-                for slot in probes:
-                    self.write(slot, block)
-                t1 = time.perf_counter()
-                for slot in probes:
-                    self.read(slot)
-                t2 = time.perf_counter()
-                best_w, best_r = min(best_w, t1 - t0), min(best_r, t2 - t1)
-        finally:
-            for slot in probes:
-                self.discard(slot)
-        return best_w / num_blocks, best_r / num_blocks
 
     def close(self) -> None:
         """Delete every block file and the directory."""

@@ -38,7 +38,7 @@ class ModelExecutor:
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
                  seed: int | None = None, num_swap_blocks: int = 0,
-                 kv_offload_dir: str | None = None):
+                 kv_offload_dir: str | None = None, kv_offload_disk_blocks: int = 8):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -62,6 +62,7 @@ class ModelExecutor:
             shape = list(self.kv_cache.storage.shape)
             del shape[2]  # one block: [num_layers, 2, block_size, num_kv_heads, head_dim]
             self.disk = DiskKVStore(kv_offload_dir, tuple(shape), loaded.dtype)
+        self.disk_slots_for_probe = kv_offload_disk_blocks
         self.model.prepare_fast_path()  # pack fast-path weights now, not in the first request
         self.structured = StructuredOutputs(loaded.tokenizer, loaded.config.vocab_size)
         # Seconds the last step spent computing grammar masks (the structured-output cost).
@@ -195,12 +196,30 @@ class ModelExecutor:
             best = min(best, time.perf_counter() - t0)
         return best / n
 
-    def measure_disk_block_io_s(self) -> tuple[float, float]:
-        """Seconds to write and to read one block of the disk tier (for the cost choice);
-        (0, 0) without a disk tier."""
+    def measure_disk_block_io_s(self, num_blocks: int = 8) -> tuple[float, float]:
+        """Seconds to write and to read back one block of the disk tier, through the same
+        path a swap takes (gather from the cache, files, scatter back; best of 3 rounds, after
+        one warm-up), for the cost choice; (0, 0) without a disk tier. Run at start, before
+        any request: it writes device blocks 0..n-1 back with their own contents."""
         if self.disk is None:
             return 0.0, 0.0
-        return self.disk.measure(self.kv_cache.storage[:, :, 0].to("cpu"))
+        n = min(num_blocks, self.num_blocks, self.disk_slots_for_probe)
+        pairs = tuple((i, i) for i in range(n))
+        out = StepPlan(step_id=-1, chunks=(), block_size=self.block_size, disk_out=pairs)
+        back = StepPlan(step_id=-1, chunks=(), block_size=self.block_size, disk_in=pairs,
+                        disk_discard=tuple(range(n)))
+        best_w = best_r = float("inf")
+        for i in range(4):
+            t0 = time.perf_counter()
+            io = self.move_blocks(out)
+            t1 = time.perf_counter()
+            io_back = self.move_blocks(back)
+            t2 = time.perf_counter()
+            if io.failed_slots or io_back.failed_slots:
+                raise OSError(f"the KV disk tier does not work: {io.error or io_back.error}")
+            if i:
+                best_w, best_r = min(best_w, t1 - t0), min(best_r, t2 - t1)
+        return best_w / n, best_r / n
 
     def close(self) -> None:
         """Remove the disk tier's files."""
