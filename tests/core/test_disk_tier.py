@@ -164,6 +164,40 @@ def test_aborted_swapped_requests_leave_no_files():
     assert executor.num_disk_files == 0
 
 
+@pytest.mark.parametrize("disk,swap", [(64, 0), (0, 64)])
+def test_a_failed_step_voids_its_swap_outs(disk, swap):
+    """The executor raised on a step that swapped requests out (its copies may not have been
+    made): those requests are recomputed, the others' tokens are unchanged."""
+    executor = FakeExecutor(VOCAB)
+    scheduler = tight(disk=disk, swap=swap)
+    for s in SPECS:
+        scheduler.add_request(s.build())
+    outputs = {s.req_id: [] for s in SPECS}
+    failed = 0
+    for _ in range(2000):
+        if not scheduler.has_unfinished():
+            break
+        plan = scheduler.schedule()
+        if (plan.swap_out or plan.disk_out) and plan.preempted and not failed:
+            failed += 1
+            victims = [r for r in plan.preempted if r not in {c.req_id for c in plan.chunks}]
+            scheduler.discard_plan_copies(plan)  # as LLMEngine._fail_plan: chunks' requests fail
+            for c in plan.chunks:
+                scheduler.abort_request(c.req_id, reason="error")
+            plan = scheduler.schedule()
+        out = executor.execute(plan)
+        for u in scheduler.update(plan, out):
+            outputs[u.req_id].extend(u.new_token_ids)
+        scheduler.check_integrity()
+    assert failed == 1 and not scheduler.has_unfinished()
+    want = roomy_outputs(SPECS)
+    assert victims
+    for r in victims:  # recomputed instead of swapped back in: same tokens
+        assert outputs[r] == want[r]
+    for r, got in outputs.items():
+        assert got == want[r][: len(got)]
+
+
 @st.composite
 def disk_workloads(draw):
     """Shared prefixes (spill and reload), tight pools (swap to disk), sometimes faults."""

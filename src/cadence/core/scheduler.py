@@ -284,6 +284,24 @@ class Scheduler:
                 self._forget(u.req_id)
         return updates
 
+    def discard_plan_copies(self, plan: StepPlan) -> None:
+        """The executor failed on `plan` (it is never updated): its copies out to the host or
+        disk tier may not have happened, so the requests it swapped out are recomputed instead
+        and the prefix blocks it spilled are forgotten (never read back as KV)."""
+        for req_id in plan.preempted:
+            req = self._requests.get(req_id)
+            if req is None or req.is_finished or req in self.running or not self._swapped(req_id):
+                continue
+            if self.swap is not None:
+                self.swap.release(req_id, swapped_in=False)
+            if self.disk is not None:
+                self.disk.release(req_id, swapped_in=False)
+            req.num_computed_tokens = 0
+        if self.disk is not None:
+            for _, slot in plan.disk_out:
+                if isinstance(self.disk.owner_of(slot), bytes):
+                    self.disk.forget_slot(slot)
+
     def observe_step(self, plan: StepPlan, duration_s: float) -> None:
         """Report how long the executor took on `plan` (seconds). Policies that model step
         time (slo) learn from it; the others ignore it. Empty plans are not observed."""

@@ -426,6 +426,10 @@ class LLMEngine:
 
     def _fail_plan(self, plan: StepPlan, exc: Exception) -> list[RequestOutput]:
         message = f"executor failed: {type(exc).__name__}: {exc}"
+        # Requests it swapped out are recomputed: their copies may not have been made.
+        discard = getattr(self.scheduler, "discard_plan_copies", None)
+        if discard is not None:
+            discard(plan)
         return [
             self._fail_request(c.req_id, message) for c in plan.chunks if c.req_id in self._texts
         ]
