@@ -24,9 +24,16 @@ Samples = list[tuple[StepPlan, float]]
 
 
 def cost_model_from_samples(samples: Samples, name: str = "calibrated") -> LinearCostModel:
-    """A LinearCostModel fitted to (plan, seconds) samples. ValueError without samples."""
-    fitted = fit_coefficients([(StepFeatures.of_plan(p), s) for p, s in samples])
-    return LinearCostModel(fitted, name=name)
+    """A LinearCostModel fitted to (plan, seconds) samples: steps with a prompt chunk and
+    decode-only steps fitted apart when the profile has both (they take different executor
+    paths; LinearCostModel.decode_only). ValueError without samples."""
+    features = [(StepFeatures.of_plan(p), s) for p, s in samples]
+    with_prompt = [(f, s) for f, s in features if f.prefill_tokens > 0]
+    decode_only = [(f, s) for f, s in features if f.prefill_tokens == 0]
+    if len(with_prompt) >= 3 and len(decode_only) >= 2:
+        return LinearCostModel(fit_coefficients(with_prompt), name=name,
+                               decode_only=fit_coefficients(decode_only))
+    return LinearCostModel(fit_coefficients(features), name=name)
 
 
 def save_profile(path: str | Path, samples: Samples, machine: str = "") -> None:

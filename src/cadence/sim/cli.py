@@ -145,6 +145,10 @@ def run_validation(args: argparse.Namespace) -> int:
         f"{c.per_decode_token_s * 1e3:.3f} ms/token, attention {c.per_attention_pair_s * 1e9:.2f}"
         f" ns/pair (+{c.per_context_pair_s * 1e9:.2f} against cached context)"
     )
+    if cost_model.decode_only is not None:
+        d = cost_model.decode_only
+        console.print(f"decode-only steps: base {d.base_s * 1e3:.1f} ms, decode "
+                      f"{d.per_decode_token_s * 1e3:.3f} ms/token")
     table = Table(title="simulator vs real engine (error = (sim - real) / real)")
     for col in ("workload", "metric", "real (ms)", "sim (ms)", "error"):
         table.add_column(col, justify="right" if col != "workload" else "left")
