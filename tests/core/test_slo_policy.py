@@ -37,13 +37,16 @@ from cadence.core.step_cost import (
 )
 from cadence.executor.fake_executor import FakeExecutor
 
-# A made-up machine for the tests: 5 ms a step, 1 ms a prompt token, 2 ms a decode, and
-# attention that matters at a few thousand tokens of context.
-TRUE_COST = StepCostCoefficients(0.005, 0.001, 0.002, 2e-7)
+# A made-up machine for the tests: 5 ms a step, 1 ms a prompt token, 2 ms a decode,
+# attention that matters at a few thousand tokens of context, and 20 ms more for a step that
+# carries a prompt chunk (another executor path). No extra cost per pair against cached
+# context: the prefill floor assumes a long eager chunk pays its pairs alike (slo.py).
+TRUE_COST = StepCostCoefficients(0.005, 0.001, 0.002, 2e-7, 0.0, 0.02)
 
 
 def true_seconds(features: StepFeatures, coeffs: StepCostCoefficients = TRUE_COST) -> float:
-    raw = (1, features.prefill_tokens, features.decode_tokens, features.attention_pairs)
+    raw = (1, features.prefill_tokens, features.decode_tokens, features.attention_pairs,
+           features.context_pairs, features.prompt_step)
     return sum(c * x for c, x in zip(coeffs.as_tuple(), raw))
 
 

@@ -2,6 +2,7 @@
 
     t = base + per_prefill_token * prefill_tokens + per_decode_token * decode_tokens
              + per_attention_pair * attention_pairs + per_context_pair * context_pairs
+             + prompt_step * [the step carries a prompt chunk]
 
 `attention_pairs` counts (query, key) pairs of causal attention: a chunk of n new tokens starting
 at position s attends n*s + n(n+1)/2 pairs, which is why late chunks of a long prompt cost more
@@ -11,7 +12,11 @@ than a chunk's attention over its own keys (on CPU in float32: the context gathe
 paged cache and attended with an explicit mask, several times the cost per pair of the causal
 flash kernel that a chunk from position 0 takes), so one coefficient for both under-predicted
 every continuing chunk of a document by 30-50% on the Zen 3 host. It is the extra cost of such
-a pair (>= 0; 0 where both paths cost the same). The model is linear in these five features
+a pair (>= 0; 0 where both paths cost the same). `prompt_step` is the fixed cost a step pays
+for carrying any prompt chunk: on CPU a decode-only batch runs through the fused C++ decode
+stack (a few ms) while a step with a prompt chunk takes the per-op path (tens of ms, more
+under load); with one `base` for both, the fit charged decode steps the per-op cost and
+under-counted what each extra prompt chunk costs. The model is linear in these six features
 and is fitted online by
 exponentially weighted ridge regression toward a prior:
 
@@ -23,7 +28,7 @@ a while) falls back to its prior cost instead of drifting (no estimator wind-up,
 recursive least squares with forgetting). Each observation's residual is clipped to a few times
 the running mean relative residual times the prediction (step times span three orders of
 magnitude, so the scale is relative), and one slow step (GC pause, page fault) barely moves it.
-Features are scaled to similar magnitudes before fitting so the 5x5 solve stays well
+Features are scaled to similar magnitudes before fitting so the 6x6 solve stays well
 conditioned.
 """
 
@@ -34,10 +39,10 @@ from dataclasses import dataclass, field
 
 from cadence.core.plan import StepPlan
 
-NUM_FEATURES = 5
+NUM_FEATURES = 6
 # Divides each raw feature so that a typical step has scaled features of order 1; the prior's
 # precision is then "strength observations" per feature.
-_FEATURE_SCALES = (1.0, 100.0, 10.0, 1e6, 1e6)
+_FEATURE_SCALES = (1.0, 100.0, 10.0, 1e6, 1e6, 1.0)
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class StepFeatures:
     attention_pairs: int = 0
     # Of attention_pairs: prompt-chunk queries against context cached by earlier chunks.
     context_pairs: int = 0
+    # 1 when the step carries a prompt chunk (a 0/1 indicator: sums take the max).
+    prompt_step: int = 0
 
     def __add__(self, other: StepFeatures) -> StepFeatures:
         return StepFeatures(
@@ -56,6 +63,7 @@ class StepFeatures:
             self.decode_tokens + other.decode_tokens,
             self.attention_pairs + other.attention_pairs,
             self.context_pairs + other.context_pairs,
+            max(self.prompt_step, other.prompt_step),
         )
 
     @property
@@ -63,10 +71,10 @@ class StepFeatures:
         return self.prefill_tokens + self.decode_tokens
 
     def vector(self) -> tuple[float, ...]:
-        """Scaled regression inputs [1, prefill, decode, attention, context attention] (a
-        step always pays base)."""
+        """Scaled regression inputs [1, prefill, decode, attention, context attention,
+        prompt step] (a step always pays base)."""
         raw = (1.0, self.prefill_tokens, self.decode_tokens, self.attention_pairs,
-               self.context_pairs)
+               self.context_pairs, self.prompt_step)
         return tuple(v / s for v, s in zip(raw, _FEATURE_SCALES))
 
     @staticmethod
@@ -76,7 +84,7 @@ class StepFeatures:
         pairs = n * start_pos + n * (n + 1) // 2
         if is_prefill:
             return StepFeatures(prefill_tokens=n, attention_pairs=pairs,
-                                context_pairs=n * start_pos)
+                                context_pairs=n * start_pos, prompt_step=1 if n else 0)
         return StepFeatures(decode_tokens=n, attention_pairs=pairs)
 
     @staticmethod
@@ -93,13 +101,15 @@ class StepCostCoefficients:
     two CPU cores (44 GB/s, 380 GFLOP/s): base = 270 MB of weights / bandwidth plus framework
     overhead; a token = 2 * 106 M layer parameters of GEMM work; a decode token also pays the
     49152 x 576 LM head and sampling; an attention pair = 4 * 9 heads * 64 dims * 30 layers.
-    A pair against cached context costs no extra by default (the calibration learns it)."""
+    A pair against cached context and a step with a prompt chunk cost no extra by default
+    (the calibration learns them)."""
 
     base_s: float = 0.008
     per_prefill_token_s: float = 0.00056
     per_decode_token_s: float = 0.0008
     per_attention_pair_s: float = 1.8e-7
     per_context_pair_s: float = 0.0
+    prompt_step_s: float = 0.0
 
     def as_tuple(self) -> tuple[float, ...]:
         return (
@@ -108,6 +118,7 @@ class StepCostCoefficients:
             self.per_decode_token_s,
             self.per_attention_pair_s,
             self.per_context_pair_s,
+            self.prompt_step_s,
         )
 
     def __post_init__(self) -> None:
@@ -122,6 +133,7 @@ _COEFFICIENT_NAMES = (
     "per_decode_token_s",
     "per_attention_pair_s",
     "per_context_pair_s",
+    "prompt_step_s",
 )
 
 

@@ -61,7 +61,7 @@ class RooflineCostModel:
 
 class LinearCostModel:
     """t = base + per-prefill-token + per-decode-token + per-attention-pair + per-context-pair
-    terms (core/step_cost.py).
+    + prompt-step terms (core/step_cost.py).
 
     `decode_only`, when given, prices steps without a prompt chunk with their own
     coefficients: on CPU those take the fused decode stack (a few ms of fixed cost) while
@@ -88,4 +88,5 @@ class LinearCostModel:
             + c.per_decode_token_s * f.decode_tokens
             + c.per_attention_pair_s * f.attention_pairs
             + c.per_context_pair_s * f.context_pairs
+            + c.prompt_step_s * f.prompt_step
         )

@@ -10,7 +10,8 @@ the machine and the context length: a late chunk of a long document (more attent
 gets fewer tokens than an early one.
 
 The floor (why the target alone degenerates): a step has a fixed cost F (the weights pass,
-framework overhead, the decode rows riding along) that a prompt pays once per chunk. Run whole,
+framework overhead, the decode rows riding along, and on CPU the per-op path that any prompt
+chunk takes instead of the fused decode stack) that a prompt pays once per chunk. Run whole,
 a prompt of work W costs F + W; in k chunks it costs k F + W. Where the target is below F (a
 slow machine, many streams), target-sized chunks shrink to a block and the prompt's prefill
 takes many times longer than eager. So each step's first prompt chunk is at least the smallest
@@ -243,7 +244,9 @@ class ChunkSizer:
         times, then evened out over the chunks the rest of the prompt needs; <= cap."""
         if not math.isfinite(self.excess):
             return 0
-        fixed = self.cost_model.predict(self.features)
+        # The step's fixed cost: what it holds so far (the decodes) plus what carrying a
+        # prompt chunk at all costs (the per-op path on CPU), which every chunk pays again.
+        fixed = self.cost_model.predict(self.features + StepFeatures(prompt_step=1))
         need = fixed / self.excess
 
         def work(n: int) -> float:
@@ -258,6 +261,8 @@ class ChunkSizer:
                 hi = mid
             else:
                 lo = mid + 1
-        # Equal chunks: the same number of steps, without a short (inefficient) last one.
-        num_chunks = math.ceil(remaining / lo)
+        # Equal chunks, each at least the floor (rounding the count down: rounding it up
+        # made every chunk slightly smaller than the floor, and the floor is recomputed
+        # each step, so the shortfall added up past the slowdown bound).
+        num_chunks = max(1, remaining // lo)
         return min(cap, math.ceil(remaining / num_chunks))
