@@ -63,6 +63,7 @@ class SLOPolicy(Policy):
         # Predicted seconds of recent steps that mixed decodes with prompt chunks, when the
         # prefill floor (not the target) sized them; None while the target is reachable.
         self.reachable_itl_s: float | None = None
+        self._num_reachable = 0
         self._warned_unreachable = False
         self.partial = PartialPrefills(config)
         # Whether the latest build's mixed step was sized by the floor (observe_step then
@@ -150,10 +151,14 @@ class SLOPolicy(Policy):
         self.cost_model.calibrate([(StepFeatures.of_plan(p), s) for p, s in samples])
 
     def _note_reachable(self, measured_s: float) -> None:
+        # A plain mean over the first ~10 samples, then an exponential one (a running mean
+        # that starts at the first sample weighs it 0.9^k: over a document of a handful of
+        # floor-sized steps it reported mostly the first one).
+        self._num_reachable += 1
         if self.reachable_itl_s is None:
             self.reachable_itl_s = measured_s
         else:
-            a = _REACHABLE_SMOOTHING
+            a = max(_REACHABLE_SMOOTHING, 1.0 / self._num_reachable)
             self.reachable_itl_s = (1 - a) * self.reachable_itl_s + a * measured_s
         if not self._warned_unreachable:
             self._warned_unreachable = True
