@@ -38,6 +38,23 @@ class Proc:
                 out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
         return out
 
+    def kill9(self) -> None:
+        """kill -9 of the whole worker: its engine process(es), then its server process."""
+        for pid in self.children():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def children(self) -> list[int]:
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                return [int(pid) for pid in f.read().split()]
+        except OSError:
+            return []
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -48,13 +65,13 @@ class Proc:
                 self.proc.wait()
 
 
-def spawn(tmp_dir: str, *args: str) -> Proc:
+def spawn(tmp_dir: str, *args: str, env: dict[str, str] | None = None) -> Proc:
     port = free_port()
     cmd = [sys.executable, "-m", "cadence.cli", *args, "--port", str(port),
            "--log-level", "warning"]
     log_path = os.path.join(tmp_dir, f"{args[0]}-{port}.log")
     log = open(log_path, "w")  # noqa: SIM115 - owned by the child
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **(env or {}))
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     return Proc(proc, f"http://127.0.0.1:{port}", log_path)
 

@@ -1,21 +1,25 @@
 """Disaggregated serving end to end, with the official `openai` client through `cadence
 router`: 2 prefill workers (KV over IPC and over TCP) and a decode worker, routers with
 policies always / never / auto over them. Greedy outputs are identical whichever way a request
-goes (1P1D IPC, 1P1D TCP, 2P1D); then the faults: kill -9 of the prefill worker (the router falls
-back to colocated), kill -9 of the decode worker mid-stream (the stream ends with an explicit
-error naming it)."""
+goes (1P1D IPC, 1P1D TCP, 2P1D); then the faults: kill -9 of a prefill worker in the middle of a
+request's prefill (two slowed prefill workers: the router retries on the other one, then, when
+that one is killed mid-prefill too, serves the request colocated), kill -9 of a prefill worker
+between requests (colocated fallback), kill -9 of the decode worker mid-stream (the stream ends
+with an explicit error naming it). After each fault the surviving pools hold no block."""
 
 from __future__ import annotations
 
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 
-from tests.disagg.procs import spawn, wait_all, worker_args
+from cadence.disagg.worker import TEST_PREFILL_STEP_DELAY_ENV
+from tests.disagg.procs import Proc, spawn, wait_all, worker_args
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -25,6 +29,11 @@ PROMPTS = [
     "Paged attention stores keys and values in fixed-size blocks. The quick brown fox",
 ]
 CHAT = [{"role": "user", "content": "Hello world! How are you today? " * 3}]
+# ~280 tokens: 5 prefill chunks at the workers' budget of 64, each 0.4 s on the slowed workers
+# (two different prompts: a prefix-cache hit would skip the prefill).
+LONGS = ["Paged attention stores keys and values in fixed-size blocks. " * 10,
+         "Chunked prefill splits a long prompt into budget-sized pieces. " * 10]
+SLOW = {TEST_PREFILL_STEP_DELAY_ENV: "0.4"}
 
 
 @pytest.fixture(scope="module")
@@ -34,18 +43,22 @@ def cluster(tiny_llama_dir, tmp_path_factory):
     p_tcp = spawn(tmp, *worker_args(tiny_llama_dir, "prefill",
                                     "--kv-transfer-address", "tcp://127.0.0.1:0"))
     dec = spawn(tmp, *worker_args(tiny_llama_dir, "decode"))
-    workers = [p_ipc, p_tcp, dec]
+    slow_a = spawn(tmp, *worker_args(tiny_llama_dir, "prefill"), env=SLOW)
+    slow_b = spawn(tmp, *worker_args(tiny_llama_dir, "prefill"), env=SLOW)
+    workers = [p_ipc, p_tcp, dec, slow_a, slow_b]
     routers = {}
     try:
         wait_all(workers)
         for name, prefills, policy in (("ipc", [p_ipc], "always"), ("tcp", [p_tcp], "always"),
                                        ("2p1d", [p_ipc, p_tcp], "always"),
                                        ("never", [p_ipc], "never"),
-                                       ("auto", [p_ipc], "auto")):
+                                       ("auto", [p_ipc], "auto"),
+                                       ("faults", [slow_a, slow_b], "always")):
             routers[name] = spawn(tmp, "router", "--prefill", *[p.url for p in prefills],
                                   "--decode", dec.url, "--routing-policy", policy)
         wait_all(list(routers.values()))
-        yield {"prefill_ipc": p_ipc, "prefill_tcp": p_tcp, "decode": dec, **routers}
+        yield {"prefill_ipc": p_ipc, "prefill_tcp": p_tcp, "decode": dec, "slow_a": slow_a,
+               "slow_b": slow_b, **routers}
     finally:
         for p in [*routers.values(), *workers]:
             p.stop(signal.SIGKILL)
@@ -141,6 +154,56 @@ def test_worker_errors_reach_the_client(cluster):
     assert models.data
 
 
+def _assert_pool_clean(worker: Proc) -> None:
+    """The worker's KV pool from outside: no block used or leased, every block free (leases are
+    released asynchronously after the decode side's pull: a bounded wait)."""
+    deadline = time.monotonic() + 10
+    while True:
+        m = worker.metrics()
+        clean = (m["cadence:kv_cache_blocks_used"] == 0
+                 and m["cadence:kv_cache_blocks_leased"] == 0
+                 and m["cadence:kv_cache_blocks_free"] == m["cadence:kv_cache_blocks_total"])
+        if clean or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert clean, (worker.url, m)
+
+
+def _kill_mid_prefill(worker: Proc) -> None:
+    """kill -9 the worker once it reports the request running (its first prefill chunk done;
+    four more chunks of 0.4 s each still to go)."""
+    deadline = time.monotonic() + 60
+    while worker.metrics().get("cadence:num_requests_running", 0) < 1:
+        assert time.monotonic() < deadline, "the prefill worker never started the request"
+        time.sleep(0.02)
+    worker.kill9()
+
+
+def test_prefill_killed_mid_prefill_retries_then_falls_back(cluster):
+    reference = [_complete(cluster["never"], p) for p in LONGS]
+    router = cluster["faults"]
+    with ThreadPoolExecutor(1) as pool:
+        # 1. slow_a dies in the middle of the prefill: the router retries on slow_b, which
+        # completes the handoff; the decode worker serves it disaggregated, same tokens.
+        request = pool.submit(_complete, router, LONGS[0])
+        _kill_mid_prefill(cluster["slow_a"])
+        assert request.result(timeout=120) == reference[0]
+        m = router.metrics()
+        assert m.get("cadence_router:requests_total{route=disaggregated}") == 1
+        assert m.get("cadence_router:fallbacks_total{reason=no prefill worker answered}",
+                     0) == 0
+        _assert_pool_clean(cluster["slow_b"])
+        # 2. slow_b dies in the middle of the next prefill; slow_a is gone: the request is
+        # served colocated on the decode worker, same tokens.
+        request = pool.submit(_complete, router, LONGS[1], True)
+        _kill_mid_prefill(cluster["slow_b"])
+        assert request.result(timeout=120) == reference[1]
+    m = router.metrics()
+    assert m["cadence_router:fallbacks_total{reason=no prefill worker answered}"] == 1
+    assert m["cadence_router:requests_total{route=colocated}"] == 1
+    _assert_pool_clean(cluster["decode"])
+
+
 def test_prefill_death_falls_back_then_decode_death_is_explicit(cluster):
     # kill -9 the prefill worker: the router's next disaggregated request finds it gone and is
     # served colocated on the decode worker (same tokens).
@@ -152,7 +215,7 @@ def test_prefill_death_falls_back_then_decode_death_is_explicit(cluster):
     assert m["cadence_router:fallbacks_total{reason=no prefill worker answered}"] >= 1
     # The surviving pools hold no blocks (the other prefill worker's leases all released).
     for name in ("decode", "prefill_tcp"):
-        assert cluster[name].metrics()["cadence:kv_cache_blocks_used"] == 0, name
+        _assert_pool_clean(cluster[name])
     # kill -9 the decode worker mid-stream: the stream ends with an explicit error event.
     client = _client(cluster["tcp"])
     stream = client.completions.create(model=None, prompt=PROMPTS[1], max_tokens=400,
@@ -168,3 +231,5 @@ def test_prefill_death_falls_back_then_decode_death_is_explicit(cluster):
                     target=lambda: cluster["decode"].proc.send_signal(signal.SIGKILL))
                 killer.start()
     assert got_tokens >= 3
+    # The prefill worker released that request's lease after the pull: its pool is clean.
+    _assert_pool_clean(cluster["prefill_tcp"])

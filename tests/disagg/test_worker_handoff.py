@@ -132,6 +132,7 @@ def test_lease_expiry_and_abort_before_pull(tiny, prompts, tmp_path):
         pre.service()
         assert pre.scheduler.stats().num_blocks_used == 0
         assert pre.stats()["kv_leases_expired_total"] == 1
+        pre.scheduler.check_integrity()
         # 2. Too late: the decode side's pull of an expired lease ends the request with an
         # explicit error (after its first token), and its blocks are freed.
         done = prefill(pre, "e2", prompts[1])
@@ -148,7 +149,8 @@ def test_lease_expiry_and_abort_before_pull(tiny, prompts, tmp_path):
         dec.add_request("a1", prompts[3], GREEDY, 0, None,
                         kv_transfer_params=done.kv_transfer_params)
         dec.abort_request("a1")
-        drive(dec, {})
+        outs = drive(dec, {})
+        assert outs["a1"][-1].finished and outs["a1"][-1].finish_reason == "abort", outs
         deadline = time.monotonic() + 5
         while pre.scheduler.stats().num_blocks_used and time.monotonic() < deadline:
             pre.service()

@@ -45,6 +45,12 @@ from cadence.disagg.transport import ZmqKVServer, ZmqKVTransport
 
 logger = logging.getLogger(__name__)
 
+# Test only: seconds to sleep before each step while this engine prefills for a remote decode,
+# so a fault test can kill a prefill worker deterministically in the middle of a prefill (the
+# worker reports the request running after its first chunk, and the rest takes this long per
+# chunk). Unset (0) in any real deployment.
+TEST_PREFILL_STEP_DELAY_ENV = "CADENCE_DISAGG_TEST_PREFILL_STEP_DELAY_S"
+
 _wake_ids = itertools.count()
 
 
@@ -111,6 +117,7 @@ class DisaggEngineCore:
         self.puller = (KVPuller(lambda: ZmqKVTransport(self._context),
                                 cfg.kv_transfer_timeout_s, self._wake)
                        if cfg.serves_decode else None)
+        self._test_prefill_step_delay_s = float(os.environ.get(TEST_PREFILL_STEP_DELAY_ENV) or 0)
 
     def __getattr__(self, name: str) -> Any:
         # Anything else the engine loop or front end asks of an EngineCore: the inner one's.
@@ -287,6 +294,8 @@ class DisaggEngineCore:
 
     def step(self) -> list[Any]:
         self.service()
+        if self._test_prefill_step_delay_s and self._prefill:
+            time.sleep(self._test_prefill_step_delay_s)
         outputs = list(self.inner.step())
         if self.puller is not None:
             self._start_loads()
