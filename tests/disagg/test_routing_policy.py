@@ -35,6 +35,30 @@ def test_auto_chooses_both_sides_of_the_line():
     assert not policy.decide(2000, prefill, decode).disaggregate
 
 
+def test_streams_are_the_routers_own_and_those_arrivals_see():
+    model = _model()
+    policy = RoutingPolicy("auto", model, min_prompt_tokens=64)
+    prefill, decode = Worker("p", "prefill"), Worker("d", "decode")
+    # A scraped gauge still shows the previous request running (it lags a scrape period):
+    # requests sent one at a time are not streams to protect.
+    decode.num_running = 1
+    for t in range(5):
+        model.observe_arrival(0, now=float(t))
+    assert policy.decide(2000, prefill, decode).reason == "no stream to protect"
+    # A long prompt arriving at an idle decode worker while requests keep arriving (arrivals
+    # saw 2 in flight on average): its prefill would stall the ones that come during it.
+    for t in range(5, 15):
+        model.observe_arrival(2, now=float(t))
+    assert 1.0 < model.mean_in_flight < 2.0
+    d = policy.decide(2000, prefill, decode)
+    assert d.disaggregate and d.reason == "interference outweighs handoff"
+    # The mean forgets with its time constant: long after the traffic stopped, one quiet
+    # arrival brings it back near 0 and the idle worker keeps the prompt.
+    model.observe_arrival(0, now=15.0 + 10 * model.concurrency_time_constant_s)
+    assert model.mean_in_flight < 0.01
+    assert policy.decide(2000, prefill, decode).reason == "handoff costs more"
+
+
 def test_always_never_and_missing_prefill():
     prefill, decode = Worker("p", "prefill"), Worker("d", "decode")
     assert RoutingPolicy("always", _model()).decide(3, prefill, decode).disaggregate

@@ -119,6 +119,8 @@ class Router:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
         max_tokens = max_tokens if isinstance(max_tokens, int) else 16
         decode = self.decode.pick()
+        if decode is not None:
+            self.model.observe_arrival(decode.outstanding_requests)
         decision = self.policy.decide(tokens, self.prefill.pick(), decode,
                                       wants_logprobs=bool(body.get("logprobs")))
         if max_tokens == 1 and decision.disaggregate:

@@ -3,7 +3,10 @@ hand its KV over? `always` and `never` are there for comparison; `auto` weighs, 
 
     gain  = streams * P / prefill_rate
             (the stall a P-token prefill adds to each of the `streams` requests decoding on the
-            decode worker if it ran there: the prefill/decode interference it avoids)
+            decode worker if it ran there: the prefill/decode interference it avoids; streams
+            = the more of the requests this router has in flight on that worker now and the
+            number it measured in flight when requests arrive: a long prefill also stalls the
+            requests that arrive while it runs)
     cost  = prefill_queue + P * kv_bytes_per_token / transfer_bandwidth + hop
             (what the handoff adds to this request: the prefill worker's backlog, moving its
             KV, the extra HTTP hop)
@@ -12,11 +15,17 @@ and disaggregates when gain > cost. With no stream to protect, or a prompt short
 `min_disagg_prompt_tokens`, colocated wins outright (no handoff is cheaper than any handoff).
 Every term is measured while serving (`CostModel`): prefill throughput from prefill calls made
 to an idle worker, transfer bandwidth and bytes per token from the decode workers' /metrics
-counters, the hop from the round trip of those scrapes, tokens per character from usage.
+counters, the hop from the round trip of those scrapes, tokens per character from usage, the
+requests in flight seen at arrivals as a mean that forgets with a time constant (Poisson
+arrivals see the time average: a steady stream of requests keeps it up, requests sent one at a
+time keep it at 0). The router's own in-flight counts are used, not the workers' scraped
+gauges, which lag by up to a scrape period (a finished request would still count as a stream).
 """
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 
 from cadence.disagg.router.workers import Worker
@@ -35,8 +44,33 @@ class CostModel:
     transfer_bytes_s: float = 1e9
     kv_bytes_per_token: float = 0.0
     hop_s: float = 0.005
+    # Mean of the requests in flight on the chosen decode worker seen by arrivals, forgetting
+    # with this time constant (decayed sum / decayed count).
+    concurrency_time_constant_s: float = 30.0
+    _concurrency_sum: float = 0.0
+    _concurrency_count: float = 0.0
+    _concurrency_t: float | None = None
     samples: dict[str, int] = field(default_factory=lambda: {
-        "prompt": 0, "prefill": 0, "transfer": 0, "hop": 0})
+        "prompt": 0, "prefill": 0, "transfer": 0, "hop": 0, "arrival": 0})
+
+    def observe_arrival(self, in_flight: int, now: float | None = None) -> None:
+        """A request arrived while `in_flight` others ran on the decode worker it would use."""
+        now = time.monotonic() if now is None else now
+        if self._concurrency_t is not None:
+            keep = math.exp(-max(0.0, now - self._concurrency_t)
+                            / self.concurrency_time_constant_s)
+            self._concurrency_sum *= keep
+            self._concurrency_count *= keep
+        self._concurrency_t = now
+        self._concurrency_sum += in_flight
+        self._concurrency_count += 1
+        self.samples["arrival"] += 1
+
+    @property
+    def mean_in_flight(self) -> float:
+        if self._concurrency_count <= 0:
+            return 0.0
+        return self._concurrency_sum / self._concurrency_count
 
     def observe_prompt(self, num_chars: int, num_tokens: int) -> None:
         if num_chars > 0 and num_tokens > 0:
@@ -69,7 +103,7 @@ class CostModel:
         return {"tokens_per_char": self.tokens_per_char, "prefill_tok_s": self.prefill_tok_s,
                 "transfer_bytes_s": self.transfer_bytes_s,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "hop_s": self.hop_s,
-                "samples": dict(self.samples)}
+                "mean_in_flight": self.mean_in_flight, "samples": dict(self.samples)}
 
 
 @dataclass(frozen=True)
@@ -101,10 +135,10 @@ class RoutingPolicy:
             return Decision(True, "policy always")
         if num_prompt_tokens < self.min_prompt_tokens:
             return Decision(False, "short prompt")
-        streams = max(decode.outstanding_requests, decode.num_running)
+        m = self.model
+        streams = max(decode.outstanding_requests, m.mean_in_flight)
         if streams == 0:
             return Decision(False, "no stream to protect")
-        m = self.model
         gain = streams * num_prompt_tokens / m.prefill_tok_s
         queue = prefill.outstanding_tokens / m.prefill_tok_s
         cost = queue + m.transfer_s(num_prompt_tokens) + m.hop_s
