@@ -9,11 +9,20 @@ Configurations (same model, same machine):
              worker with an equal share of the cores each, every request handed off
   auto       the same 1P1D workers, `--routing-policy auto` (the measured cost model decides
              per request)
-Workloads (`cadence bench`): doc-burst (decoding chat streams, then long documents arrive) and
-mix (Poisson arrivals, lognormal short/long prompt mix). Printed per run: the chat streams' max
-stall and ITL p99 while long prompts ran (itl_interfered), document TTFT p50/max (ttft_long),
-short-request TTFT p50, output throughput, KV bytes moved and transfer ms per handed-off request
-(from the workers' counters, through the router's /metrics), and the router's decisions.
+Workloads (`cadence bench`), in this order on the same servers of a config (the router's
+measured cost model carries over, as on a server that keeps serving: serial first is a quiet
+server, then the traffic grows):
+  serial     the mix's first 12 prompts (a 2000-token one among them) one at a time
+             (concurrency 1): never a stream to protect
+  short      Poisson arrivals of short prompts only (16-128 tokens): little interference to avoid
+  doc-burst  3 chat streams decoding, then 2 long documents arrive
+  mix        Poisson arrivals, lognormal short/long prompt lengths (seed 1 draws prompts of 2000
+             and 1107 tokens among 24; "interfered" = while a prompt of >= 1000 tokens prefilled)
+Printed per run: the chat streams' max stall and ITL p99 while long prompts ran
+(itl_interfered), ITL p99 over all streams, document TTFT p50/max (ttft_long), TTFT p50 over
+all requests, mean end-to-end latency, output throughput, KV bytes moved and transfer ms per
+handed-off request (from the workers' counters, through the router's /metrics), and the
+router's decisions. The load average is printed before and after (the host may be shared).
 """
 
 from __future__ import annotations
@@ -96,7 +105,8 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="default: the bundled SmolLM2 model")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--configs", default="colocated,1p1d,auto")
-    parser.add_argument("--workloads", default="doc-burst,mix")
+    parser.add_argument("--workloads", default="serial,short,doc-burst,mix",
+                        help="run in this order on the same servers per config")
     parser.add_argument("--budget", type=int, default=256, help="--max-num-batched-tokens")
     parser.add_argument("--out", default=None)
     parser.add_argument("--long-tokens", type=int, default=None,
@@ -106,6 +116,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=1.0, help="mix: Poisson requests/s")
     args = parser.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="disagg-bench-")
+    os.makedirs(out, exist_ok=True)
     cores = os.cpu_count() or 2
     common = ["--policy", "chunked", "--max-num-batched-tokens", str(args.budget)]
     if args.model:
@@ -121,11 +132,22 @@ def main() -> int:
         "doc-burst": ["--workload", "doc-burst", "--streams", "3", "--docs", "2",
                       "--long-tokens", long_tokens, "--output-tokens", args.stream_output,
                       "--doc-output-tokens", "16", "--doc-delay", "3", "--doc-gap", "1.5"],
-        "mix": ["--workload", "mix", "--arrival", "poisson", "--rate", str(args.rate),
-                "--num-requests", num_requests, "--short-tokens", "32:160",
-                "--long-tokens", long_tokens, "--output-tokens", "24:64"],
+        "mix": ["--workload", "mix", "--seed", "1", "--arrival", "poisson", "--rate",
+                str(args.rate), "--num-requests", num_requests, "--short-tokens", "32:256",
+                "--long-tokens", long_tokens, "--output-tokens", "24:64",
+                "--long-prompt-tokens", str(int(long_tokens) // 2)],
+        "short": ["--workload", "mix", "--seed", "2", "--arrival", "poisson", "--rate",
+                  str(2 * args.rate), "--num-requests", num_requests,
+                  "--short-tokens", "16:128", "--long-tokens", "128",
+                  "--output-tokens", "24:64"],
+        "serial": ["--workload", "mix", "--seed", "1", "--arrival", "concurrency",
+                   "--concurrency", "1", "--num-requests", str(int(num_requests) // 2),
+                   "--short-tokens", "32:256", "--long-tokens", long_tokens,
+                   "--output-tokens", "24:64"],
     }
     rows = []
+    wall = time.monotonic()
+    print(f"load average before: {os.getloadavg()}", flush=True)
     for name in args.configs.split(","):
         proc, url = start(configs[name], os.path.join(out, f"{name}.log"))
         try:
@@ -145,7 +167,8 @@ def main() -> int:
                     "itl_p99_all_ms": ms(m["itl"]["p99"]),
                     "doc_ttft_p50_ms": ms(inter["ttft_long"]["p50"]),
                     "doc_ttft_max_ms": ms(inter["ttft_long"]["max"]),
-                    "short_ttft_p50_ms": ms(inter["ttft_short"]["p50"]),
+                    "ttft_p50_ms": ms(m["ttft"]["p50"]),
+                    "e2e_mean_ms": ms(m["e2e"]["mean"]),
                     "out_tok_s": f"{m['throughput']['output_tps']:.1f}",
                     "handoffs": int(transfers),
                     "kv_MB_per_req": (f"{delta.get('decode:cadence:kv_transfer_bytes_total', 0) / transfers / 1e6:.2f}"
@@ -161,6 +184,7 @@ def main() -> int:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    print(f"load average after: {os.getloadavg()}; wall {time.monotonic() - wall:.0f} s")
     keys = [k for k in rows[0] if k != "decisions"]
     print(" | ".join(keys) + " | decisions")
     for r in rows:
