@@ -77,7 +77,8 @@ SPANS = {
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("dim, heads, kv_heads", [(64, 9, 3), (64, 4, 4), (8, 4, 2), (64, 10, 2)])
+@pytest.mark.parametrize("dim, heads, kv_heads", [(64, 9, 3), (64, 4, 4), (8, 4, 2), (64, 10, 2),
+                                             (64, 8, 2), (128, 16, 2)])  # groups 3, 1, 2, 5, 4, 8
 @pytest.mark.parametrize("case", sorted(SPANS))
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_fast_attention_matches_reference(dtype, dim, heads, kv_heads, case, block_size):

@@ -2,10 +2,10 @@
 
 Decodes (and short prefill chunks that continue a cached context) go to one C++ call that reads
 K/V straight from the paged cache through the block tables: nothing is gathered or copied, and
-one call serves the whole batch, so no Python work grows with the batch size. bf16 prefill
-chunks (from position 0, or continuing a context with at least KERNEL_MIN_CONTINUING new tokens)
-go to the C++ causal flash-attention kernel (cadence.model.prefill_attention), which reads a cached
-context through the block table. Other prefill chunks that start at position 0 attend only over
+one call serves the whole batch, so no Python work grows with the batch size. bf16 and float32
+prefill chunks (from position 0, or continuing a context with at least KERNEL_MIN_CONTINUING new
+tokens) go to a C++ causal flash-attention kernel (cadence.model.prefill_attention), which reads a
+cached context through the block table. Other prefill chunks that start at position 0 attend only over
 their own new keys/values, which are already at hand, so they use torch's SDPA on those without
 touching the cache (long bf16 chunks without the kernel: blocked matmuls); long chunks that
 continue a context gather it once and use SDPA with an offset mask.
@@ -51,7 +51,7 @@ def paged_attention_cpu(kernels: ModuleType, q: torch.Tensor, k_new: torch.Tenso
         q_start, q_end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
         start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
         n_new = q_end - q_start
-        if takes_blocked(q, n_new, start_pos, kernels):  # bf16: C++ flash kernel / blocked matmuls
+        if takes_blocked(q, n_new, start_pos, kernels):  # C++ flash kernels / bf16 blocked matmuls
             out[q_start:q_end] = blocked_over_context(q[q_start:q_end], k_new[q_start:q_end],
                                                       v_new[q_start:q_end], k_cache, v_cache,
                                                       meta, i, scale, kernels)

@@ -15,6 +15,8 @@
 //                    torch's bf16 GEMM is several times slower than memory bandwidth there.
 //  prefill_attention causal bf16 flash attention of a prefill chunk over its context (packed
 //                    key blocks, online softmax, causal blocks only; prefill_attention.cpp).
+//  prefill_attention_f32
+//                    the same in float32 with AVX2 FMA tiles (avx2/prefill_attention_f32.cpp).
 //  pack_linear_bf16 / linear_packed_bf16
 //                    bf16 GEMM on weights packed once for AVX512-BF16 (packed_gemm.h): the LM
 //                    head and, inside DecodeStack, every projection.
@@ -34,6 +36,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &cadence_kernels::silu_mul, "silu(gate) * up");
   m.def("linear_bf16", &cadence_kernels::linear_bf16, "bf16 x @ w.T for few rows");
   m.def("prefill_attention", &cadence_kernels::prefill_attention, "causal bf16 flash attention of a prefill chunk over its context");
+  m.def("prefill_attention_f32", &cadence_kernels::prefill_attention_f32,
+        "causal float32 flash attention of a prefill chunk over its context (AVX2 tier)");
   m.def("argmax_rows", &cadence_kernels::argmax_rows, "first index of each float32 row's maximum (torch.argmax(-1))");
   m.def("pack_linear_bf16", &cadence_kernels::pack_linear_bf16, "pack a bf16 [N, K] weight for linear_packed_bf16");
   m.def("linear_packed_bf16", &cadence_kernels::linear_packed_bf16,

@@ -22,6 +22,9 @@ bool has_avx512bf16();
 std::string kernel_tier();
 at::Tensor linear_bf16(at::Tensor x, at::Tensor w);
 at::Tensor prefill_attention(at::Tensor q, at::Tensor keys, at::Tensor values, double scale, c10::optional<at::Tensor> block_table, int64_t ctx_len);
+// float32 causal flash attention of a prefill chunk (AVX2 tier, avx2/prefill_attention_f32.cpp).
+at::Tensor prefill_attention_f32(at::Tensor q, at::Tensor keys, at::Tensor values, double scale,
+                                 c10::optional<at::Tensor> block_table, int64_t ctx_len);
 at::Tensor argmax_rows(at::Tensor logits);
 at::Tensor pack_linear_bf16(at::Tensor w, bool interleave_halves);
 at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::optional<at::Tensor> bias,

@@ -4,6 +4,10 @@
 #include "decode_attention.h"
 #include "ops.h"
 
+#include <numeric>
+
+#include "avx2/attention_f32.h"
+
 namespace cadence_kernels {
 
 #if defined(__AVX512F__)
@@ -235,6 +239,66 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
 }
 
 
+#if CADENCE_HAVE_AVX2 && !defined(__AVX512F__)
+// float32 on the AVX2 tier (head_dim 64 / 128): (row, span) items over avx2::attend_span_f32, as
+// in the fused float32 stack, then a merge per (row, head) in span order. Serves the decode rows
+// of steps the stack does not take (mixed prefill + decode steps, batches over its row cap).
+void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                              const at::Tensor& block_tables, const at::Tensor& row_seq,
+                              const at::Tensor& ctx_lens, double scale, at::Tensor& out) {
+  const int64_t N = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t block_size = k_cache.size(1), Hkv = k_cache.size(2), G = Hq / Hkv;
+  const int64_t max_blocks = block_tables.size(1);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int32_t* bt = block_tables.data_ptr<int32_t>();
+  const int64_t* seq = row_seq.data_ptr<int64_t>();
+  const int64_t* lens = ctx_lens.data_ptr<int64_t>();
+  std::vector<int64_t> item_base(N + 1, 0);
+  for (int64_t n = 0; n < N; ++n) item_base[n + 1] = item_base[n] + avx2::num_spans(lens[n]);
+  const int64_t items = item_base[N];
+  std::vector<int64_t> item_row(items);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = item_base[n]; i < item_base[n + 1]; ++i) item_row[i] = n;
+  std::vector<float> part_max(items * Hq), part_sum(items * Hq), part_acc(items * Hq * D);
+  const int64_t total_positions = std::accumulate(lens, lens + N, int64_t{0});
+  // Small batches run on the calling thread (waking the sleeping OpenMP team costs more).
+  const bool parallel = total_positions * Hkv >= PARALLEL_MIN_POSITIONS;
+  const float fscale = static_cast<float>(scale);
+  at::parallel_for(0, items, parallel ? 1 : items + 1, [&](int64_t begin, int64_t end) {
+    const avx2::FlushDenormals ftz;
+    std::vector<float> scores(Hq * avx2::ATTN_SPAN);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t n = item_row[i], span = i - item_base[n];
+      const int64_t p0 = span * avx2::ATTN_SPAN, p1 = std::min(lens[n], p0 + avx2::ATTN_SPAN);
+      const int32_t* table = bt + seq[n] * max_blocks;
+      auto run = [&](auto attend) {
+        attend(qp + n * Hq * D, G, Hkv, kp, vp, table, block_size, p0, p1, fscale, scores.data(),
+               part_max.data() + i * Hq, part_sum.data() + i * Hq, part_acc.data() + i * Hq * D);
+      };
+      if (D == 64) run(avx2::attend_span_f32<64>);
+      else run(avx2::attend_span_f32<128>);
+    }
+  });
+  at::parallel_for(0, N * Hq, parallel ? 1 : N * Hq + 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> mx, sm;
+    for (int64_t nh = begin; nh < end; ++nh) {
+      const int64_t n = nh / Hq, head = nh % Hq, first = item_base[n], spans = item_base[n + 1] - first;
+      mx.resize(spans);
+      sm.resize(spans);
+      for (int64_t s = 0; s < spans; ++s) {
+        mx[s] = part_max[(first + s) * Hq + head];
+        sm[s] = part_sum[(first + s) * Hq + head];
+      }
+      avx2::merge_partials(mx.data(), sm.data(), part_acc.data() + first * Hq * D + head * D, Hq * D, spans, D,
+                           op + (n * Hq + head) * D);
+    }
+  });
+}
+#endif
+
 #if CADENCE_HAVE_AVX512BF16
 // bf16 fast path: (row, span) items over attend_span_bf16, then a merge per row. Few rows with
 // long contexts are split into spans so that every thread has work.
@@ -315,6 +379,12 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
   }
   auto out = at::empty_like(q);
   if (q.scalar_type() == at::kFloat) {
+#if CADENCE_HAVE_AVX2 && !defined(__AVX512F__)
+    if (q.size(2) == 64 || q.size(2) == 128) {
+      paged_attention_f32_avx2(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
+      return out;
+    }
+#endif
     paged_attention_impl<float>(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
   } else if (q.scalar_type() == at::kBFloat16) {
 #if CADENCE_HAVE_AVX512BF16

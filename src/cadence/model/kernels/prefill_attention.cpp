@@ -22,6 +22,7 @@
 // neighbour takes fewer of them; small problems run on the calling thread.
 #include "common.h"
 #include "ops.h"
+#include "prefill_args.h"
 
 #include <atomic>
 #include <memory>
@@ -260,38 +261,10 @@ void attend_tile(const Problem& p, int64_t h, int64_t m0) {
 
 at::Tensor prefill_attention(at::Tensor q, at::Tensor keys, at::Tensor values, double scale,
                              c10::optional<at::Tensor> block_table, int64_t ctx_len) {
-  TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu(),
-              "prefill_attention: CPU tensors only");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && keys.scalar_type() == at::kBFloat16 &&
-                  values.scalar_type() == at::kBFloat16,
-              "prefill_attention: bfloat16 q, keys and values only");
-  TORCH_CHECK(keys.sizes() == values.sizes(), "prefill_attention: keys and values differ in shape");
-  const bool paged = block_table.has_value();
-  TORCH_CHECK(q.dim() == 3 && keys.dim() == (paged ? 4 : 3),
-              "prefill_attention: q [n, Hq, D] and keys, values [L, Hkv, D], or with a block table "
-              "the caches [num_blocks, block_size, Hkv, D]");
-  const int64_t n = q.size(0), Hq = q.size(1), D = q.size(2);
-  const int64_t Hkv = keys.size(-2), block_size = paged ? keys.size(1) : 1;
-  const int64_t L = paged ? ctx_len : keys.size(0);
-  TORCH_CHECK(keys.size(-1) == D, "prefill_attention: q and keys differ in head_dim");
-  TORCH_CHECK(D == 64 || D == 128, "prefill_attention: head_dim 64 or 128 only, got ", D);
-  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "prefill_attention: query heads (", Hq,
-              ") not a multiple of KV heads (", Hkv, ")");
-  TORCH_CHECK(paged || ctx_len < 0 || ctx_len == L,
-              "prefill_attention: ctx_len (", ctx_len, ") differs from keys' length (", L, ")");
-  TORCH_CHECK(L >= n, "prefill_attention: context (", L, ") shorter than the chunk (", n, ")");
-  at::Tensor table;
-  if (paged) {
-    table = block_table->contiguous();
-    TORCH_CHECK(table.device().is_cpu() && table.scalar_type() == at::kInt && table.dim() == 1,
-                "prefill_attention: block_table must be a 1-D int32 CPU tensor");
-    TORCH_CHECK(block_size > 0 && table.size(0) * block_size >= L, "prefill_attention: block_table (",
-                table.size(0), " blocks of ", block_size, ") shorter than ctx_len (", L, ")");
-    const int32_t* t = table.data_ptr<int32_t>();
-    for (int64_t i = 0; i < (L + block_size - 1) / block_size; ++i)
-      TORCH_CHECK(t[i] >= 0 && t[i] < keys.size(0), "prefill_attention: block_table entry ", t[i],
-                  " out of range [0, ", keys.size(0), ")");
-  }
+  const PrefillArgs args = check_prefill_args(q, keys, values, block_table, ctx_len, at::kBFloat16,
+                                              "prefill_attention");
+  const int64_t n = args.n, Hq = args.Hq, D = args.D, Hkv = args.Hkv, L = args.L;
+  const bool paged = args.paged;
 #if CADENCE_HAVE_AVX512BF16
   auto out = at::empty({n, Hq, D}, q.options());
   if (n == 0 || Hq == 0) return out;
@@ -307,13 +280,10 @@ at::Tensor prefill_attention(at::Tensor q, at::Tensor keys, at::Tensor values, d
   std::unique_ptr<uint32_t[]> vpack(new uint32_t[Hkv * blocks * block_words]);
   const uint16_t* kdata = reinterpret_cast<const uint16_t*>(keys.data_ptr<c10::BFloat16>());
   const uint16_t* vdata = reinterpret_cast<const uint16_t*>(values.data_ptr<c10::BFloat16>());
-  const int32_t* tdata = paged ? table.data_ptr<int32_t>() : nullptr;
   // Element offset of context position t's row (head 0): through the block table when paged.
   const int64_t ks0 = keys.stride(0), ks1 = paged ? keys.stride(1) : 0, ksh = keys.stride(-2);
   const int64_t vs0 = values.stride(0), vs1 = paged ? values.stride(1) : 0, vsh = values.stride(-2);
-  auto row_offset = [&](int64_t t, int64_t s0, int64_t s1) -> int64_t {
-    return paged ? tdata[t / block_size] * s0 + (t % block_size) * s1 : t * s0;
-  };
+  auto row_offset = [&](int64_t t, int64_t s0, int64_t s1) { return args.row_offset(t, s0, s1); };
   // Small problems (short chunks over short contexts) stay on the calling thread: waking the
   // pool costs more than the work, and far more when a busy neighbour holds a core.
   const double flops = 4.0 * D * n * Hq * (static_cast<double>(L) - n / 2.0);

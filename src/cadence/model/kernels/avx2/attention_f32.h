@@ -1,75 +1,175 @@
-// Decode attention over a float32 paged cache (the AVX2 tier's fused stack): the query heads of
-// one KV head of one row over a span of its context, read straight from the cache blocks.
+// Decode attention over a float32 paged cache (the AVX2 tier's fused stack and paged_attention):
+// every query head of one row over a span of its context, read straight from the cache blocks.
 //
-// Work items are (row, KV head, span) with spans cut at fixed multiples of ATTN_SPAN positions, so
-// the items, their partial sums and the merge order depend only on each row's context length:
-// never on the batch, the thread count or which thread runs an item (batch-invariant results).
+// Work items are (row, span) with spans cut at fixed multiples of ATTN_SPAN positions, so the
+// items, their partial sums and the merge order depend only on each row's context length: never
+// on the batch, the thread count or which thread runs an item (batch-invariant results). An item
+// covers all KV heads: a cache position holds its heads side by side ([Hkv, D] contiguous), so
+// one item streams whole rows (768 bytes at Hkv 3, D 64) instead of three items each reading a
+// strided quarter of them, and a row's few items still spread over the team at long contexts.
 // Each item returns unnormalised partials (max, sum of exp, weighted value sum) per query head;
 // merge_partials combines a row's spans (flash-decoding).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "vec8.h"
 
 namespace cadence_kernels {
 namespace avx2 {
 
-constexpr int64_t ATTN_SPAN = 256;  // positions per item: its K and V (64 KB each at D = 64) stay in L2
+// Positions per item: its K and V rows of all heads (192 KB each at Hkv 3, D 64) stay in a
+// 512 KB L2 while the query heads re-read them.
+constexpr int64_t ATTN_SPAN = 256;
 
 inline int64_t num_spans(int64_t ctx_len) { return (ctx_len + ATTN_SPAN - 1) / ATTN_SPAN; }
 
 #if CADENCE_HAVE_AVX2
 
-// q: the G query heads [G, D] of KV head kh of one row; kc, vc: the layer's caches [blocks,
-// block_size, Hkv, D]; positions [p0, p1) of the sequence with block table `table`. scores:
-// G * ATTN_SPAN floats of scratch. Writes max[G], sum[G], acc[G, D].
+// Positions ahead of the one being read whose cache rows are prefetched: blocks are scattered,
+// so the hardware prefetcher loses the stream at every block boundary.
+constexpr int64_t PREFETCH_AHEAD = 16;
+
+// Query heads of one KV head computed together: 3 x 4 accumulators (+ 3 query or weight
+// vectors + 1 K/V vector) fill the 16 ymm registers.
+constexpr int HEADS_PER_PASS = 3;
+
+template <typename F>
+inline void dispatch_heads(int heads, F&& f) {
+  switch (heads) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 3>{}); break;
+  }
+}
+
+// Lane i of the result: the horizontal sum of v[i].
+inline __m128 transpose_sum4(const __m256 v[4]) {
+  const __m256 a = _mm256_hadd_ps(v[0], v[1]);
+  const __m256 b = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 c = _mm256_hadd_ps(a, b);  // per 128 lane: half-sums of v0, v1, v2, v3
+  return _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+}
+
+// scores[h][i] = scale * q_h . k_i for HC query heads (q [HC, D]) over the span's K rows (at
+// element koff of each row). prefetch(i) is called once per position, ahead of its use.
+template <int D, int HC, typename P>
+inline void scores_pass(const float* q, const float* const* krow, int64_t koff, int64_t span, float scale,
+                        float* scores, P&& prefetch) {
+  constexpr int DC = D / 8;
+  const __m128 vscale = _mm_set1_ps(scale);
+  for (int64_t i0 = 0; i0 < span; i0 += 4) {
+    const int count = static_cast<int>(std::min<int64_t>(4, span - i0));
+    const float* k4[4];
+    for (int j = 0; j < 4; ++j) {
+      k4[j] = krow[i0 + std::min(j, count - 1)] + koff;
+      prefetch(i0 + j + PREFETCH_AHEAD);
+    }
+    __m256 acc[HC][4];
+    for (int h = 0; h < HC; ++h)
+      for (int j = 0; j < 4; ++j) acc[h][j] = _mm256_setzero_ps();
+    for (int c = 0; c < DC; ++c) {
+      __m256 qv[HC];
+      for (int h = 0; h < HC; ++h) qv[h] = _mm256_loadu_ps(q + h * D + 8 * c);
+      for (int j = 0; j < 4; ++j) {
+        const __m256 kv = _mm256_loadu_ps(k4[j] + 8 * c);
+        for (int h = 0; h < HC; ++h) acc[h][j] = _mm256_fmadd_ps(qv[h], kv, acc[h][j]);
+      }
+    }
+    for (int h = 0; h < HC; ++h) {
+      const __m128 s = _mm_mul_ps(transpose_sum4(acc[h]), vscale);
+      float* dst = scores + h * ATTN_SPAN + i0;
+      if (count == 4) _mm_storeu_ps(dst, s);
+      else _mm_maskstore_ps(dst, _mm256_castsi256_si128(first_lanes(count)), s);
+    }
+  }
+}
+
+// acc[h] = sum_i p[h][i] * v_i for HC query heads (weights p rows ATTN_SPAN apart) over the span's
+// V rows (at element voff of each row), 32 dims at a time. prefetch(i) as in scores_pass.
+template <int D, int HC, typename P>
+inline void values_pass(const float* p, const float* const* vrow, int64_t voff, int64_t span, float* acc_out,
+                        P&& prefetch) {
+  for (int d0 = 0; d0 < D; d0 += 32) {
+    __m256 acc[HC][4];
+    for (int h = 0; h < HC; ++h)
+      for (int c = 0; c < 4; ++c) acc[h][c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < span; ++i) {
+      if (d0 == 0) prefetch(i + PREFETCH_AHEAD);
+      __m256 w[HC];
+      for (int h = 0; h < HC; ++h) w[h] = _mm256_broadcast_ss(p + h * ATTN_SPAN + i);
+      const float* v = vrow[i] + voff + d0;
+      for (int c = 0; c < 4; ++c) {
+        const __m256 vv = _mm256_loadu_ps(v + 8 * c);
+        for (int h = 0; h < HC; ++h) acc[h][c] = _mm256_fmadd_ps(w[h], vv, acc[h][c]);
+      }
+    }
+    for (int h = 0; h < HC; ++h)
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(acc_out + h * D + d0 + 8 * c, acc[h][c]);
+  }
+}
+
+// q: the row's Hq = G * Hkv query heads [Hq, D] (head h reads KV head h / G); kc, vc: the layer's
+// caches [blocks, block_size, Hkv, D]; positions [p0, p1) of the sequence with block table
+// `table`. scores: Hq * ATTN_SPAN floats of scratch. Writes max[Hq], sum[Hq], acc[Hq, D].
 template <int D>
-void attend_span_f32(const float* q, int64_t G, int64_t kh, int64_t Hkv, const float* kc, const float* vc,
+void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const float* kc, const float* vc,
                      const int32_t* table, int64_t block_size, int64_t p0, int64_t p1, float scale,
                      float* scores, float* max_out, float* sum_out, float* acc_out) {
-  static_assert(D % 8 == 0, "head_dim must be a multiple of 8");
-  constexpr int DC = D / 8;
-  const int64_t stride = Hkv * D;
+  static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
+  const int64_t stride = Hkv * D, Hq = G * Hkv;
   const int64_t span = p1 - p0;
-  auto row_of = [&](const float* base, int64_t pos) {
-    return base + (static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size) * stride + kh * D;
+  const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(float));
+  // Each position's K and V rows, found once per span by walking the block table (a division
+  // per position and head cost more than the dot products).
+  const float* krow[ATTN_SPAN];
+  const float* vrow[ATTN_SPAN];
+  for (int64_t pos = p0, i = 0; pos < p1;) {
+    const int64_t off = pos % block_size, count = std::min(block_size - off, p1 - pos);
+    const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + off;
+    for (int64_t j = 0; j < count; ++j, ++i) {
+      krow[i] = kc + (slot + j) * stride;
+      vrow[i] = vc + (slot + j) * stride;
+    }
+    pos += count;
+  }
+  auto prefetch_row = [&](const float* const* rows, int64_t i) {
+    if (i >= span) return;
+    const char* r = reinterpret_cast<const char*>(rows[i]);
+    for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(r + b, _MM_HINT_T0);
   };
-  // Pass 1: scores[g, p - p0] = scale * q_g . k_p, 8 positions at a time.
-  const float* krows[8];
-  for (int64_t g0 = p0; g0 < p1; g0 += 8) {
-    const int count = static_cast<int>(std::min<int64_t>(8, p1 - g0));
-    for (int j = 0; j < 8; ++j) krows[j] = row_of(kc, g0 + std::min(j, count - 1));
-    for (int64_t g = 0; g < G; ++g) {
-      const float* qg = q + g * D;
-      __m256 dots[8];
-      for (int j = 0; j < 8; ++j) dots[j] = _mm256_setzero_ps();
-      for (int c = 0; c < DC; ++c) {
-        const __m256 qv = _mm256_loadu_ps(qg + 8 * c);
-        for (int j = 0; j < 8; ++j) dots[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(krows[j] + 8 * c), dots[j]);
-      }
-      store_n(scores + g * ATTN_SPAN + (g0 - p0), _mm256_mul_ps(transpose_sum8(dots), _mm256_set1_ps(scale)), count);
+  for (int64_t i = 0; i < std::min(span, PREFETCH_AHEAD); ++i) prefetch_row(krow, i);
+  // Pass 1: scores[h, i] = scale * q_h . k_(p0 + i), per KV head for up to 3 of its query
+  // heads at once (each K load feeds all of them), 4 positions at a time.
+  for (int64_t kh = 0; kh < Hkv; ++kh)
+    for (int64_t g0 = 0; g0 < G; g0 += HEADS_PER_PASS) {
+      const int64_t h0 = kh * G + g0;
+      const int heads = static_cast<int>(std::min<int64_t>(HEADS_PER_PASS, G - g0));
+      dispatch_heads(heads, [&](auto hc) {
+        scores_pass<D, decltype(hc)::value>(q + h0 * D, krow, kh * D, span, scale, scores + h0 * ATTN_SPAN,
+                                            [&](int64_t i) { if (kh == 0 && g0 == 0) prefetch_row(krow, i); });
+      });
     }
-  }
+  for (int64_t i = 0; i < std::min(span, PREFETCH_AHEAD); ++i) prefetch_row(vrow, i);
   // Pass 2: p = exp(s - max) in place, per head.
-  for (int64_t g = 0; g < G; ++g) {
-    const auto [m, total] = exp_shifted_inplace(scores + g * ATTN_SPAN, span);
-    max_out[g] = m;
-    sum_out[g] = total;
+  for (int64_t h = 0; h < Hq; ++h) {
+    const auto [m, total] = exp_shifted_inplace(scores + h * ATTN_SPAN, span);
+    max_out[h] = m;
+    sum_out[h] = total;
   }
-  // Pass 3: acc[g] = sum_p p[g, p] * v_p (V rows from L1/L2, re-read per head).
-  for (int64_t g = 0; g < G; ++g) {
-    __m256 acc[DC];
-    for (int c = 0; c < DC; ++c) acc[c] = _mm256_setzero_ps();
-    const float* pg = scores + g * ATTN_SPAN;
-    for (int64_t pos = p0; pos < p1; ++pos) {
-      const float* vrow = row_of(vc, pos);
-      const __m256 pv = _mm256_set1_ps(pg[pos - p0]);
-      for (int c = 0; c < DC; ++c) acc[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vrow + 8 * c), acc[c]);
+  // Pass 3: acc[h] = sum_i p[h, i] * v_(p0 + i), per KV head for up to 3 of its query heads at
+  // once and 32 dims at a time (each V load feeds all of them).
+  for (int64_t kh = 0; kh < Hkv; ++kh)
+    for (int64_t g0 = 0; g0 < G; g0 += HEADS_PER_PASS) {
+      const int64_t h0 = kh * G + g0;
+      const int heads = static_cast<int>(std::min<int64_t>(HEADS_PER_PASS, G - g0));
+      dispatch_heads(heads, [&](auto hc) {
+        values_pass<D, decltype(hc)::value>(scores + h0 * ATTN_SPAN, vrow, kh * D, span, acc_out + h0 * D,
+                                            [&](int64_t i) { if (kh == 0 && g0 == 0) prefetch_row(vrow, i); });
+      });
     }
-    for (int c = 0; c < DC; ++c) _mm256_storeu_ps(acc_out + g * D + 8 * c, acc[c]);
-  }
 }
 
 // out[D] = softmax-weighted values of one query head from its spans' partials (max[s], sum[s],

@@ -3,7 +3,7 @@
 // packed_gemm_f32.h): the fused decode path of CPUs without native bf16 (the AVX2 tier).
 //
 // Same design as the bf16 DecodeStack (decode_stack.h): one OpenMP team stays awake for the whole
-// forward; GEMMs are split over threads by column blocks, attention by (row, KV head, span)
+// forward; GEMMs are split over threads by column blocks, attention by (row, span)
 // items (attention_f32.h); threads meet at a spinning barrier that yields; after two steps in a
 // row in which a thread was pushed off its core, SOLO_STEPS steps run on one thread. Activations
 // and the KV cache are float32.
