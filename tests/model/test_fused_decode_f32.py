@@ -127,6 +127,21 @@ def test_packed_f32_gemm_matches_stored_values(fmt, rows, n, k):
     assert torch.equal(ids, got.argmax(-1))
 
 
+@pytest.mark.parametrize("fmt", ["float32", "bf16", "int8"])
+def test_packed_f32_gemm_rows_do_not_depend_on_the_batch(fmt):
+    """A row's result has the same bits alone, in small batches (weights widened per tile) and in
+    large ones (each block widened once into a float32 scratch shared by the row tiles)."""
+    gen = torch.Generator().manual_seed(4)
+    n, k = 200, 160
+    w = torch.randn(n, k, generator=gen)
+    x = torch.randn(40, k, generator=gen)
+    data, scales = KERNELS.pack_weight_f32(w, WEIGHT_FORMATS[fmt])
+    whole = KERNELS.linear_packed_f32(x, data, scales, WEIGHT_FORMATS[fmt], n)
+    for rows in (1, 2, 5, 6, 7, 13, 33):
+        part = KERNELS.linear_packed_f32(x[:rows].contiguous(), data, scales, WEIGHT_FORMATS[fmt], n)
+        assert torch.equal(part, whole[:rows]), rows
+
+
 def test_packed_f32_argmax_ties_nan_and_inf():
     n, rows = 300, 5
     gen = torch.Generator().manual_seed(1)
