@@ -106,6 +106,27 @@ def test_preemption_while_waiting_for_kv(tiny, prompts, reference):
     # locally) while later ones wait for blocks and for their KV.
     pre = make_core(tiny, "prefill")
     dec = make_core(tiny, "decode", num_blocks=20, budget=16)
+    sched = dec.scheduler
+    ids_all = [f"p{i}" for i in range(len(prompts))]
+    # Per step: did a preemption happen while a request still waited for its KV (queued for
+    # blocks to pull into, or loading)? Which remotely prefilled requests were preempted
+    # (their prompt and outputs then recomputed locally)?
+    preempted_while_waiting, preempted_remote = 0, set()
+    step = dec.step
+
+    def watched_step():
+        nonlocal preempted_while_waiting
+        waiting, before = len(sched.remote), sched.num_preemptions_total
+        outs = step()
+        if sched.num_preemptions_total > before and waiting:
+            preempted_while_waiting += 1
+        for rid in ids_all:
+            req = sched.get_request(rid)
+            if req is not None and req.num_preemptions:
+                preempted_remote.add(rid)
+        return outs
+
+    dec.step = watched_step
     try:
         outs = {}
         for i, ids in enumerate(prompts):
@@ -114,8 +135,10 @@ def test_preemption_while_waiting_for_kv(tiny, prompts, reference):
                             kv_transfer_params=done.kv_transfer_params)
         drive(dec, outs)
         assert [tokens(outs[f"p{i}"]) for i in range(len(prompts))] == reference
-        assert dec.scheduler.stats().num_preemptions_total > 0
-        assert dec.scheduler.stats().num_blocks_used == 0
+        assert sched.stats().num_preemptions_total > 0
+        assert preempted_while_waiting > 0, "no preemption while a request waited for its KV"
+        assert preempted_remote, "no remotely prefilled request was preempted"
+        assert sched.stats().num_blocks_used == 0
     finally:
         pre.close()
         dec.close()
