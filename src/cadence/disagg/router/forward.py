@@ -136,7 +136,12 @@ class Forwarder:
         complete = False
         try:
             async for chunk in resp.aiter_raw():
-                complete = complete or b"data: [DONE]" in chunk
+                if not complete and b"data: [DONE]" in chunk:
+                    complete = True
+                    # The request is over before the client reads [DONE]: one that sends its
+                    # next request on [DONE] must not find this one still counted in flight
+                    # (the auto policy would see a stream to protect that is gone).
+                    counter.__exit__()
                 yield chunk
             if not complete:
                 raise httpx.RemoteProtocolError("stream ended without [DONE]")

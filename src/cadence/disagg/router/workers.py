@@ -53,16 +53,23 @@ class WorkerPool:
 
 
 class Outstanding:
-    """Context manager counting one request's tokens on a worker while it runs."""
+    """Context manager counting one request's tokens on a worker while it runs. Exiting twice
+    counts once: a stream's request ends when its last event passes (before the client can
+    send its next request), and again when the generator closes."""
 
     def __init__(self, worker: Worker, tokens: int) -> None:
         self.worker, self.tokens = worker, tokens
+        self._open = False
 
     def __enter__(self) -> Worker:
         self.worker.outstanding_tokens += self.tokens
         self.worker.outstanding_requests += 1
+        self._open = True
         return self.worker
 
     def __exit__(self, *exc: object) -> None:
+        if not self._open:
+            return
+        self._open = False
         self.worker.outstanding_tokens -= self.tokens
         self.worker.outstanding_requests -= 1
