@@ -22,7 +22,9 @@ Printed per run: the chat streams' max stall and ITL p99 while long prompts ran
 (itl_interfered), ITL p99 over all streams, document TTFT p50/max (ttft_long), TTFT p50 over
 all requests, mean end-to-end latency, output throughput, KV bytes moved and transfer ms per
 handed-off request (from the workers' counters, through the router's /metrics), and the
-router's decisions. The load average is printed before and after (the host may be shared).
+router's decisions: counted by reason, and per request by prompt length (<64, 64-999, >=1000
+tokens: handed off or colocated; the records are in <out>/<config>-<workload>/decisions.json).
+The load average is printed before and after (the host may be shared).
 """
 
 from __future__ import annotations
@@ -84,6 +86,33 @@ def scrape(url: str) -> dict[str, float]:
             if "reason" in s.labels or "route" in s.labels:
                 key = f"{s.name}[{s.labels.get('reason') or s.labels.get('route')}]"
             out[key] = s.value
+    return out
+
+
+def decisions_since(url: str, seq: int) -> tuple[int, list[dict]]:
+    """The router's per-request decisions from `seq` on (none: not a router)."""
+    try:
+        resp = httpx.get(url + "/decisions", params={"since": seq}, timeout=10)
+    except httpx.HTTPError:
+        return seq, []
+    if resp.status_code != 200:
+        return seq, []
+    body = resp.json()
+    return body["next"], body["decisions"]
+
+
+# Prompt length classes of the per-request decisions (router's token estimate).
+LENGTH_CLASSES = ((0, 64, "<64"), (64, 1000, "64-999"), (1000, 10**9, ">=1000"))
+
+
+def decisions_by_length(records: list[dict]) -> dict[str, dict[str, int]]:
+    """{length class: {"disagg"|"coloc": count}} of one workload's requests."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        name = next(n for lo, hi, n in LENGTH_CLASSES if lo <= r["prompt_tokens"] < hi)
+        route = "disagg" if r["disaggregate"] else "coloc"
+        out.setdefault(name, {}).setdefault(route, 0)
+        out[name][route] += 1
     return out
 
 
@@ -151,11 +180,16 @@ def main() -> int:
     for name in args.configs.split(","):
         proc, url = start(configs[name], os.path.join(out, f"{name}.log"))
         try:
+            seq, _ = decisions_since(url, 0)
             for wl in args.workloads.split(","):
                 before = scrape(url)
                 m = run_bench(url, workloads[wl], os.path.join(out, f"{name}-{wl}"))
                 time.sleep(2.5)  # one more scrape of the workers by the router
                 after = scrape(url)
+                seq, records = decisions_since(url, seq)
+                if records:
+                    with open(os.path.join(out, f"{name}-{wl}", "decisions.json"), "w") as f:
+                        json.dump(records, f, indent=0)
                 delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
                 transfers = delta.get("decode:cadence:kv_transfers_total", 0)
                 inter = m["interference"]
@@ -177,6 +211,7 @@ def main() -> int:
                                         if transfers else "-"),
                     "decisions": {k.split("[", 1)[1][:-1]: int(v) for k, v in delta.items()
                                   if k.startswith("cadence_router:decisions_total[") and v},
+                    "by_length": decisions_by_length(records),
                 })
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -185,10 +220,10 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
     print(f"load average after: {os.getloadavg()}; wall {time.monotonic() - wall:.0f} s")
-    keys = [k for k in rows[0] if k != "decisions"]
-    print(" | ".join(keys) + " | decisions")
+    keys = [k for k in rows[0] if k not in ("decisions", "by_length")]
+    print(" | ".join(keys) + " | decisions | by prompt length")
     for r in rows:
-        print(" | ".join(str(r[k]) for k in keys) + f" | {r['decisions']}")
+        print(" | ".join(str(r[k]) for k in keys) + f" | {r['decisions']} | {r['by_length']}")
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"(results in {out})")

@@ -139,9 +139,16 @@ def test_outputs_identical_colocated_and_disaggregated(cluster):
 
 def test_auto_policy_serves_short_prompts_colocated(cluster):
     router = cluster["auto"]
+    seq = httpx.get(router.url + "/decisions").json()["next"]
     _complete(router, PROMPTS[0])
     m = router.metrics()
     assert m["cadence_router:decisions_total{reason=short prompt}"] >= 1
+    # The request's own record: its estimated prompt length, the reason, where it went.
+    record = httpx.get(router.url + "/decisions", params={"since": seq}).json()
+    assert record["next"] == seq + 1 and len(record["decisions"]) == 1
+    d = record["decisions"][0]
+    assert d["reason"] == "short prompt" and not d["disaggregate"]
+    assert 0 < d["prompt_tokens"] < 64 and not d["prompt_tokens_exact"]
     health = httpx.get(router.url + "/health").json()
     assert health["routing_policy"] == "auto" and "prefill_tok_s" in health["cost_model"]
 

@@ -22,7 +22,7 @@ def test_auto_chooses_both_sides_of_the_line():
     decode.outstanding_requests = 3
     # Long prompt, three streams: 3 * 2 s of stall vs 0.8 s transfer + hop -> hand off.
     d = policy.decide(2000, prefill, decode)
-    assert d.disaggregate and d.gain_s > d.cost_s
+    assert d.disaggregate and d.gain_s > d.cost_s and d.streams == 3
     # Short prompt: under the floor.
     assert policy.decide(32, prefill, decode).reason == "short prompt"
     # Mid prompt where moving the KV costs more than the stall it avoids (slow transfer).

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cadence.disagg.router.config import RouterConfig
 from cadence.disagg.router.forward import Forwarder, error_json
-from cadence.disagg.router.policy import CostModel, RoutingPolicy
+from cadence.disagg.router.policy import CostModel, Decision, RoutingPolicy
 from cadence.disagg.router.workers import Worker, WorkerPool
 
 logger = logging.getLogger("cadence.router")
@@ -39,6 +40,7 @@ WORKER_METRICS = ("cadence:kv_transfers_total", "cadence:kv_transfer_bytes_total
                   "cadence:kv_cache_blocks_used")
 
 ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+DECISIONS_KEPT = 4096
 
 
 class RouterMetrics:
@@ -92,6 +94,10 @@ class Router:
         self.client: httpx.AsyncClient | None = None
         self.forward: Forwarder | None = None
         self._scraped: dict[str, dict[str, float]] = {}
+        # The latest decisions, one record per request (GET /decisions): what a benchmark
+        # counts per prompt length, and what an operator reads to see why a request went where.
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
+        self.num_decisions = 0
 
     async def start(self) -> None:
         self.client = httpx.AsyncClient(
@@ -126,6 +132,7 @@ class Router:
         if max_tokens == 1 and decision.disaggregate:
             decision = type(decision)(False, "one token asked")
         self.metrics.decisions.labels(decision.reason).inc()
+        self._record(tokens, exact is not None, decision)
         if decision.disaggregate:
             handoff = await self.forward.prefill(self.prefill, path, body, tokens)
             if isinstance(handoff, Response):
@@ -147,6 +154,18 @@ class Router:
                     handoff.num_prompt_tokens + max_tokens)
         self.metrics.requests.labels("colocated").inc()
         return await self.forward.relay(self.decode, path, body, tokens + max_tokens)
+
+    def _record(self, tokens: int, exact: bool, decision: Decision) -> None:
+        self.decisions.append({
+            "seq": self.num_decisions, "t": time.time(), "prompt_tokens": tokens,
+            "prompt_tokens_exact": exact, "disaggregate": decision.disaggregate,
+            "reason": decision.reason, "streams": round(decision.streams, 3),
+            "gain_s": round(decision.gain_s, 4), "cost_s": round(decision.cost_s, 4)})
+        self.num_decisions += 1
+
+    def decisions_since(self, seq: int) -> dict[str, Any]:
+        return {"next": self.num_decisions,
+                "decisions": [d for d in self.decisions if d["seq"] >= seq]}
 
     # ---- worker /metrics
     async def scrape_forever(self) -> None:
@@ -240,6 +259,13 @@ def create_router_app(cfg: RouterConfig) -> FastAPI:
                              "routing_policy": cfg.routing_policy,
                              "cost_model": router.model.to_dict()},
                             status_code=200 if ok else 503)
+
+    @app.get("/decisions")
+    async def decisions(since: int = 0) -> JSONResponse:
+        """The routing decisions from number `since` on (the latest DECISIONS_KEPT), each with
+        the prompt's tokens (estimated from its characters unless given as token ids), the
+        reason, and the streams, gain and cost the auto policy weighed."""
+        return JSONResponse(router.decisions_since(since))
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -112,6 +112,7 @@ class Decision:
     reason: str
     gain_s: float = 0.0
     cost_s: float = 0.0
+    streams: float = 0.0  # the streams the auto policy weighed (0 where it did not weigh)
 
 
 class RoutingPolicy:
@@ -143,5 +144,5 @@ class RoutingPolicy:
         queue = prefill.outstanding_tokens / m.prefill_tok_s
         cost = queue + m.transfer_s(num_prompt_tokens) + m.hop_s
         if gain > cost:
-            return Decision(True, "interference outweighs handoff", gain, cost)
-        return Decision(False, "handoff costs more", gain, cost)
+            return Decision(True, "interference outweighs handoff", gain, cost, streams)
+        return Decision(False, "handoff costs more", gain, cost, streams)
