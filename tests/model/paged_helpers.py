@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import torch
+import torch.nn.functional as F
 
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.kv_cache import KVCache
@@ -32,3 +33,29 @@ def paged_logits(loaded: LoadedModel, token_ids: list[int], chunk_size: int, blo
             hidden = model(torch.tensor(chunk), meta.positions, meta, kv)
             rows.append(model.compute_logits(hidden))
     return torch.cat(rows)
+
+
+def offset_causal_sdpa(q, keys, values, scale, dtype=torch.float32):
+    """Reference attention in `dtype`: q [n, Hq, D] over keys/values [L, Hkv, D], query j at
+    position L - n + j seeing keys [0, L - n + j]."""
+    n, ctx = q.shape[0], keys.shape[0]
+    mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+    return F.scaled_dot_product_attention(
+        q.to(dtype).transpose(0, 1)[None], keys.to(dtype).transpose(0, 1)[None],
+        values.to(dtype).transpose(0, 1)[None], attn_mask=mask, scale=scale,
+        enable_gqa=True)[0].transpose(0, 1)
+
+
+def cache_slots(table, block_size, length):
+    """The flat cache slots of positions [0, length) under a block table."""
+    return (table[:, None].long() * block_size + torch.arange(block_size)).flatten()[:length]
+
+
+def scatter_to_cache(x, block_size, gen):
+    """x [L, Hkv, D] into a cache [num_blocks, block_size, Hkv, D] of random filler through a
+    shuffled block table (one spare block): (cache, table int32)."""
+    count = -(-x.shape[0] // block_size)
+    table = torch.randperm(count + 1, generator=gen)[:count].to(torch.int32)
+    cache = torch.randn(count + 1, block_size, *x.shape[1:], generator=gen).to(x.dtype)
+    cache.view(-1, *x.shape[1:])[cache_slots(table, block_size, x.shape[0])] = x
+    return cache, table

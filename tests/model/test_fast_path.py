@@ -26,6 +26,8 @@ from cadence.model.prefill_attention import (
 )
 from cadence.model.rope import apply_rope, rope_cos_sin
 
+from .paged_helpers import cache_slots, offset_causal_sdpa, scatter_to_cache
+
 KERNELS = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="CPU kernels could not be built")
 
@@ -293,27 +295,6 @@ needs_prefill_kernel = pytest.mark.skipif(
     reason="prefill kernel not built (no AVX512-BF16)")
 
 
-def offset_causal_sdpa(q, keys, values, scale):
-    """fp32 reference: query j at position L - n + j sees keys [0, L - n + j]."""
-    n, ctx = q.shape[0], keys.shape[0]
-    mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
-    return F.scaled_dot_product_attention(
-        q.float().transpose(0, 1)[None], keys.float().transpose(0, 1)[None],
-        values.float().transpose(0, 1)[None], attn_mask=mask, scale=scale,
-        enable_gqa=True)[0].transpose(0, 1)
-
-
-def scatter_to_cache(x, block_size, gen):
-    """x [L, Hkv, D] into a cache [num_blocks, block_size, Hkv, D] through a shuffled block
-    table (one spare block): (cache, table int32)."""
-    count = -(-x.shape[0] // block_size)
-    table = torch.randperm(count + 1, generator=gen)[:count].to(torch.int32)
-    cache = torch.randn(count + 1, block_size, *x.shape[1:], generator=gen).to(x.dtype)
-    slots = (table[:, None].long() * block_size + torch.arange(block_size)).flatten()[:x.shape[0]]
-    cache.view(-1, *x.shape[1:])[slots] = x
-    return cache, table
-
-
 @needs_prefill_kernel
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("heads, kv_heads", [(9, 3), (4, 4), (8, 2), (6, 1)])  # groups 3, 1, 4, 6
@@ -333,8 +314,7 @@ def test_prefill_kernel_matches_fp32_reference(dim, heads, kv_heads, n, ctx):
                                atol=2e-2, rtol=2e-2)
     k_cache, table = scatter_to_cache(keys, 16, gen)
     v_cache = torch.randn(k_cache.shape, generator=gen).bfloat16()
-    v_cache.view(-1, kv_heads, dim)[
-        (table[:, None].long() * 16 + torch.arange(16)).flatten()[:ctx]] = values
+    v_cache.view(-1, kv_heads, dim)[cache_slots(table, 16, ctx)] = values
     paged = KERNELS.prefill_attention(q, k_cache, v_cache, scale, table, ctx)
     assert torch.equal(paged, got)
 

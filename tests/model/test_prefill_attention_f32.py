@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
 from cadence.model.prefill_attention import (
@@ -17,6 +16,8 @@ from cadence.model.prefill_attention import (
     takes_blocked,
 )
 
+from .paged_helpers import cache_slots, offset_causal_sdpa, scatter_to_cache
+
 KERNELS = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(
     KERNELS is None or KERNELS.kernel_tier() not in F32_KERNEL_TIERS,
@@ -24,24 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def reference(q, keys, values, scale):
-    """float64: query j at position L - n + j sees keys [0, L - n + j]."""
-    n, ctx = q.shape[0], keys.shape[0]
-    mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
-    return F.scaled_dot_product_attention(
-        q.double().transpose(0, 1)[None], keys.double().transpose(0, 1)[None],
-        values.double().transpose(0, 1)[None], attn_mask=mask, scale=scale,
-        enable_gqa=True)[0].transpose(0, 1)
-
-
-def paged(x, block_size, gen):
-    """x [L, Hkv, D] scattered into a cache [blocks, block_size, Hkv, D] of random filler
-    through a shuffled block table (one spare block): (cache, table int32)."""
-    count = -(-x.shape[0] // block_size)
-    table = torch.randperm(count + 1, generator=gen)[:count].to(torch.int32)
-    cache = torch.randn(count + 1, block_size, *x.shape[1:], generator=gen)
-    slots = (table[:, None].long() * block_size + torch.arange(block_size)).flatten()[:x.shape[0]]
-    cache.view(-1, *x.shape[1:])[slots] = x
-    return cache, table
+    return offset_causal_sdpa(q, keys, values, scale, torch.float64)
 
 
 def test_dispatch_picks_the_float32_kernel():
@@ -66,9 +50,9 @@ def test_matches_float64_reference_contiguous_and_paged(dim, heads, kv_heads, n,
     got = KERNELS.prefill_attention_f32(q, keys, values, scale, None, -1)
     assert got.dtype == torch.float32 and got.shape == q.shape
     torch.testing.assert_close(got.double(), reference(q, keys, values, scale), atol=2e-6, rtol=1e-5)
-    k_cache, table = paged(keys, 16, gen)
+    k_cache, table = scatter_to_cache(keys, 16, gen)
     v_cache = torch.randn(k_cache.shape, generator=gen)
-    v_cache.view(-1, kv_heads, dim)[(table[:, None].long() * 16 + torch.arange(16)).flatten()[:ctx]] = values
+    v_cache.view(-1, kv_heads, dim)[cache_slots(table, 16, ctx)] = values
     assert torch.equal(KERNELS.prefill_attention_f32(q, k_cache, v_cache, scale, table, ctx), got)
 
 
@@ -81,9 +65,9 @@ def test_rows_do_not_depend_on_chunking():
     keys = torch.randn(ctx, kv_heads, dim, generator=gen)
     values = torch.randn(ctx, kv_heads, dim, generator=gen)
     whole = KERNELS.prefill_attention_f32(q, keys, values, 0.125, None, -1)
-    k_cache, table = paged(keys, 16, gen)
+    k_cache, table = scatter_to_cache(keys, 16, gen)
     v_cache = torch.zeros_like(k_cache)
-    v_cache.view(-1, kv_heads, dim)[(table[:, None].long() * 16 + torch.arange(16)).flatten()[:ctx]] = values
+    v_cache.view(-1, kv_heads, dim)[cache_slots(table, 16, ctx)] = values
     for start, end in [(0, 1), (1, 40), (40, 64), (64, 300), (300, 517)]:
         chunk = KERNELS.prefill_attention_f32(q[start:end], k_cache, v_cache, 0.125, table, end)
         assert torch.equal(chunk, whole[start:end]), (start, end)
@@ -123,10 +107,7 @@ def test_peaked_and_growing_scores(n, ctx):
     values = torch.randn(ctx, kv_heads, dim, generator=gen)
     exact = reference(q, keys, values, 0.125)
     got = KERNELS.prefill_attention_f32(q, keys, values, 0.125, None, -1)
-    mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
-    torch_f32 = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-        attn_mask=mask, scale=0.125, enable_gqa=True)[0].transpose(0, 1)
+    torch_f32 = offset_causal_sdpa(q, keys, values, 0.125)
     assert torch.isfinite(got).all()
     ours = (got.double() - exact).abs().max().item()
     theirs = (torch_f32.double() - exact).abs().max().item()

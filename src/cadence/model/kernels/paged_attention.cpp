@@ -256,13 +256,8 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
   const int32_t* bt = block_tables.data_ptr<int32_t>();
   const int64_t* seq = row_seq.data_ptr<int64_t>();
   const int64_t* lens = ctx_lens.data_ptr<int64_t>();
-  std::vector<int64_t> item_base(N + 1, 0);
-  for (int64_t n = 0; n < N; ++n) item_base[n + 1] = item_base[n] + avx2::num_spans(lens[n]);
-  const int64_t items = item_base[N];
-  std::vector<int64_t> item_row(items);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t i = item_base[n]; i < item_base[n + 1]; ++i) item_row[i] = n;
-  std::vector<float> part_max(items * Hq), part_sum(items * Hq), part_acc(items * Hq * D);
+  avx2::SpanItems plan(lens, N, Hq, D);
+  const int64_t items = plan.items();
   const int64_t total_positions = std::accumulate(lens, lens + N, int64_t{0});
   // Small batches run on the calling thread (waking the sleeping OpenMP team costs more).
   const bool parallel = total_positions * Hkv >= PARALLEL_MIN_POSITIONS;
@@ -271,12 +266,12 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
     const avx2::FlushDenormals ftz;
     std::vector<float> scores(Hq * avx2::ATTN_SPAN);
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t n = item_row[i], span = i - item_base[n];
-      const int64_t p0 = span * avx2::ATTN_SPAN, p1 = std::min(lens[n], p0 + avx2::ATTN_SPAN);
+      const int64_t n = plan.row[i];
+      const auto [p0, p1] = plan.positions(i, lens[n]);
       const int32_t* table = bt + seq[n] * max_blocks;
       auto run = [&](auto attend) {
-        attend(qp + n * Hq * D, G, Hkv, kp, vp, table, block_size, p0, p1, fscale, scores.data(),
-               part_max.data() + i * Hq, part_sum.data() + i * Hq, part_acc.data() + i * Hq * D);
+        attend(qp + n * Hq * D, G, Hkv, kp, vp, table, block_size, p0, p1, fscale, scores.data(), plan.max_of(i),
+               plan.sum_of(i), plan.acc_of(i));
       };
       if (D == 64) run(avx2::attend_span_f32<64>);
       else run(avx2::attend_span_f32<128>);
@@ -284,17 +279,8 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
   });
   at::parallel_for(0, N * Hq, parallel ? 1 : N * Hq + 1, [&](int64_t begin, int64_t end) {
     std::vector<float> mx, sm;
-    for (int64_t nh = begin; nh < end; ++nh) {
-      const int64_t n = nh / Hq, head = nh % Hq, first = item_base[n], spans = item_base[n + 1] - first;
-      mx.resize(spans);
-      sm.resize(spans);
-      for (int64_t s = 0; s < spans; ++s) {
-        mx[s] = part_max[(first + s) * Hq + head];
-        sm[s] = part_sum[(first + s) * Hq + head];
-      }
-      avx2::merge_partials(mx.data(), sm.data(), part_acc.data() + first * Hq * D + head * D, Hq * D, spans, D,
-                           op + (n * Hq + head) * D);
-    }
+    for (int64_t nh = begin; nh < end; ++nh)
+      avx2::merge_row_head(plan, nh / Hq, nh % Hq, mx, sm, op + nh * D);
   });
 }
 #endif

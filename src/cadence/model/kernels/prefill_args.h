@@ -1,7 +1,10 @@
-// Arguments of the causal prefill attention kernels (bf16: prefill_attention.cpp, float32:
-// avx2/prefill_attention_f32.cpp): one set of checks and one way to find a context position's
-// K/V row, contiguous [L, Hkv, D] or paged [num_blocks, block_size, Hkv, D] through a block table.
+// Arguments and work distribution of the causal prefill attention kernels (bf16:
+// prefill_attention.cpp, float32: avx2/prefill_attention_f32.cpp): one set of checks, one way to
+// find a context position's K/V row (contiguous [L, Hkv, D] or paged [num_blocks, block_size, Hkv,
+// D] through a block table), one way to hand out work items.
 #pragma once
+
+#include <atomic>
 
 #include "common.h"
 
@@ -58,6 +61,19 @@ inline PrefillArgs check_prefill_args(const at::Tensor& q, const at::Tensor& key
                   " out of range [0, ", keys.size(0), ")");
   }
   return a;
+}
+
+// Runs fn(i) for every item i in [0, items), handed out dynamically from item 0 on (callers
+// number the costliest first), so a thread slowed by a busy neighbour takes fewer of them;
+// serial: all on the calling thread.
+template <typename Fn>
+inline void for_items_dynamic(int64_t items, bool serial, Fn&& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = serial ? 1 : std::min<int64_t>(at::get_num_threads(), items);
+  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t w = begin; w < end; ++w)
+      for (int64_t i = next.fetch_add(1); i < items; i = next.fetch_add(1)) fn(i);
+  });
 }
 
 }  // namespace cadence_kernels

@@ -309,16 +309,10 @@ at::Tensor prefill_attention(at::Tensor q, at::Tensor keys, at::Tensor values, d
   const int64_t tiles = (n * p.G + TILE_ROWS - 1) / TILE_ROWS;
   const int64_t items = tiles * Hkv;
   // Item i: tile tiles - 1 - i / Hkv (latest rows, most keys, first), KV head i % Hkv.
-  std::atomic<int64_t> next{0};
-  const int64_t workers = serial ? 1 : std::min<int64_t>(at::get_num_threads(), items);
-  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t w = begin; w < end; ++w) {
-      for (int64_t i = next.fetch_add(1); i < items; i = next.fetch_add(1)) {
-        const int64_t tile = tiles - 1 - i / Hkv, h = i % Hkv;
-        if (D == 64) attend_tile<64>(p, h, tile * TILE_ROWS);
-        else attend_tile<128>(p, h, tile * TILE_ROWS);
-      }
-    }
+  for_items_dynamic(items, serial, [&](int64_t i) {
+    const int64_t tile = tiles - 1 - i / Hkv, h = i % Hkv;
+    if (D == 64) attend_tile<64>(p, h, tile * TILE_ROWS);
+    else attend_tile<128>(p, h, tile * TILE_ROWS);
   });
   return out;
 #else

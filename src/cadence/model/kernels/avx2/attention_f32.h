@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "vec8.h"
 
@@ -170,6 +172,51 @@ void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const float* kc, co
                                             [&](int64_t i) { if (kh == 0 && g0 == 0) prefetch_row(vrow, i); });
       });
     }
+}
+
+// The (row, span) items of a batch of rows with context lengths lens[0..N), row-major, and their
+// partials: max [items][Hq], sum [items][Hq], acc [items][Hq][D].
+struct SpanItems {
+  std::vector<int64_t> base;  // base[n]: row n's first item; base[N]: the item count
+  std::vector<int64_t> row;   // row[i]: item i's row
+  std::vector<float> max, sum, acc;
+  int64_t Hq, D;
+
+  SpanItems(const int64_t* lens, int64_t N, int64_t Hq_, int64_t D_) : base(N + 1, 0), Hq(Hq_), D(D_) {
+    for (int64_t n = 0; n < N; ++n) base[n + 1] = base[n] + num_spans(lens[n]);
+    row.resize(base[N]);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = base[n]; i < base[n + 1]; ++i) row[i] = n;
+    max.resize(base[N] * Hq);
+    sum.resize(base[N] * Hq);
+    acc.resize(base[N] * Hq * D);
+  }
+  int64_t items() const { return base.back(); }
+  // Item i's positions [p0, p1) of its row (context length len).
+  std::pair<int64_t, int64_t> positions(int64_t i, int64_t len) const {
+    const int64_t p0 = (i - base[row[i]]) * ATTN_SPAN;
+    return {p0, std::min(len, p0 + ATTN_SPAN)};
+  }
+  float* max_of(int64_t i) { return max.data() + i * Hq; }
+  float* sum_of(int64_t i) { return sum.data() + i * Hq; }
+  float* acc_of(int64_t i) { return acc.data() + i * Hq * D; }
+};
+
+inline void merge_partials(const float* max, const float* sum, const float* acc, int64_t acc_stride,
+                           int64_t spans, int64_t D, float* out);
+
+// out[D]: query head `head` of row n, its spans' partials merged in span order. mx, sm: scratch.
+inline void merge_row_head(const SpanItems& it, int64_t n, int64_t head, std::vector<float>& mx,
+                           std::vector<float>& sm, float* out) {
+  const int64_t first = it.base[n], spans = it.base[n + 1] - first;
+  mx.resize(spans);
+  sm.resize(spans);
+  for (int64_t s = 0; s < spans; ++s) {
+    mx[s] = it.max[(first + s) * it.Hq + head];
+    sm[s] = it.sum[(first + s) * it.Hq + head];
+  }
+  merge_partials(mx.data(), sm.data(), it.acc.data() + first * it.Hq * it.D + head * it.D, it.Hq * it.D, spans,
+                 it.D, out);
 }
 
 // out[D] = softmax-weighted values of one query head from its spans' partials (max[s], sum[s],

@@ -123,15 +123,9 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
   const float* cp = c.data_ptr<float>();
   const float* sp = s.data_ptr<float>();
 
-  // Attention items (row, span), row-major; item_base[t] is row t's first.
-  std::vector<int64_t> item_base(T + 1, 0);
-  for (int64_t t = 0; t < T; ++t) item_base[t + 1] = item_base[t] + avx2::num_spans(lenp[t]);
-  const int64_t items = item_base[T];
-  std::vector<int64_t> item_row(items);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = item_base[t]; i < item_base[t + 1]; ++i) item_row[i] = t;
-  // Partials per item: max [Hq], sum [Hq], acc [Hq, D].
-  std::vector<float> part_max(items * Hq), part_sum(items * Hq), part_acc(items * Hq * D);
+  // Attention items (row, span) and their partials.
+  avx2::SpanItems plan(lenp, T, Hq, D);
+  const int64_t items = plan.items();
 
   std::vector<float> qkv_buf(T * qkv_width), attn_buf(T * Hq * D), o_buf(T * H), act_buf(T * I), down_buf(T * H),
       gate_up_buf(T * 2 * I);
@@ -200,36 +194,23 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
         lap(1);
         // 3. attention partials, then the merge of each (row, head)'s spans.
         for (int64_t i = next_item[l].fetch_add(1); i < items; i = next_item[l].fetch_add(1)) {
-          const int64_t t = item_row[i];
-          const int64_t span = i - item_base[t];
-          const int64_t p0 = span * avx2::ATTN_SPAN, p1 = std::min(lenp[t], p0 + avx2::ATTN_SPAN);
+          const int64_t t = plan.row[i];
+          const auto [p0, p1] = plan.positions(i, lenp[t]);
           const float* q = qkv_buf.data() + t * qkv_width;
           const int32_t* table = btp + seqp[t] * max_blocks;
-          float* pm = part_max.data() + i * Hq;
-          float* ps = part_sum.data() + i * Hq;
-          float* pa = part_acc.data() + i * Hq * D;
           if (D == 64)
-            avx2::attend_span_f32<64>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(), pm, ps, pa);
+            avx2::attend_span_f32<64>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
+                                      plan.max_of(i), plan.sum_of(i), plan.acc_of(i));
           else
-            avx2::attend_span_f32<128>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(), pm, ps, pa);
+            avx2::attend_span_f32<128>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
+                                       plan.max_of(i), plan.sum_of(i), plan.acc_of(i));
         }
         sync();
         {
           const auto [h0, h1] = share(T * Hq, tid, nth);
           std::vector<float> mx, sm;
-          for (int64_t th = h0; th < h1; ++th) {
-            const int64_t t = th / Hq, head = th % Hq;
-            const int64_t spans = avx2::num_spans(lenp[t]);
-            const int64_t first = item_base[t];
-            mx.resize(spans);
-            sm.resize(spans);
-            for (int64_t sidx = 0; sidx < spans; ++sidx) {
-              mx[sidx] = part_max[(first + sidx) * Hq + head];
-              sm[sidx] = part_sum[(first + sidx) * Hq + head];
-            }
-            avx2::merge_partials(mx.data(), sm.data(), part_acc.data() + first * Hq * D + head * D, Hq * D, spans, D,
-                                 attn_buf.data() + t * Hq * D + head * D);
-          }
+          for (int64_t th = h0; th < h1; ++th)
+            avx2::merge_row_head(plan, th / Hq, th % Hq, mx, sm, attn_buf.data() + th * D);
         }
         sync();
         lap(2);
