@@ -59,3 +59,25 @@ def scatter_to_cache(x, block_size, gen):
     cache = torch.randn(count + 1, block_size, *x.shape[1:], generator=gen).to(x.dtype)
     cache.view(-1, *x.shape[1:])[cache_slots(table, block_size, x.shape[0])] = x
     return cache, table
+
+
+def bad_prefill_attention_calls(dtype):
+    """(error message pattern, arguments) of calls the prefill attention kernels of `dtype`
+    (bf16: prefill_attention, float32: prefill_attention_f32) must refuse."""
+    q, kv = torch.zeros(4, 4, 64, dtype=dtype), torch.zeros(8, 2, 64, dtype=dtype)
+    cache, table = torch.zeros(3, 4, 2, 64, dtype=dtype), torch.tensor([2, 0], dtype=torch.int32)
+    other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+    return [
+        ("bfloat16" if dtype == torch.bfloat16 else "float32", (q.to(other), kv, kv, 1.0, None, -1)),
+        ("head_dim 64 or 128", (q[..., :32], kv[..., :32], kv[..., :32], 1.0, None, -1)),
+        ("differ in head_dim", (q, kv[..., :32], kv[..., :32], 1.0, None, -1)),
+        ("multiple of KV heads", (torch.zeros(4, 3, 64, dtype=dtype), kv, kv, 1.0, None, -1)),
+        ("shorter than the chunk", (torch.zeros(9, 4, 64, dtype=dtype), kv, kv, 1.0, None, -1)),
+        ("differ in shape", (q, kv, kv[:7], 1.0, None, -1)),
+        ("q \\[n, Hq, D\\]", (q[0], kv, kv, 1.0, None, -1)),
+        ("ctx_len", (q, kv, kv, 1.0, None, 5)),
+        ("out of range", (q, cache, cache, 1.0, torch.tensor([2, 3], dtype=torch.int32), 8)),
+        ("shorter than ctx_len", (q, cache, cache, 1.0, table, 9)),
+        ("1-D int32", (q, cache, cache, 1.0, table.long(), 8)),
+        ("caches", (q, kv, kv, 1.0, table, 8)),
+    ]

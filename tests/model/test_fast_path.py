@@ -26,7 +26,7 @@ from cadence.model.prefill_attention import (
 )
 from cadence.model.rope import apply_rope, rope_cos_sin
 
-from .paged_helpers import cache_slots, offset_causal_sdpa, scatter_to_cache
+from .paged_helpers import bad_prefill_attention_calls, cache_slots, offset_causal_sdpa, scatter_to_cache
 
 KERNELS = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="CPU kernels could not be built")
@@ -374,23 +374,7 @@ def test_causal_prefill_attention_falls_back_without_kernel():
 
 @needs_prefill_kernel
 def test_prefill_kernel_rejects_bad_input():
-    bf = torch.bfloat16
-    q, kv = torch.zeros(4, 4, 64, dtype=bf), torch.zeros(8, 2, 64, dtype=bf)
-    cache, table = torch.zeros(3, 4, 2, 64, dtype=bf), torch.tensor([2, 0], dtype=torch.int32)
-    cases = [
-        ("bfloat16", (q.float(), kv, kv, 1.0, None, -1)),
-        ("head_dim 64 or 128", (q[..., :32], kv[..., :32], kv[..., :32], 1.0, None, -1)),
-        ("differ in head_dim", (q, kv[..., :32], kv[..., :32], 1.0, None, -1)),
-        ("multiple of KV heads", (torch.zeros(4, 3, 64, dtype=bf), kv, kv, 1.0, None, -1)),
-        ("shorter than the chunk", (torch.zeros(9, 4, 64, dtype=bf), kv, kv, 1.0, None, -1)),
-        ("differ in shape", (q, kv, kv[:7], 1.0, None, -1)),
-        ("q \\[n, Hq, D\\]", (q[0], kv, kv, 1.0, None, -1)),
-        ("ctx_len", (q, kv, kv, 1.0, None, 5)),
-        ("out of range", (q, cache, cache, 1.0, torch.tensor([2, 3], dtype=torch.int32), 8)),
-        ("shorter than ctx_len", (q, cache, cache, 1.0, table, 9)),
-        ("1-D int32", (q, cache, cache, 1.0, table.long(), 8)),
-        ("caches", (q, kv, kv, 1.0, table, 8)),
-    ]
+    cases = bad_prefill_attention_calls(torch.bfloat16)
     for match, args in cases:
         with pytest.raises(RuntimeError, match=match):
             KERNELS.prefill_attention(*args)
