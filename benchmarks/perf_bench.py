@@ -362,11 +362,12 @@ def _run_all(args: argparse.Namespace) -> list[Row]:
             other = by_key.get((what, "transformers"))
             if system == "cadence" and other is not None:
                 print(f"  {what:<22} {row.tokens_per_s / other.tokens_per_s:6.2f}x")
-    peer = {r.what: r for r in rows if r.system.startswith("llama.cpp")}
+    # A list, not a dict by test name: the Q4_1 and F16 rows share their names (pp512, tg128).
+    peer = [r for r in rows if r.system.startswith("llama.cpp")]
     if peer:
         print("cadence / llama.cpp's best (same GGUF, same threads):")
-        best_tg = max((r.tokens_per_s for w, r in peer.items() if "tg128" in w), default=None)
-        best_pp = max((r.tokens_per_s for w, r in peer.items() if "pp512" in w), default=None)
+        best_tg = max((r.tokens_per_s for r in peer if "tg128" in r.what), default=None)
+        best_pp = max((r.tokens_per_s for r in peer if "pp512" in r.what), default=None)
         for row in rows:
             if row.system != "cadence":
                 continue
