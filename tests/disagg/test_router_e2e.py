@@ -137,18 +137,20 @@ def test_outputs_identical_colocated_and_disaggregated(cluster):
     assert used == [0, 0, 0]
 
 
-def test_auto_policy_serves_short_prompts_colocated(cluster):
+def test_auto_policy_serves_a_lone_request_colocated(cluster):
     router = cluster["auto"]
     seq = httpx.get(router.url + "/decisions").json()["next"]
-    _complete(router, PROMPTS[0])
+    for prompt in PROMPTS[:2]:  # one at a time: never a stream to protect
+        _complete(router, prompt)
     m = router.metrics()
-    assert m["cadence_router:decisions_total{reason=short prompt}"] >= 1
-    # The request's own record: its estimated prompt length, the reason, where it went.
+    assert m["cadence_router:decisions_total{reason=no stream to protect}"] >= 2
+    assert m.get("cadence_router:requests_total{route=disaggregated}", 0) == 0
+    # The requests' own records: estimated prompt lengths, the reason, where each went.
     record = httpx.get(router.url + "/decisions", params={"since": seq}).json()
-    assert record["next"] == seq + 1 and len(record["decisions"]) == 1
-    d = record["decisions"][0]
-    assert d["reason"] == "short prompt" and not d["disaggregate"]
-    assert 0 < d["prompt_tokens"] < 64 and not d["prompt_tokens_exact"]
+    assert record["next"] == seq + 2 and len(record["decisions"]) == 2
+    for d in record["decisions"]:
+        assert d["reason"] == "no stream to protect" and not d["disaggregate"]
+        assert d["prompt_tokens"] > 0 and not d["prompt_tokens_exact"]
     health = httpx.get(router.url + "/health").json()
     assert health["routing_policy"] == "auto" and "prefill_tok_s" in health["cost_model"]
 

@@ -79,6 +79,40 @@ def test_cost_model_learns():
     assert abs(m.tokens_per_char - 0.25) < 0.01 and m.estimate_tokens(400) == 100
 
 
+def test_prefill_fit_fixed_and_per_token():
+    m = CostModel()
+    for _ in range(20):  # calls of 100 and 1000 tokens: 0.2 s fixed + 1 ms per token
+        m.observe_prefill(100, 0.3)
+        m.observe_prefill(1000, 1.2)
+    assert abs(m.prefill_tok_s - 1000) < 1 and abs(m.prefill_fixed_s - 0.2) < 1e-3
+    assert abs(m.prefill_queue_s(3, 1500) - (0.6 + 1.5)) < 1e-2
+    m = CostModel()
+    for _ in range(20):  # the same length every time: no fixed part can be told apart
+        m.observe_prefill(500, 1.0)
+    assert abs(m.prefill_tok_s - 500) < 1 and m.prefill_fixed_s == 0.0
+
+
+def test_short_prompts_handed_off_until_the_prefill_backlog_costs_more():
+    # The default has no length floor: a 30-token prompt stalls 6 streams by 6 * 30 ms, more
+    # than moving its KV (30 * 20 kB at 100 MB/s) and the hop cost.
+    m = _model()
+    m.prefill_fixed_s = 0.1
+    policy = RoutingPolicy("auto", m)
+    prefill, decode = Worker("p", "prefill"), Worker("d", "decode")
+    decode.outstanding_requests = 6
+    d = policy.decide(30, prefill, decode)
+    assert d.disaggregate and d.gain_s > d.cost_s
+    # Ten short calls queued on the prefill worker: their fixed cost alone (1 s) exceeds the
+    # stall a colocated prefill of this prompt causes: colocated.
+    prefill.outstanding_requests, prefill.outstanding_tokens = 10, 300
+    d = policy.decide(30, prefill, decode)
+    assert not d.disaggregate and d.reason == "handoff costs more" and d.cost_s > 1.0
+    # A floor, where a deployment wants one, still keeps short prompts colocated.
+    prefill.outstanding_requests, prefill.outstanding_tokens = 0, 0
+    assert RoutingPolicy("auto", m, min_prompt_tokens=64).decide(
+        30, prefill, decode).reason == "short prompt"
+
+
 def test_least_outstanding_tokens_and_failed_workers_last():
     pool = WorkerPool("decode", ("http://a", "http://b", "http://c"))
     a, b, c = pool.workers

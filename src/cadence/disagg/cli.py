@@ -77,8 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--routing-policy", choices=POLICIES, default="auto",
                         help=_help(RouterConfig, "routing_policy"))
-    parser.add_argument("--min-disagg-prompt-tokens", type=int, default=64,
-                        help="auto: shorter prompts are always served colocated (default: 64).")
+    parser.add_argument("--min-disagg-prompt-tokens", type=int, default=0,
+                        help="auto: shorter prompts are always served colocated (default: 0, "
+                             "the measured cost model decides for every length).")
     parser.add_argument("--api-key", default=None,
                         help="Sent to the workers as 'Authorization: Bearer KEY'.")
     parser.add_argument("--log-level", default="info",

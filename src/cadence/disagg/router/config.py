@@ -18,8 +18,8 @@ class RouterConfig:
                 "worker outweighs the measured handoff cost (prefill queue, KV transfer, extra "
                 "hop); always: every request through a prefill worker; never: every request "
                 "colocated on a decode worker.", "choices": POLICIES})
-    # Prompts shorter than this are never worth a handoff (auto).
-    min_disagg_prompt_tokens: int = 64
+    # Prompts shorter than this are never handed off (auto); 0: the cost model decides alone.
+    min_disagg_prompt_tokens: int = 0
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 2.0
     # How long a worker that failed a connection is skipped.

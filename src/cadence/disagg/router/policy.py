@@ -8,13 +8,20 @@ hand its KV over? `always` and `never` are there for comparison; `auto` weighs, 
             number it measured in flight when requests arrive: a long prefill also stalls the
             requests that arrive while it runs)
     cost  = prefill_queue + P * kv_bytes_per_token / transfer_bandwidth + hop
-            (what the handoff adds to this request: the prefill worker's backlog, moving its
-            KV, the extra HTTP hop)
+            (what the handoff adds to this request: the prefill worker's backlog, each call
+            there taking prefill_fixed + its tokens / prefill_rate, moving its KV, the extra
+            HTTP hop)
 
-and disaggregates when gain > cost. With no stream to protect, or a prompt shorter than
-`min_disagg_prompt_tokens`, colocated wins outright (no handoff is cheaper than any handoff).
-Every term is measured while serving (`CostModel`): prefill throughput from prefill calls made
-to an idle worker, transfer bandwidth and bytes per token from the decode workers' /metrics
+and disaggregates when gain > cost. With no stream to protect colocated wins outright (no
+handoff is cheaper than any handoff). Short prompts go through the same comparison: on a slow
+CPU even a 30-token prefill stalls every stream longer than its handoff costs (measured here:
+a fixed 64-token floor kept them colocated and the streams of a short/long mix stalled 4-10x
+longer than with every request handed off); `min_disagg_prompt_tokens` can still set a floor.
+The prefill worker's backlog counts a fixed cost per call (HTTP, scheduling, the first token)
+besides its tokens, so that many short handoffs queued there make colocated win again.
+Every term is measured while serving (`CostModel`): the prefill time of calls made to an idle
+worker (fitted as fixed + per token), transfer bandwidth and bytes per token from the decode
+workers' /metrics
 counters, the hop from the round trip of those scrapes, tokens per character from usage, the
 requests in flight seen at arrivals as a mean that forgets with a time constant (Poisson
 arrivals see the time average: a steady stream of requests keeps it up, requests sent one at a
@@ -41,6 +48,8 @@ class CostModel:
 
     tokens_per_char: float = 0.3
     prefill_tok_s: float = 1000.0
+    # Seconds of a prefill call that do not grow with its tokens (fitted with prefill_tok_s).
+    prefill_fixed_s: float = 0.0
     transfer_bytes_s: float = 1e9
     kv_bytes_per_token: float = 0.0
     hop_s: float = 0.005
@@ -50,6 +59,8 @@ class CostModel:
     _concurrency_sum: float = 0.0
     _concurrency_count: float = 0.0
     _concurrency_t: float | None = None
+    # Decayed sums over idle prefill calls (tokens x, seconds y) for the fit y = fixed + x / rate.
+    _fit: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, x, y, xx, xy
     samples: dict[str, int] = field(default_factory=lambda: {
         "prompt": 0, "prefill": 0, "transfer": 0, "hop": 0, "arrival": 0})
 
@@ -77,11 +88,26 @@ class CostModel:
             self.tokens_per_char = _ema(self.tokens_per_char, num_tokens / num_chars)
             self.samples["prompt"] += 1
 
-    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
-        """A prefill call to a worker that had nothing else outstanding."""
-        if num_tokens >= 16 and seconds > 0:
-            self.prefill_tok_s = _ema(self.prefill_tok_s, num_tokens / seconds)
-            self.samples["prefill"] += 1
+    def observe_prefill(self, num_tokens: int, seconds: float, alpha: float = 0.2) -> None:
+        """A prefill call to a worker that had nothing else outstanding: refit
+        seconds = prefill_fixed_s + tokens / prefill_tok_s by least squares over the calls,
+        older ones weighed down by (1 - alpha) per call. While the calls' lengths barely differ
+        the fixed part cannot be told apart: all of it counts as per-token time."""
+        if num_tokens < 1 or seconds <= 0:
+            return
+        x, y = float(num_tokens), float(seconds)
+        self._fit = [(1 - alpha) * old + alpha * new
+                     for old, new in zip(self._fit, (1.0, x, y, x * x, x * y))]
+        n, sx, sy, sxx, sxy = self._fit
+        mx, my = sx / n, sy / n
+        var = sxx / n - mx * mx
+        slope = (sxy / n - mx * my) / var if var > (0.1 * mx) ** 2 else 0.0
+        fixed = my - slope * mx
+        if slope <= 0 or fixed < 0:
+            slope, fixed = my / mx, 0.0
+        self.prefill_tok_s = 1.0 / slope
+        self.prefill_fixed_s = fixed
+        self.samples["prefill"] += 1
 
     def observe_transfers(self, num_bytes: float, seconds: float) -> None:
         if num_bytes > 0 and seconds > 0:
@@ -96,11 +122,16 @@ class CostModel:
     def estimate_tokens(self, num_chars: int) -> int:
         return max(1, round(num_chars * self.tokens_per_char))
 
+    def prefill_queue_s(self, num_calls: int, num_tokens: int) -> float:
+        """Seconds for a prefill worker to get through `num_calls` calls of `num_tokens`."""
+        return num_calls * self.prefill_fixed_s + num_tokens / self.prefill_tok_s
+
     def transfer_s(self, num_tokens: int) -> float:
         return num_tokens * self.kv_bytes_per_token / self.transfer_bytes_s
 
     def to_dict(self) -> dict:
         return {"tokens_per_char": self.tokens_per_char, "prefill_tok_s": self.prefill_tok_s,
+                "prefill_fixed_s": self.prefill_fixed_s,
                 "transfer_bytes_s": self.transfer_bytes_s,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "hop_s": self.hop_s,
                 "mean_in_flight": self.mean_in_flight, "samples": dict(self.samples)}
@@ -118,7 +149,7 @@ class Decision:
 class RoutingPolicy:
     """`auto` | `always` | `never` over one CostModel (see the module docstring)."""
 
-    def __init__(self, name: str, model: CostModel, min_prompt_tokens: int = 64) -> None:
+    def __init__(self, name: str, model: CostModel, min_prompt_tokens: int = 0) -> None:
         self.name = name
         self.model = model
         self.min_prompt_tokens = min_prompt_tokens
@@ -141,7 +172,7 @@ class RoutingPolicy:
         if streams == 0:
             return Decision(False, "no stream to protect")
         gain = streams * num_prompt_tokens / m.prefill_tok_s
-        queue = prefill.outstanding_tokens / m.prefill_tok_s
+        queue = m.prefill_queue_s(prefill.outstanding_requests, prefill.outstanding_tokens)
         cost = queue + m.transfer_s(num_prompt_tokens) + m.hop_s
         if gain > cost:
             return Decision(True, "interference outweighs handoff", gain, cost, streams)
