@@ -61,6 +61,11 @@ DEFAULT_SHAPES: tuple[ProfileShape, ...] = (
     ProfileShape(decodes=4, chunk=64, chunk_start=512),
     ProfileShape(chunk=128, chunk_start=768),
     ProfileShape(decodes=4, chunk=96, chunk_start=1408),
+    # A chunk the size of a floor-sized one from position 0: the slo floor compares chunked
+    # prefills with the prompt run whole (thousands of tokens), an extrapolation that chunks
+    # of <= 256 tokens pinned down poorly (the per-token cost falls with the chunk size, and
+    # a chunk's own causal pairs are a visible share of its time only at this size).
+    ProfileShape(chunk=512),
 )
 
 

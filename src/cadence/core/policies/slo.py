@@ -69,6 +69,12 @@ class SLOPolicy(Policy):
         # Whether the latest build's mixed step was sized by the floor (observe_step then
         # folds its measured time into reachable_itl_s).
         self._floor_sized_last = False
+        # Per request in prefill: [chunks its prefill floor planned, chunks granted since].
+        # The count is kept for the request's later chunks (their sizes follow the model):
+        # re-planned at every step, the plan followed the online fit's drift between the
+        # per-pair terms (chunks at later positions cannot tell them apart) and broke the
+        # bound, which is a bound on the number of chunks' overheads.
+        self._floor_plans: dict[str, list[int]] = {}
 
     def build(self, step: StepBuilder) -> None:
         running = step.running_by_rank()
@@ -76,6 +82,10 @@ class SLOPolicy(Policy):
         prefills = [r for r in running if r.num_remaining_tokens > 1]
         step.schedule_running(decodes, self.budget_chunk)
         self._floor_sized_last = False
+        # Plans of requests no longer in prefill (done, preempted, aborted) are dropped: a
+        # preempted one is planned afresh when it is admitted again.
+        in_prefill = {r.req_id for r in prefills}
+        self._floor_plans = {k: v for k, v in self._floor_plans.items() if k in in_prefill}
         # What made it into the step so far (a plan is a read-only snapshot of the builder).
         so_far = step.build_plan(step_id=-1)
         if all(c.is_prefill for c in so_far.chunks):
@@ -105,6 +115,7 @@ class SLOPolicy(Policy):
             # toward larger chunks (as this had) makes every step, and so every stream's
             # gap, longer by the same factor (1.3-1.5x under load).
             slowdown=self.config.max_prefill_slowdown,
+            plans=self._floor_plans,
         )
 
     def schedule_prompts(self, step: StepBuilder, prefills: list, sizer: ChunkSizer) -> None:
@@ -116,15 +127,17 @@ class SLOPolicy(Policy):
             # at num_tokens - remaining.
             head = step.peek_waiting()
             start = head.num_tokens - remaining if head is not None else 0
-            return sizer.size(start, remaining, budget)
+            return sizer.size(start, remaining, budget, head.req_id if head is not None else None)
 
         if self.partial.enabled:
             self.partial.schedule(
-                step, prefills, lambda r: sizer.rule_from(r.num_computed_tokens), admission_rule
+                step, prefills, lambda r: sizer.rule_from(r.num_computed_tokens, r.req_id),
+                admission_rule,
             )
             return
         for request in prefills:
-            step.schedule_running([request], sizer.rule_from(request.num_computed_tokens))
+            step.schedule_running([request],
+                                  sizer.rule_from(request.num_computed_tokens, request.req_id))
         step.admit_waiting(admission_rule)
 
     def budget_chunk(self, remaining: int, budget: int, step_is_empty: bool) -> int:
@@ -187,6 +200,7 @@ class ChunkSizer:
         min_chunk: int,
         threshold: int = 0,
         slowdown: float = float("inf"),
+        plans: dict[str, list[int]] | None = None,
     ) -> None:
         self.cost_model = cost_model
         self.target_s = target_s
@@ -196,19 +210,21 @@ class ChunkSizer:
         # The fixed cost each chunk's work must cover (F <= (slowdown - 1) W): W >= F / excess.
         self.excess = slowdown - 1.0
         self.granted_any = False
+        # req_id -> [chunks planned, chunks granted] (SLOPolicy._floor_plans).
+        self.plans = plans if plans is not None else {}
         # True when the floor, not the target, sized a chunk of this step.
         self.floor_won = False
 
-    def rule_from(self, start: int) -> ChunkRule:
+    def rule_from(self, start: int, req_id: str | None = None) -> ChunkRule:
         """A ChunkRule for one request whose next chunk starts at position `start`."""
 
         def rule(remaining: int, budget: int, step_is_empty: bool) -> int:
-            return self.size(start, remaining, budget)
+            return self.size(start, remaining, budget, req_id)
 
         return rule
 
-    def size(self, start: int, remaining: int, budget: int) -> int:
-        """Tokens for a chunk from `start` (the request needs `remaining`, the step has
+    def size(self, start: int, remaining: int, budget: int, req_id: str | None = None) -> int:
+        """Tokens for a chunk from `start` (request `req_id` needs `remaining`, the step has
         `budget` left); 0 means not this step."""
         cap = min(remaining, budget)
         if self.threshold > 0:
@@ -216,7 +232,7 @@ class ChunkSizer:
         if cap <= 0:
             return 0
         fits = self._largest_fitting(start, cap)
-        floor = 0 if self.granted_any else self._prefill_floor(start, remaining, cap)
+        floor = 0 if self.granted_any else self._prefill_floor(start, remaining, cap, req_id)
         if floor > max(fits, self.min_chunk):
             num_new = floor
             self.floor_won = True
@@ -229,6 +245,8 @@ class ChunkSizer:
         if num_new > 0:
             self.features = self.features + StepFeatures.of_chunk(start, num_new)
             self.granted_any = True
+            if req_id in self.plans:
+                self.plans[req_id][1] += 1
         return num_new
 
     def _largest_fitting(self, start: int, cap: int) -> int:
@@ -244,30 +262,120 @@ class ChunkSizer:
                 hi = mid - 1
         return lo
 
-    def _prefill_floor(self, start: int, remaining: int, cap: int) -> int:
-        """The smallest chunk whose predicted work covers this step's fixed cost 1/excess
-        times, then evened out over the chunks the rest of the prompt needs; <= cap."""
+    def _prefill_floor(self, start: int, remaining: int, cap: int,
+                       req_id: str | None = None) -> int:
+        """This step's chunk under the shortest step time T that keeps the prompt's chunked
+        prefill within the slowdown bound; <= cap.
+
+        The prompt (its `start + remaining` tokens, planned from position 0 at every step so
+        that the plan stays one plan while the model stands still) costs U run whole in one
+        step. Split into chunks that each fill a step of T seconds, it costs C(T): each step
+        pays the fixed cost again (what the step holds so far, the decodes, plus carrying a
+        prompt chunk at all: the per-op path on CPU), and each later chunk attends the earlier
+        ones' keys as cached context (a slower path than a whole prompt's causal attention).
+        T is the smallest with C(T) - U <= excess * (U - fixed cost): the prefill stays
+        within max_prefill_slowdown times its eager time (under the model), and the steps
+        take about the same time (chunks late in the prompt, with more context, are smaller),
+        so the streams' largest gap is close to their typical one.
+
+        Earlier forms broke the bound: sizing chunk by chunk (each chunk's work covers its own
+        overhead) missed that a small early chunk makes every later one pay context pairs,
+        and planning only the rest of the prompt at each step granted each rest a fresh
+        allowance; with an extra cost per pair against cached context they came out 1.5-1.9x
+        eager."""
         if not math.isfinite(self.excess):
             return 0
-        # The step's fixed cost: what it holds so far (the decodes) plus what carrying a
-        # prompt chunk at all costs (the per-op path on CPU), which every chunk pays again.
-        fixed = self.cost_model.predict(self.features + StepFeatures(prompt_step=1))
-        need = fixed / self.excess
+        plan = _ChunkPlan(self.cost_model, self.features, start + remaining)
+        counts = self.plans.get(req_id) if req_id is not None else None
+        if counts is None:
+            step_s = plan.shortest_step_s(self.excess)
+            if req_id is not None:
+                self.plans[req_id] = [plan.num_chunks(0, step_s), 0]
+        else:
+            step_s = plan.step_for_chunks(start, max(1, counts[0] - counts[1]))
+        n = plan.chunk_within(start, step_s)
+        if remaining - n < self.min_chunk:
+            n = remaining  # a sliver would pay a whole step's fixed cost for a few tokens
+        return max(min(cap, self.min_chunk), min(cap, n))
 
-        def work(n: int) -> float:
-            return self.cost_model.predict(self.features + StepFeatures.of_chunk(start, n)) - fixed
 
-        if work(cap) < need:
-            return cap  # even the largest chunk allowed is too small to cover it: take it
-        lo, hi = 1, cap
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if work(mid) >= need:
+class _ChunkPlan:
+    """The step time of one prompt chunk of n tokens from position s, next to what a step
+    already holds, in the model's linear form:
+
+        t(s, n) = fixed + p n + a (n s + n (n + 1) / 2) + x n s
+
+    (p per prompt token, a per attention pair, x the extra per pair against cached context),
+    and the plans of a prompt of `length` tokens into chunks that fill steps of T seconds."""
+
+    def __init__(self, model: StepCostModel, held: StepFeatures, length: int) -> None:
+        c = model.coefficients
+        self.fixed = model.predict(held + StepFeatures(prompt_step=1))
+        self.p, self.a, self.x = c.per_prefill_token_s, c.per_attention_pair_s, c.per_context_pair_s
+        self.length = length
+
+    def step_s(self, s: int, n: int) -> float:
+        return self.fixed + self.p * n + self.a * (n * s + n * (n + 1) / 2) + self.x * n * s
+
+    def chunk_within(self, s: int, step_s: float) -> int:
+        """The most tokens from position s whose step takes <= step_s (at least 1)."""
+        # a/2 n^2 + (p + a/2 + (a + x) s) n - (step_s - fixed) <= 0
+        quad, lin, room = self.a / 2, self.p + self.a / 2 + (self.a + self.x) * s, step_s - self.fixed
+        if room <= 0:
+            return 1
+        if quad > 0:
+            n = (-lin + math.sqrt(lin * lin + 4 * quad * room)) / (2 * quad)
+        elif lin > 0:
+            n = room / lin
+        else:
+            return self.length
+        n = int(n)
+        while n > 1 and self.step_s(s, n) > step_s:  # float rounding at the boundary
+            n -= 1
+        return max(1, min(n, self.length))
+
+    def num_chunks(self, start: int, step_s: float) -> int:
+        """Chunks of steps of step_s that the prompt needs from position `start` on."""
+        count, pos = 0, start
+        while pos < self.length:
+            pos += self.chunk_within(pos, step_s)
+            count += 1
+        return count
+
+    def step_for_chunks(self, start: int, num_chunks: int) -> float:
+        """The smallest step time that finishes the prompt from `start` in `num_chunks`."""
+        lo, hi = self.fixed, self.step_s(start, self.length - start)
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            if self.num_chunks(start, mid) <= num_chunks:
                 hi = mid
             else:
-                lo = mid + 1
-        # Equal chunks, each at least the floor (rounding the count down: rounding it up
-        # made every chunk slightly smaller than the floor, and the floor is recomputed
-        # each step, so the shortfall added up past the slowdown bound).
-        num_chunks = max(1, remaining // lo)
-        return min(cap, math.ceil(remaining / num_chunks))
+                lo = mid
+            if hi - lo <= 1e-3 * hi:
+                break
+        return hi
+
+    def chunked_s(self, step_s: float) -> float:
+        """Seconds of the whole prompt in chunks that fill steps of step_s."""
+        total, pos = 0.0, 0
+        while pos < self.length:
+            n = min(self.chunk_within(pos, step_s), self.length - pos)
+            total += self.step_s(pos, n)
+            pos += n
+        return total
+
+    def shortest_step_s(self, excess: float) -> float:
+        """The smallest step time whose chunked prompt costs at most `excess` of the whole
+        prompt's own work more than running it whole (the whole prompt's step at most)."""
+        whole = self.step_s(0, self.length)
+        allowed = whole + excess * (whole - self.fixed)
+        lo, hi = self.fixed, whole  # chunked_s(whole) == whole: one chunk
+        for _ in range(40):  # bisection to well under a percent of the step
+            mid = (lo + hi) / 2
+            if self.chunked_s(mid) <= allowed:
+                hi = mid
+            else:
+                lo = mid
+            if hi - lo <= 1e-3 * hi:
+                break
+        return hi
