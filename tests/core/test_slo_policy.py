@@ -308,6 +308,30 @@ def test_calibration_recovers_the_machine_and_becomes_the_prior():
     assert model.config.prior.per_prefill_token_s == pytest.approx(0.001, rel=0.05)
 
 
+def test_calibration_keeps_the_fixed_costs_when_one_profile_step_is_much_longer():
+    """A busy host profiled a 512-token chunk at seconds next to 20 ms decode steps: the
+    calibrated model is the relative fit of all of them (each step counts alike), so the
+    short steps' costs survive; fitted by plain least squares (as the online observations
+    are) the long step drowned them (base, prompt step and decode all came out 0)."""
+    machine = StepCostCoefficients(0.008, 0.004, 0.008, 1e-8, 2e-6, 0.05)
+    shapes = [(1, 0, 0), (4, 0, 0), (8, 0, 0), (0, 32, 0), (0, 128, 0), (0, 256, 0),
+              (4, 128, 0), (4, 64, 512), (0, 128, 768), (4, 96, 1408), (0, 512, 0)]
+    samples = []
+    for i, (decodes, n, start) in enumerate(shapes):
+        f = StepFeatures.of_chunk(start, n) if n else StepFeatures()
+        for _ in range(decodes):
+            f = f + StepFeatures.of_chunk(64, 1, is_prefill=False)
+        # +-15% load noise, and the long chunk measured on a burst of load (1.6x)
+        noise = 1.6 if n == 512 else (0.85, 1.0, 1.15)[i % 3]
+        samples.append((f, true_seconds(f, machine) * noise))
+    model = StepCostModel()
+    fitted = model.calibrate(samples)
+    assert model.coefficients.as_tuple() == pytest.approx(fitted.as_tuple(), rel=1e-6)
+    got = model.coefficients
+    assert got.base_s > 0.002 and got.per_decode_token_s > 0.004
+    assert model.relative_error > 0
+
+
 def run_doc(scheduler: Scheduler, num_streams: int, doc_len: int,
             coeffs: StepCostCoefficients = TRUE_COST) -> tuple[list[int], float, float]:
     """Streams decode, then a document arrives; returns its chunk sizes, the true seconds of

@@ -243,10 +243,18 @@ class StepCostModel:
         self.observe(StepFeatures.of_plan(plan), duration_s)
 
     def calibrate(self, samples: list[tuple[StepFeatures, float]]) -> StepCostCoefficients:
-        """Make a short profile of this machine (measured steps) the model's prior, and fold
-        the samples in as observations. The prior is what a coefficient falls back to when
-        recent steps stop exercising its feature (hours of decode-only serving), so it should
-        be this machine's, not a table's. Returns the fitted coefficients."""
+        """Make a short profile of this machine (measured steps) the model's prior and its
+        current fit. The prior is what a coefficient falls back to when recent steps stop
+        exercising its feature (hours of decode-only serving), so it should be this
+        machine's, not a table's. Returns the fitted coefficients.
+
+        The samples are not folded in as observations: observations are fitted by plain
+        least squares, where the profile's largest steps (a 512-token chunk, seconds on a
+        busy 2-core host) outweigh its 20 ms decode steps a thousand times; after that fold
+        the fit of one startup had no fixed cost left at all (base, prompt step and decode
+        all 0), so the slo policy saw chunking as free and cut a 2000-token document into
+        125 one-block chunks (2.5x its eager time). The relative fit is the start; the
+        running error scale starts at its mean relative residual."""
         fitted = fit_coefficients(samples, self.config.prior)
         self.config = StepCostModelConfig(
             prior=fitted,
@@ -258,8 +266,11 @@ class StepCostModel:
         )
         self._prior = [c * s for c, s in zip(fitted.as_tuple(), _FEATURE_SCALES)]
         self._dirty = True
-        for features, seconds in samples:
-            self.observe(features, seconds)
+        residuals = [abs(seconds - self.predict(f)) / max(self.predict(f), self.config.min_clip_s)
+                     for f, seconds in samples
+                     if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0]
+        if residuals:
+            self._relative_scale = sum(residuals) / len(residuals)
         return fitted
 
     # -- internals --------------------------------------------------------------------------
