@@ -285,7 +285,7 @@ class ChunkSizer:
         eager."""
         if not math.isfinite(self.excess):
             return 0
-        plan = _ChunkPlan(self.cost_model, self.features, start + remaining)
+        plan = _ChunkPlan(self.cost_model, self.features, start + remaining, self.min_chunk)
         counts = self.plans.get(req_id) if req_id is not None else None
         if counts is None:
             step_s = plan.shortest_step_s(self.excess)
@@ -308,11 +308,15 @@ class _ChunkPlan:
     (p per prompt token, a per attention pair, x the extra per pair against cached context),
     and the plans of a prompt of `length` tokens into chunks that fill steps of T seconds."""
 
-    def __init__(self, model: StepCostModel, held: StepFeatures, length: int) -> None:
+    def __init__(self, model: StepCostModel, held: StepFeatures, length: int,
+                 min_chunk: int = 1) -> None:
         c = model.coefficients
         self.fixed = model.predict(held + StepFeatures(prompt_step=1))
         self.p, self.a, self.x = c.per_prefill_token_s, c.per_attention_pair_s, c.per_context_pair_s
         self.length = length
+        # Chunks in a plan are at least this long (one block: the sizer's own minimum), which
+        # also bounds a plan's walk to length / min_chunk chunks.
+        self.min_chunk = max(1, min_chunk)
 
     def step_s(self, s: int, n: int) -> float:
         return self.fixed + self.p * n + self.a * (n * s + n * (n + 1) / 2) + self.x * n * s
@@ -338,7 +342,7 @@ class _ChunkPlan:
         """Chunks of steps of step_s that the prompt needs from position `start` on."""
         count, pos = 0, start
         while pos < self.length:
-            pos += self.chunk_within(pos, step_s)
+            pos += max(self.min_chunk, self.chunk_within(pos, step_s))
             count += 1
         return count
 
@@ -359,7 +363,7 @@ class _ChunkPlan:
         """Seconds of the whole prompt in chunks that fill steps of step_s."""
         total, pos = 0.0, 0
         while pos < self.length:
-            n = min(self.chunk_within(pos, step_s), self.length - pos)
+            n = min(max(self.min_chunk, self.chunk_within(pos, step_s)), self.length - pos)
             total += self.step_s(pos, n)
             pos += n
         return total
