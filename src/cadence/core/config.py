@@ -78,9 +78,11 @@ class SchedulerConfig:
         default=1.15,
         metadata={
             "help": "slo policy: the most that chunking may slow a prompt's prefill relative "
-            "to running it whole in one step (1.15: 15 percent): a prompt chunk is never so small "
-            "that the step's fixed cost (weights pass, decodes riding along) exceeds 15 percent of "
-            "the chunk's own work. A large value lets --target-itl-ms win."
+            "to running it whole in one step (1.15: 15 percent): the prompt's chunks are planned "
+            "so that what chunking adds (each step's fixed cost: weights pass, decodes riding "
+            "along; later chunks' attention against cached context) stays within 15 percent of "
+            "the prompt's own work, under the step-time model. A large value lets "
+            "--target-itl-ms win."
         },
     )
     max_num_partial_prefills: int | None = field(
