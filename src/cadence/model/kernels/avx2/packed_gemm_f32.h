@@ -25,13 +25,27 @@
 namespace cadence_kernels {
 namespace avx2 {
 
-enum class WeightFormat : int { F32 = 0, BF16 = 1, INT8 = 2 };
+enum class WeightFormat : int {
+  F32 = 0,
+  BF16 = 1,
+  INT8 = 2,
+  // Internal: an INT8 block already widened to float32 q values (not scaled), with its scales.
+  INT8_WIDE = 3,
+};
+
+// Int8 weights are summed per group of 32 k on unscaled q values and each group's sum is scaled
+// once (sum_g s_g * sum_k x_k q_k): a multiply per weight was a third of the M = 1 tile's vector
+// work, which is compute-bound on int8 (a widen, a convert and an FMA per 8 weights).
+template <WeightFormat F>
+constexpr bool grouped_int8 = F == WeightFormat::INT8 || F == WeightFormat::INT8_WIDE;
 
 constexpr int64_t PACK_COLS = 16;
 constexpr int64_t INT8_GROUP = 32;  // k per int8 scale
 
 inline int64_t packed_blocks(int64_t N) { return (N + PACK_COLS - 1) / PACK_COLS; }
-inline int64_t format_bytes(WeightFormat f) { return f == WeightFormat::F32 ? 4 : f == WeightFormat::BF16 ? 2 : 1; }
+inline int64_t format_bytes(WeightFormat f) {
+  return f == WeightFormat::F32 || f == WeightFormat::INT8_WIDE ? 4 : f == WeightFormat::BF16 ? 2 : 1;
+}
 
 // A packed weight: data of packed_blocks(N) blocks of K * 16 elements, scales for INT8.
 struct PackedWeight {
@@ -43,10 +57,10 @@ struct PackedWeight {
 
 #if CADENCE_HAVE_AVX2
 
-// The 16 weights of block-row k as two float32 vectors.
+// The 16 weights of block-row k as two float32 vectors (int8: the unscaled q values).
 template <WeightFormat F>
-inline void load_wrow(const void* block, const float* block_scales, int64_t k, __m256& w0, __m256& w1) {
-  if constexpr (F == WeightFormat::F32) {
+inline void load_wrow(const void* block, int64_t k, __m256& w0, __m256& w1) {
+  if constexpr (F == WeightFormat::F32 || F == WeightFormat::INT8_WIDE) {
     const float* p = static_cast<const float*>(block) + k * PACK_COLS;
     w0 = _mm256_loadu_ps(p);
     w1 = _mm256_loadu_ps(p + 8);
@@ -56,9 +70,8 @@ inline void load_wrow(const void* block, const float* block_scales, int64_t k, _
     w1 = load_bf16(p + 8);
   } else {
     const int8_t* p = static_cast<const int8_t*>(block) + k * PACK_COLS;
-    const float* s = block_scales + (k / INT8_GROUP) * PACK_COLS;
-    w0 = _mm256_mul_ps(load_i8(p), _mm256_loadu_ps(s));
-    w1 = _mm256_mul_ps(load_i8(p + 8), _mm256_loadu_ps(s + 8));
+    w0 = load_i8(p);
+    w1 = load_i8(p + 8);
   }
 }
 
@@ -88,9 +101,47 @@ inline void gemm_tile(const float* x, int64_t ldx, const PackedWeight& w, int64_
   __m256 sums[MR][2 * NB];
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < 2 * NB; ++c) sums[r][c] = _mm256_setzero_ps();
+  if constexpr (grouped_int8<F>) {
+    // Group totals live in acc (touched once per 32 k; the registers hold the group's sums).
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < 2 * NB; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < w.K; k0 += INT8_GROUP) {
+      for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < 2 * NB; ++c) sums[r][c] = _mm256_setzero_ps();
+      for (int64_t k = k0; k < k0 + INT8_GROUP; ++k) {
+        if constexpr (MR == 1) {
+          // Each block's pair used at once: with 8 group sums and 8 totals live, loading every
+          // block's pair first made the compiler spill a sum (a store + load per k).
+          const __m256 xv = _mm256_broadcast_ss(x + k);
+          for (int b = 0; b < NB; ++b) {
+            __m256 w0, w1;
+            load_wrow<F>(blocks[b], k, w0, w1);
+            sums[0][2 * b] = _mm256_fmadd_ps(xv, w0, sums[0][2 * b]);
+            sums[0][2 * b + 1] = _mm256_fmadd_ps(xv, w1, sums[0][2 * b + 1]);
+          }
+        } else {
+          __m256 wv[2 * NB];
+          for (int b = 0; b < NB; ++b) load_wrow<F>(blocks[b], k, wv[2 * b], wv[2 * b + 1]);
+          for (int r = 0; r < MR; ++r) {
+            const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
+            for (int c = 0; c < 2 * NB; ++c) sums[r][c] = _mm256_fmadd_ps(xv, wv[c], sums[r][c]);
+          }
+        }
+      }
+      for (int b = 0; b < NB; ++b) {
+        const float* s = scales[b] + (k0 / INT8_GROUP) * PACK_COLS;
+        const __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
+        for (int r = 0; r < MR; ++r) {
+          acc[r][2 * b] = _mm256_fmadd_ps(sums[r][2 * b], s0, acc[r][2 * b]);
+          acc[r][2 * b + 1] = _mm256_fmadd_ps(sums[r][2 * b + 1], s1, acc[r][2 * b + 1]);
+        }
+      }
+    }
+    return;
+  }
   for (int64_t k = 0; k < w.K; ++k) {
     __m256 wv[2 * NB];
-    for (int b = 0; b < NB; ++b) load_wrow<F>(blocks[b], scales[b], k, wv[2 * b], wv[2 * b + 1]);
+    for (int b = 0; b < NB; ++b) load_wrow<F>(blocks[b], k, wv[2 * b], wv[2 * b + 1]);
     for (int r = 0; r < MR; ++r) {
       const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
       for (int c = 0; c < 2 * NB; ++c) sums[r][c] = _mm256_fmadd_ps(xv, wv[c], sums[r][c]);
@@ -127,14 +178,14 @@ inline void run_tile(const float* xm, int64_t ldx, const PackedWeight& w, int64_
 }
 
 // Block b of a compressed weight widened to float32 ([K][16], the F32 block layout), with the
-// very values load_wrow gives (so a tile over it sums the same numbers in the same order).
+// very values load_wrow gives (so a tile over it sums the same numbers in the same order; int8
+// stays unscaled, its tiles scale each group's sum).
 template <WeightFormat F>
 inline void widen_block(const PackedWeight& w, int64_t b, float* out) {
   const void* block = block_ptr<F>(w, b);
-  const float* scales = block_scales(w, b);
   for (int64_t k = 0; k < w.K; ++k) {
     __m256 w0, w1;
-    load_wrow<F>(block, scales, k, w0, w1);
+    load_wrow<F>(block, k, w0, w1);
     _mm256_storeu_ps(out + k * PACK_COLS, w0);
     _mm256_storeu_ps(out + k * PACK_COLS + 8, w1);
   }
@@ -154,12 +205,13 @@ void gemm_blocks_t(const float* x, int64_t ldx, int64_t M, const PackedWeight& w
     if (M > MAX_MR) {
       thread_local std::vector<float> scratch;
       scratch.resize(static_cast<size_t>(w.K * PACK_COLS));
-      const PackedWeight wide{WeightFormat::F32, scratch.data(), nullptr, w.K, PACK_COLS};
+      constexpr WeightFormat WIDE = F == WeightFormat::INT8 ? WeightFormat::INT8_WIDE : WeightFormat::F32;
       for (int64_t b0 = block_begin; b0 < block_end; ++b0) {
         widen_block<F>(w, b0, scratch.data());
+        const PackedWeight wide{WIDE, scratch.data(), block_scales(w, b0), w.K, PACK_COLS};
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
           const int mr = static_cast<int>(std::min<int64_t>(MR, M - m0));
-          run_tile<WeightFormat::F32>(x + m0 * ldx, ldx, wide, 0, mr, 1, acc);
+          run_tile<WIDE>(x + m0 * ldx, ldx, wide, 0, mr, 1, acc);
           epilogue(m0, mr, b0, 1, acc);
         }
       }
