@@ -4,9 +4,11 @@
 in one batch, again (now with prefix-cache hits), a few one at a time, and under a KV pool
 small enough to preempt: every run gives the same texts.
 
-The guarantee holds in float32 (what `--dtype auto` computes in on CPUs without native bf16).
-Where `auto` resolves to bf16, bf16 rounding can flip near-tied logits depending on the chunk
-split, so the guarantee needs `deterministic=True` (`--deterministic`): this test then turns it
+The guarantee holds in float32 on float32 or bf16 weights. Where `auto` resolves to bf16
+compute, or to int8 weights (which multiply int8-quantized activations: a summation-order
+difference between the prefill and decode paths can move an activation across a rounding
+boundary), near-tied logits can flip depending on the chunk split, so the guarantee needs
+`deterministic=True` (`--deterministic`: float32 weights and compute): this test then turns it
 on, as the README says.
 """
 
@@ -33,11 +35,14 @@ MAX_TOKENS = 24
 
 
 def _default_config(**overrides) -> EngineConfig:
-    from cadence.model.loader import resolve_device, resolve_dtype
+    from cadence.model.loader import resolve_device, resolve_dtype, resolve_weight_storage
 
     cfg = EngineConfig(**overrides)
-    if resolve_dtype(cfg.dtype, resolve_device(cfg.device)).itemsize < 4:
-        # bf16/fp16 by default on this machine: the guarantee is --deterministic's.
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    if dtype.itemsize < 4 or resolve_weight_storage(cfg.quantization, cfg.dtype, dtype, device) == "int8":
+        # bf16/fp16 compute or int8 weights by default on this machine: the guarantee is
+        # --deterministic's.
         cfg = EngineConfig(deterministic=True, **overrides)
     return cfg
 

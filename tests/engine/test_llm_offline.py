@@ -84,6 +84,10 @@ def test_kwargs_route_to_the_right_configs():
         engine_config_from_kwargs(max_batch=3)
     with pytest.raises(ValueError, match="policy"):
         engine_config_from_kwargs(policy="greedy")
+    # deterministic is float32 weights and compute: int8 weights quantize activations.
+    assert engine_config_from_kwargs(deterministic=True, quantization="bf16").model_dtype == "float32"
+    with pytest.raises(ValueError, match="quantization='int8'"):
+        engine_config_from_kwargs(deterministic=True, quantization="int8")
 
 
 def test_num_blocks_resolution():

@@ -56,21 +56,34 @@ def test_f32_stack_matches_per_op_path_and_reference(request, arch, fmt, monkeyp
     stack_logits, stack_kv, stack = run_steps(loaded.model, loaded.config, STEPS, True, monkeypatch)
     assert stack and stack.weight_format == WEIGHT_FORMATS[fmt]
     # The model's own weights now hold the packed copy's values: the per-op path computes with
-    # the same weights, so only the summation order differs.
+    # the same weights (int8: on the same quantized activations), so only the summation order
+    # differs.
     per_op_logits, per_op_kv, _ = run_steps(loaded.model, loaded.config, STEPS, False, monkeypatch)
-    torch.testing.assert_close(stack_logits, per_op_logits, atol=2e-4, rtol=1e-4)
-    torch.testing.assert_close(stack_kv, per_op_kv, atol=2e-5, rtol=1e-4)
-    assert torch.equal(stack_logits.argmax(-1), per_op_logits.argmax(-1))
+    if fmt == "int8":
+        # A summation-order difference can move an activation across a rounding boundary of its
+        # int8 quantization (one quantum, then carried by the KV to the sequence's later rows):
+        # the paths agree within the quantization's error (the packed GEMM's own exactness is
+        # checked below against the same quantized activations).
+        # (This tiny random model is far more sensitive than a trained one: SmolLM2's int8
+        # top-1 agreement with float32 is ~99%, benchmarks/quality_bench.py.)
+        assert (stack_logits - per_op_logits).abs().max() <= 0.1 * per_op_logits.abs().max()
+        assert (stack_logits.argmax(-1) == per_op_logits.argmax(-1)).float().mean() >= 0.9
+    else:
+        torch.testing.assert_close(stack_logits, per_op_logits, atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(stack_kv, per_op_kv, atol=2e-5, rtol=1e-4)
+        assert torch.equal(stack_logits.argmax(-1), per_op_logits.argmax(-1))
     # Against the unrounded float32 model: exact for float32, close for the compressed formats.
     monkeypatch.setenv(ENV_SWITCH, "0")
     ref_logits, _, _ = run_steps(reference.model, reference.config, STEPS, False, monkeypatch)
     err = (stack_logits - ref_logits).abs().max().item()
-    assert err <= {"float32": 2e-4, "bf16": 0.05, "int8": 0.05}[fmt] * ref_logits.abs().max().item(), err
+    assert err <= {"float32": 2e-4, "bf16": 0.05, "int8": 0.1}[fmt] * ref_logits.abs().max().item(), err
     assert (stack_logits.argmax(-1) == ref_logits.argmax(-1)).float().mean() >= 0.9
 
 
-def test_f32_stack_rows_do_not_depend_on_batch_or_threads(tiny_llama_d64_dir, monkeypatch):
+@pytest.mark.parametrize("fmt", ["float32", "int8"])
+def test_f32_stack_rows_do_not_depend_on_batch_or_threads(tiny_llama_d64_dir, monkeypatch, fmt):
     loaded = load_model(tiny_llama_d64_dir, dtype=torch.float32, device="cpu")
+    loaded.model.set_decode_weight_format(fmt)
     model, config = loaded.model, loaded.config
     prefill = [[(0, 20), (0, 11), (0, 6)]]
     alone = run_steps(model, config, prefill + [[(20, 1), (11, 1), (6, 1)]], True, monkeypatch)[0]
@@ -120,7 +133,9 @@ def test_packed_f32_gemm_matches_stored_values(fmt, rows, n, k):
     x = torch.randn(rows, k, generator=gen)
     bias = torch.randn(n, generator=gen)
     data, scales = KERNELS.pack_weight_f32(w, WEIGHT_FORMATS[fmt])
-    expected = x @ stored_values(w, fmt).t() + bias
+    # int8 multiplies activations quantized per group of 32 (checked against Python below).
+    x_seen = KERNELS.quantize_activations_q8(x) if fmt == "int8" else x
+    expected = x_seen @ stored_values(w, fmt).t() + bias
     ids = torch.full((rows,), -1, dtype=torch.int64)
     got = KERNELS.linear_packed_f32(x, data, scales, WEIGHT_FORMATS[fmt], n, bias, ids)
     torch.testing.assert_close(got, expected, atol=1e-4 * k ** 0.5, rtol=1e-4)
@@ -159,14 +174,39 @@ def test_packed_f32_argmax_ties_nan_and_inf():
     assert torch.equal(ids, logits.argmax(-1))
 
 
-def test_packed_f32_interleaves_gate_and_up_blocks():
+def quantize_rows_reference(x: torch.Tensor) -> torch.Tensor:
+    """What the int8 GEMM multiplies, in plain torch: each row per group of 32, symmetric, scale
+    amax / 127, rounded half to even, dequantized."""
+    groups = x.reshape(x.shape[0], -1, 32)
+    amax = groups.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.round(groups * inv) * (amax / 127.0)).reshape_as(x)
+
+
+def test_int8_activation_quantization_matches_reference():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(9, 256, generator=gen) * torch.logspace(-3, 3, 9).unsqueeze(1)
+    x[1] = 0.0  # an all-zero row: scale 0, values 0
+    x[2, :32] = 0.0
+    x[3, 5] = 1e6  # one outlier takes its group's range
+    x[4] = torch.arange(256) % 4 - 1.5  # halves: round to even
+    got = KERNELS.quantize_activations_q8(x)
+    assert torch.equal(got, quantize_rows_reference(x))
+    assert torch.equal(got[1], torch.zeros(256))
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        KERNELS.quantize_activations_q8(torch.zeros(2, 40))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_packed_f32_interleaves_gate_and_up_blocks(fmt):
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(128, 64, generator=gen)
     x = torch.randn(3, 64, generator=gen)
-    data, scales = KERNELS.pack_weight_f32(w, 1, True)
-    got = KERNELS.linear_packed_f32(x, data, scales, 1, 128)
+    data, scales = KERNELS.pack_weight_f32(w, WEIGHT_FORMATS[fmt], True)
+    got = KERNELS.linear_packed_f32(x, data, scales, WEIGHT_FORMATS[fmt], 128)
     order = [c for j in range(4) for c in [*range(16 * j, 16 * j + 16), *range(64 + 16 * j, 80 + 16 * j)]]
-    torch.testing.assert_close(got, (x @ stored_values(w, "bf16").t())[:, order], atol=1e-4, rtol=1e-4)
+    x_seen = quantize_rows_reference(x) if fmt == "int8" else x
+    torch.testing.assert_close(got, (x_seen @ stored_values(w, fmt).t())[:, order], atol=1e-4, rtol=1e-4)
 
 
 def test_packed_f32_and_stack_reject_bad_input(tiny_llama_d64_dir, monkeypatch):

@@ -46,9 +46,10 @@ class EngineConfig:
     )
     deterministic: bool = field(
         default=False,
-        metadata={"help": "Compute in float32 so that greedy and seeded outputs do not depend on "
-                          "batch, chunk split, prefix-cache hits or preemption (bf16 rounding can "
-                          "flip near-tied logits); needs --dtype auto or float32."},
+        metadata={"help": "Compute in float32 on float32 weights so that greedy and seeded outputs "
+                          "do not depend on batch, chunk split, prefix-cache hits or preemption "
+                          "(bf16 rounding, or int8's quantized activations, can flip near-tied "
+                          "logits); needs --dtype auto or float32, not --quantization int8."},
     )
     tokenizer: str | None = field(
         default=None,
@@ -94,6 +95,9 @@ class EngineConfig:
         if self.deterministic and self.dtype not in ("auto", "float32"):
             raise ValueError(f"deterministic computes in float32; it cannot run with "
                              f"dtype={self.dtype!r} (use auto or float32)")
+        if self.deterministic and (self.quantization or "").lower() == "int8":
+            raise ValueError("deterministic computes on float32 weights; it cannot run with "
+                             "quantization='int8' (int8 weights multiply quantized activations)")
 
     @property
     def model_dtype(self) -> str:

@@ -37,8 +37,15 @@ SMALL_GEMM_MAX_ROWS = 8
 
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 kernels: ModuleType | None) -> torch.Tensor:
-    """x: [T, K] @ weight.T ([N, K]) + bias -> [T, N], through the small-GEMM kernel when it wins."""
+                 kernels: ModuleType | None, quantize_input: bool = False) -> torch.Tensor:
+    """x: [T, K] @ weight.T ([N, K]) + bias -> [T, N], through the small-GEMM kernel when it wins.
+
+    quantize_input (int8 weights on the float32 fast path): x's rows quantized per group of 32
+    as the int8 decode kernels quantize them, so that a prompt computed here and the same
+    tokens computed by the fused stack multiply the same numbers (only summation order differs).
+    """
+    if quantize_input and kernels is not None and has_f32_stack(kernels):
+        x = kernels.quantize_activations_q8(x.contiguous())
     if (kernels is not None and x.dtype == torch.bfloat16 and x.shape[0] <= SMALL_GEMM_MAX_ROWS
             and kernels.has_avx512bf16()):
         out = kernels.linear_bf16(x.contiguous(), weight)
@@ -116,6 +123,7 @@ class LlamaAttention(_FusedProjections):
         self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
         self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.quantize_inputs = False  # set_decode_weight_format: int8 weights quantize GEMM inputs
         self._init_fusion()
 
     def _fused_children(self) -> list[nn.Linear]:
@@ -125,7 +133,7 @@ class LlamaAttention(_FusedProjections):
         """x: [T, H] -> [T, q_size + 2 kv_size] (q heads, k heads, v heads)."""
         if self.fused_weight is None:
             return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        return fused_linear(x, self.fused_weight, self.fused_bias, kernels)
+        return fused_linear(x, self.fused_weight, self.fused_bias, kernels, self.quantize_inputs)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
@@ -154,7 +162,7 @@ class LlamaAttention(_FusedProjections):
         kv_new = qkv[:, self.q_size:].view(num_tokens, 2, self.num_kv_heads, self.head_dim)
         attn = paged_attention_cpu(kernels, q, kv_new[:, 0], kv_new[:, 1], k_cache,
                                            v_cache, meta, self.scale)  # [T, Hq, D]
-        return fused_linear(attn.reshape(num_tokens, -1), self.o_proj.weight, None, kernels)
+        return fused_linear(attn.reshape(num_tokens, -1), self.o_proj.weight, None, kernels, self.quantize_inputs)
 
 
 class LlamaMLP(_FusedProjections):
@@ -165,6 +173,7 @@ class LlamaMLP(_FusedProjections):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.quantize_inputs = False  # set_decode_weight_format: int8 weights quantize GEMM inputs
         self._init_fusion()
 
     def _fused_children(self) -> list[nn.Linear]:
@@ -179,8 +188,9 @@ class LlamaMLP(_FusedProjections):
 
     def forward_cpu(self, x: torch.Tensor, kernels: ModuleType) -> torch.Tensor:
         """The compiled-kernel path: x [T, H] -> [T, H]."""
-        gate_up = fused_linear(x, self.fused_weight, None, kernels)  # [T, 2I]
-        return fused_linear(kernels.silu_mul(gate_up.contiguous()), self.down_proj.weight, None, kernels)
+        gate_up = fused_linear(x, self.fused_weight, None, kernels, self.quantize_inputs)  # [T, 2I]
+        return fused_linear(kernels.silu_mul(gate_up.contiguous()), self.down_proj.weight, None, kernels,
+                            self.quantize_inputs)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -248,7 +258,10 @@ class LlamaForCausalLM(nn.Module):
         if fmt != "float32" and self.lm_head.weight.dtype != torch.float32:
             raise ValueError(f"{fmt} weight storage is for float32 compute (got {self.lm_head.weight.dtype})")
         self.decode_weight_format = fmt
-        round_weights_to_format(self, resolve_weight_format(self))
+        resolved = resolve_weight_format(self)
+        round_weights_to_format(self, resolved)
+        for layer in self.model.layers:
+            layer.self_attn.quantize_inputs = layer.mlp.quantize_inputs = resolved == "int8"
         self.drop_packed_weights()
 
     def prepare_fast_path(self) -> None:

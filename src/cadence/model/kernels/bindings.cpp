@@ -49,6 +49,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "pack a float32/bf16 [N, K] weight for linear_packed_f32 in format 0 (float32), 1 (bf16) or "
         "2 (int8, a scale per 16 columns x 32 k); returns (data, scales)",
         py::arg("w"), py::arg("format"), py::arg("interleave_halves") = false);
+  m.def("quantize_activations_q8", &cadence_kernels::quantize_activations_q8,
+        "float32 [M, K] rows as the int8 GEMM sees them: quantized per group of 32 k and dequantized");
   m.def("linear_packed_f32", &cadence_kernels::linear_packed_f32,
         "float32 x @ w.T on a packed compressed weight (+ bias); argmax_out ([M] int64): each row's "
         "torch.argmax",

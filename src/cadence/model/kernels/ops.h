@@ -32,6 +32,9 @@ at::Tensor linear_packed_bf16(at::Tensor x, at::Tensor packed, int64_t N, c10::o
 // float32-compute linear on compressed packed weights (avx2/linear_f32.cpp): format 0 float32,
 // 1 bf16, 2 int8 (per 16 columns x 32 k scales); returns (data, scales).
 std::tuple<at::Tensor, at::Tensor> pack_weight_f32(at::Tensor w, int64_t format, bool interleave_halves);
+// x [M, K] float32 -> the values the int8 GEMM multiplies: each row quantized per group of 32
+// (q8_gemm.h) and dequantized (the torch paths of an int8 model feed their GEMMs these).
+at::Tensor quantize_activations_q8(at::Tensor x);
 at::Tensor linear_packed_f32(at::Tensor x, at::Tensor data, at::Tensor scales, int64_t format, int64_t N,
                              c10::optional<at::Tensor> bias, c10::optional<at::Tensor> argmax_out);
 namespace avx2 { struct PackedWeight; }

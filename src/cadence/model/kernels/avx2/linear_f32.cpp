@@ -65,7 +65,9 @@ std::tuple<at::Tensor, at::Tensor> pack_weight_f32(at::Tensor w, int64_t format,
           sp[(b * (K / INT8_GROUP) + g) * PACK_COLS + i] = scale;
           for (int64_t k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; ++k) {
             const float q = scale == 0.f ? 0.f : std::nearbyint(weight_at(w, n, k) / scale);
-            reinterpret_cast<int8_t*>(dp)[(b * K + k) * PACK_COLS + i] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, q)));
+            // [K/4][16][4] within the block (q8_gemm.h): column i's 4 consecutive k side by side.
+            reinterpret_cast<int8_t*>(dp)[b * K * PACK_COLS + (k / 4) * 4 * PACK_COLS + i * 4 + k % 4] =
+                static_cast<int8_t>(std::max(-127.f, std::min(127.f, q)));
           }
         }
         for (int64_t k = 0; k < (fmt == WeightFormat::INT8 ? 0 : K); ++k) {
@@ -77,6 +79,31 @@ std::tuple<at::Tensor, at::Tensor> pack_weight_f32(at::Tensor w, int64_t format,
     }
   });
   return {data, scales};
+}
+
+at::Tensor quantize_activations_q8(at::Tensor x) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) % INT8_GROUP == 0,
+              "quantize_activations_q8: x [M, K] float32 with K a multiple of ", INT8_GROUP);
+#if CADENCE_HAVE_AVX2
+  x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  auto out = at::empty({M, K}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    std::vector<int8_t> q(K);
+    std::vector<uint8_t> mag(K);
+    std::vector<float> scale(K / INT8_GROUP);
+    for (int64_t m = begin; m < end; ++m) {
+      avx2::quantize_row_q8(xp + m * K, K, q.data(), mag.data(), scale.data());
+      for (int64_t k = 0; k < K; ++k) op[m * K + k] = static_cast<float>(q[k]) * scale[k / INT8_GROUP];
+    }
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "quantize_activations_q8: built without AVX2/FMA");
+  return x;
+#endif
 }
 
 avx2::PackedWeight packed_view(const at::Tensor& data, const at::Tensor& scales, int64_t format, int64_t N) {

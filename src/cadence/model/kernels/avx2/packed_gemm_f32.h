@@ -1,12 +1,14 @@
 // float32-compute GEMM on compressed packed weights (the AVX2 tier; also used by the AVX-512
 // tier without BF16): y[M, N] = x[M, K] @ w[N, K]^T with x and y float32.
 //
-// Weights are stored in one of three formats and widened to float32 in registers, so a decode
-// step streams 1 (int8) or 2 (bf16) bytes per weight instead of 4:
+// Weights are stored in one of three formats, so a decode step streams 1 (int8) or 2 (bf16)
+// bytes per weight instead of 4:
 //   F32   [blocks][K][16] float32
-//   BF16  [blocks][K][16] bf16 bits (widened by a shift)
-//   INT8  [blocks][K][16] int8 with a float32 scale per 16 columns and 32 k: scales
-//         [blocks][K/32][16]; w = q * scale (symmetric, per group of 32 along K like GGUF's Q8_0)
+//   BF16  [blocks][K][16] bf16 bits (widened to float32 in registers by a shift)
+//   INT8  [blocks][K/4][16][4] int8 with a float32 scale per 16 columns and 32 k: scales
+//         [blocks][K/32][16]; w = q * scale (symmetric, per group of 32 along K like GGUF's
+//         Q8_0), multiplied with integer dot products by activations quantized the same way
+//         (q8_gemm.h), not widened.
 // A block holds 16 output columns, its k-rows contiguous, so one block streams front to back
 // and each k-step feeds two 8-lane FMAs per activation row. The last block is zero-padded.
 //
@@ -20,32 +22,19 @@
 #include <cstdint>
 #include <vector>
 
+#include "q8_gemm.h"
 #include "vec8.h"
 
 namespace cadence_kernels {
 namespace avx2 {
 
-enum class WeightFormat : int {
-  F32 = 0,
-  BF16 = 1,
-  INT8 = 2,
-  // Internal: an INT8 block already widened to float32 q values (not scaled), with its scales.
-  INT8_WIDE = 3,
-};
-
-// Int8 weights are summed per group of 32 k on unscaled q values and each group's sum is scaled
-// once (sum_g s_g * sum_k x_k q_k): a multiply per weight was a third of the M = 1 tile's vector
-// work, which is compute-bound on int8 (a widen, a convert and an FMA per 8 weights).
-template <WeightFormat F>
-constexpr bool grouped_int8 = F == WeightFormat::INT8 || F == WeightFormat::INT8_WIDE;
+enum class WeightFormat : int { F32 = 0, BF16 = 1, INT8 = 2 };
 
 constexpr int64_t PACK_COLS = 16;
 constexpr int64_t INT8_GROUP = 32;  // k per int8 scale
 
 inline int64_t packed_blocks(int64_t N) { return (N + PACK_COLS - 1) / PACK_COLS; }
-inline int64_t format_bytes(WeightFormat f) {
-  return f == WeightFormat::F32 || f == WeightFormat::INT8_WIDE ? 4 : f == WeightFormat::BF16 ? 2 : 1;
-}
+inline int64_t format_bytes(WeightFormat f) { return f == WeightFormat::F32 ? 4 : f == WeightFormat::BF16 ? 2 : 1; }
 
 // A packed weight: data of packed_blocks(N) blocks of K * 16 elements, scales for INT8.
 struct PackedWeight {
@@ -57,21 +46,18 @@ struct PackedWeight {
 
 #if CADENCE_HAVE_AVX2
 
-// The 16 weights of block-row k as two float32 vectors (int8: the unscaled q values).
+// The 16 weights of block-row k as two float32 vectors (the widened formats, F32 and BF16).
 template <WeightFormat F>
 inline void load_wrow(const void* block, int64_t k, __m256& w0, __m256& w1) {
-  if constexpr (F == WeightFormat::F32 || F == WeightFormat::INT8_WIDE) {
+  static_assert(F != WeightFormat::INT8, "int8 weights take the integer path (q8_gemm.h)");
+  if constexpr (F == WeightFormat::F32) {
     const float* p = static_cast<const float*>(block) + k * PACK_COLS;
     w0 = _mm256_loadu_ps(p);
     w1 = _mm256_loadu_ps(p + 8);
-  } else if constexpr (F == WeightFormat::BF16) {
+  } else {
     const uint16_t* p = static_cast<const uint16_t*>(block) + k * PACK_COLS;
     w0 = load_bf16(p);
     w1 = load_bf16(p + 8);
-  } else {
-    const int8_t* p = static_cast<const int8_t*>(block) + k * PACK_COLS;
-    w0 = load_i8(p);
-    w1 = load_i8(p + 8);
   }
 }
 
@@ -91,54 +77,12 @@ template <WeightFormat F, int MR, int NB>
 inline void gemm_tile(const float* x, int64_t ldx, const PackedWeight& w, int64_t b0,
                       __m256 acc[MAX_MR][2 * MAX_NB]) {
   const void* blocks[NB];
-  const float* scales[NB];
-  for (int b = 0; b < NB; ++b) {
-    blocks[b] = block_ptr<F>(w, b0 + b);
-    scales[b] = block_scales(w, b0 + b);
-  }
+  for (int b = 0; b < NB; ++b) blocks[b] = block_ptr<F>(w, b0 + b);
   // Local sums (not acc itself): __m256 may alias any float, so sums kept behind the acc pointer
   // would be stored and reloaded around every load of x (the tile ran at 40% of the FMA rate).
   __m256 sums[MR][2 * NB];
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < 2 * NB; ++c) sums[r][c] = _mm256_setzero_ps();
-  if constexpr (grouped_int8<F>) {
-    // Group totals live in acc (touched once per 32 k; the registers hold the group's sums).
-    for (int r = 0; r < MR; ++r)
-      for (int c = 0; c < 2 * NB; ++c) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t k0 = 0; k0 < w.K; k0 += INT8_GROUP) {
-      for (int r = 0; r < MR; ++r)
-        for (int c = 0; c < 2 * NB; ++c) sums[r][c] = _mm256_setzero_ps();
-      for (int64_t k = k0; k < k0 + INT8_GROUP; ++k) {
-        if constexpr (MR == 1) {
-          // Each block's pair used at once: with 8 group sums and 8 totals live, loading every
-          // block's pair first made the compiler spill a sum (a store + load per k).
-          const __m256 xv = _mm256_broadcast_ss(x + k);
-          for (int b = 0; b < NB; ++b) {
-            __m256 w0, w1;
-            load_wrow<F>(blocks[b], k, w0, w1);
-            sums[0][2 * b] = _mm256_fmadd_ps(xv, w0, sums[0][2 * b]);
-            sums[0][2 * b + 1] = _mm256_fmadd_ps(xv, w1, sums[0][2 * b + 1]);
-          }
-        } else {
-          __m256 wv[2 * NB];
-          for (int b = 0; b < NB; ++b) load_wrow<F>(blocks[b], k, wv[2 * b], wv[2 * b + 1]);
-          for (int r = 0; r < MR; ++r) {
-            const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
-            for (int c = 0; c < 2 * NB; ++c) sums[r][c] = _mm256_fmadd_ps(xv, wv[c], sums[r][c]);
-          }
-        }
-      }
-      for (int b = 0; b < NB; ++b) {
-        const float* s = scales[b] + (k0 / INT8_GROUP) * PACK_COLS;
-        const __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
-        for (int r = 0; r < MR; ++r) {
-          acc[r][2 * b] = _mm256_fmadd_ps(sums[r][2 * b], s0, acc[r][2 * b]);
-          acc[r][2 * b + 1] = _mm256_fmadd_ps(sums[r][2 * b + 1], s1, acc[r][2 * b + 1]);
-        }
-      }
-    }
-    return;
-  }
   for (int64_t k = 0; k < w.K; ++k) {
     __m256 wv[2 * NB];
     for (int b = 0; b < NB; ++b) load_wrow<F>(blocks[b], k, wv[2 * b], wv[2 * b + 1]);
@@ -178,8 +122,7 @@ inline void run_tile(const float* xm, int64_t ldx, const PackedWeight& w, int64_
 }
 
 // Block b of a compressed weight widened to float32 ([K][16], the F32 block layout), with the
-// very values load_wrow gives (so a tile over it sums the same numbers in the same order; int8
-// stays unscaled, its tiles scale each group's sum).
+// very values load_wrow gives (so a tile over it sums the same numbers in the same order).
 template <WeightFormat F>
 inline void widen_block(const PackedWeight& w, int64_t b, float* out) {
   const void* block = block_ptr<F>(w, b);
@@ -194,8 +137,8 @@ inline void widen_block(const PackedWeight& w, int64_t b, float* out) {
 // Calls epilogue(row0, mr, block0, nb, acc) for every tile over rows [0, M) and blocks
 // [block_begin, block_end) (acc as gemm_tile's). Blocks outer, rows inner: a panel of blocks
 // stays in L1/L2 while the row tiles walk over it, so weights come from memory once per call.
-// With several row tiles (M > 6), a compressed block is widened to float32 once into a scratch
-// block that every row tile reads: widening per tile cost int8 ~25% of the GEMM rate at M = 32.
+// With several row tiles (M > 6), a bf16 block is widened to float32 once into a scratch block
+// that every row tile reads (widening per tile cost ~25% of the GEMM rate at M = 32).
 template <WeightFormat F, typename Epilogue>
 void gemm_blocks_t(const float* x, int64_t ldx, int64_t M, const PackedWeight& w, int64_t block_begin,
                    int64_t block_end, Epilogue&& epilogue) {
@@ -205,13 +148,12 @@ void gemm_blocks_t(const float* x, int64_t ldx, int64_t M, const PackedWeight& w
     if (M > MAX_MR) {
       thread_local std::vector<float> scratch;
       scratch.resize(static_cast<size_t>(w.K * PACK_COLS));
-      constexpr WeightFormat WIDE = F == WeightFormat::INT8 ? WeightFormat::INT8_WIDE : WeightFormat::F32;
+      const PackedWeight wide{WeightFormat::F32, scratch.data(), nullptr, w.K, PACK_COLS};
       for (int64_t b0 = block_begin; b0 < block_end; ++b0) {
         widen_block<F>(w, b0, scratch.data());
-        const PackedWeight wide{WIDE, scratch.data(), block_scales(w, b0), w.K, PACK_COLS};
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
           const int mr = static_cast<int>(std::min<int64_t>(MR, M - m0));
-          run_tile<WIDE>(x + m0 * ldx, ldx, wide, 0, mr, 1, acc);
+          run_tile<WeightFormat::F32>(x + m0 * ldx, ldx, wide, 0, mr, 1, acc);
           epilogue(m0, mr, b0, 1, acc);
         }
       }
@@ -228,13 +170,50 @@ void gemm_blocks_t(const float* x, int64_t ldx, int64_t M, const PackedWeight& w
   }
 }
 
+// The int8 format: the rows are quantized once per call (each thread of a team quantizes them
+// itself: M x K is small beside the weights it streams), then tiles of integer dot products;
+// at M = 1 four blocks at a time (independent sums), else 4 rows x 1 block.
+template <typename Epilogue>
+void gemm_blocks_q8(const float* x, int64_t ldx, int64_t M, const PackedWeight& w, int64_t block_begin,
+                    int64_t block_end, Epilogue&& epilogue) {
+  thread_local QuantizedRows xq;
+  quantize_rows_q8(x, ldx, M, w.K, xq);
+  const int8_t* data = static_cast<const int8_t*>(w.data);
+  __m256 acc[MAX_MR][2 * MAX_NB];
+  constexpr int ACC = 2 * MAX_NB;
+#define CADENCE_Q8(MR_, NB_) gemm_tile_q8<MR_, NB_, ACC>(xq, m0, data, w.scales, w.K, b0, acc)
+  if (M == 1) {
+    for (int64_t b0 = block_begin; b0 < block_end; b0 += 4) {
+      const int nb = static_cast<int>(std::min<int64_t>(4, block_end - b0));
+      const int64_t m0 = 0;
+      switch (nb) {
+        case 4: CADENCE_Q8(1, 4); break; case 3: CADENCE_Q8(1, 3); break;
+        case 2: CADENCE_Q8(1, 2); break; default: CADENCE_Q8(1, 1);
+      }
+      epilogue(0, 1, b0, nb, acc);
+    }
+    return;
+  }
+  for (int64_t b0 = block_begin; b0 < block_end; ++b0) {
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const int mr = static_cast<int>(std::min<int64_t>(4, M - m0));
+      switch (mr) {
+        case 4: CADENCE_Q8(4, 1); break; case 3: CADENCE_Q8(3, 1); break;
+        case 2: CADENCE_Q8(2, 1); break; default: CADENCE_Q8(1, 1);
+      }
+      epilogue(m0, mr, b0, 1, acc);
+    }
+  }
+#undef CADENCE_Q8
+}
+
 template <typename Epilogue>
 void gemm_blocks(const float* x, int64_t ldx, int64_t M, const PackedWeight& w, int64_t block_begin,
                  int64_t block_end, Epilogue&& epilogue) {
   switch (w.format) {
     case WeightFormat::F32: gemm_blocks_t<WeightFormat::F32>(x, ldx, M, w, block_begin, block_end, epilogue); break;
     case WeightFormat::BF16: gemm_blocks_t<WeightFormat::BF16>(x, ldx, M, w, block_begin, block_end, epilogue); break;
-    default: gemm_blocks_t<WeightFormat::INT8>(x, ldx, M, w, block_begin, block_end, epilogue);
+    default: gemm_blocks_q8(x, ldx, M, w, block_begin, block_end, epilogue);
   }
 }
 

@@ -78,12 +78,6 @@ inline __m256 load_bf16(const uint16_t* p) {
   const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
-// 8 int8 values widened to float32.
-inline __m256 load_i8(const int8_t* p) {
-  int64_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bits)));
-}
 
 // exp(x) for softmax inputs (x <= 0 mostly; Cephes expf polynomial, ~1 ulp), 8 lanes.
 inline __m256 exp8(__m256 x) {
