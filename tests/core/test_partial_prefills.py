@@ -70,3 +70,27 @@ def test_outputs_do_not_change_when_short_prompts_overtake(policy):
     in_line = run(make_scheduler(policy, budget=4096, partial_prefills=1, num_blocks=4096),
                   FakeExecutor(VOCAB), specs)
     assert overtaking.outputs == in_line.outputs
+
+
+@pytest.mark.parametrize("policy", ["chunked", "slo"])
+def test_a_short_prompts_step_leaves_the_long_prefill_out_but_never_starves_it(policy):
+    scheduler = make_scheduler(policy, budget=64, threshold=0, partial_prefills=4,
+                               max_model_len=4096)
+    executor = FakeExecutor(VOCAB)
+    scheduler.add_request(make_request("doc", range(3, 403), max_tokens=2, ignore_eos=True))
+    step(scheduler, executor)  # the document is in prefill
+    scheduler.add_request(make_request("chat", [5] * 10, max_tokens=2, ignore_eos=True,
+                                       arrival_time=1.0))
+    plan, _ = step(scheduler, executor)
+    # The chat's first token comes from a step without a document chunk (a short step).
+    assert [c.req_id for c in plan.chunks] == ["chat"]
+    plan, _ = step(scheduler, executor)
+    assert "doc" in [c.req_id for c in plan.chunks]
+    # A short prompt arriving before every step: the document still gets every other step.
+    doc_steps = 0
+    for i in range(8):
+        scheduler.add_request(make_request(f"c{i}", [6 + i] * 8, max_tokens=1, ignore_eos=True,
+                                           arrival_time=2.0 + i))
+        plan, _ = step(scheduler, executor)
+        doc_steps += "doc" in [c.req_id for c in plan.chunks]
+    assert doc_steps >= 4

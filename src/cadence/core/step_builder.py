@@ -75,6 +75,11 @@ class StepBuilder:
     def is_empty(self) -> bool:
         return not self._scheduled
 
+    @property
+    def scheduled_requests(self) -> list[Request]:
+        """The requests with tokens in this step so far, in batch order."""
+        return [request for request, _ in self._scheduled.values()]
+
     def running_by_rank(self) -> list[Request]:
         """Running requests, most important first (the preemption victim is the last)."""
         return sorted(self._running, key=self._rank)

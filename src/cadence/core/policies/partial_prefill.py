@@ -10,7 +10,11 @@ seconds for its first token. With more, the step serves, after the decodes:
 
 where a prompt is long when it has more than `config.long_prompt_threshold` tokens. At most
 `max_num_partial_prefills` requests are in prefill at once, at most `max_long_partial_prefills`
-of them long. Running prefills always continue (the caps gate admission only).
+of them long. Running prefills continue (the caps gate admission only), except that a step
+holding a short prompt's chunk leaves the long prefills out: the short prompt's first token
+then waits for a step of decodes and short chunks, not for a long chunk (on a CPU a long chunk's
+step is several decode steps). At most every other step, so short arrivals cannot starve a
+document; the document pays one step's fixed cost per deferral.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class PartialPrefills:
         self.max_partial = config.max_num_partial_prefills
         self.max_long = config.max_long_partial_prefills
         self.threshold = config.long_prompt_threshold
+        self._deferred_long_last_step = False
 
     @property
     def enabled(self) -> bool:
@@ -51,9 +56,20 @@ class PartialPrefills:
             admission_rule,
             lambda r: not self.is_long(r) and self._num_partial(step) < self.max_partial,
         )
+        if self._defer_long(step, prefills):
+            return
         for request in [r for r in prefills if self.is_long(r)]:
             step.schedule_running([request], rule_for(request))
         step.admit_waiting_where(admission_rule, lambda r: self._admissible(step, r))
+
+    def _defer_long(self, step: StepBuilder, prefills: list[Request]) -> bool:
+        """Whether this step leaves the long prefills out (see the module doc)."""
+        short_in_step = any(not r.is_prefill_done and not self.is_long(r)
+                            for r in step.scheduled_requests)
+        defer = (short_in_step and not self._deferred_long_last_step
+                 and any(self.is_long(r) for r in prefills))
+        self._deferred_long_last_step = defer
+        return defer
 
     def _admissible(self, step: StepBuilder, request: Request) -> bool:
         if self._num_partial(step) >= self.max_partial:
