@@ -145,7 +145,7 @@ def _median_result(results: list[RunResult]) -> RunResult:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct GGUF")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", help="compute dtype (default auto, as serve)")
     p.add_argument("--device", default="auto")
     p.add_argument("--streams", type=int, default=3)
     p.add_argument("--stream-tokens", type=int, default=200)

@@ -70,12 +70,15 @@ class StepFeatures:
     def num_tokens(self) -> int:
         return self.prefill_tokens + self.decode_tokens
 
+    def raw_vector(self) -> tuple[float, ...]:
+        """[1, prefill, decode, attention, context attention, prompt step] in raw units (a
+        step always pays base)."""
+        return (1.0, self.prefill_tokens, self.decode_tokens, self.attention_pairs,
+                self.context_pairs, self.prompt_step)
+
     def vector(self) -> tuple[float, ...]:
-        """Scaled regression inputs [1, prefill, decode, attention, context attention,
-        prompt step] (a step always pays base)."""
-        raw = (1.0, self.prefill_tokens, self.decode_tokens, self.attention_pairs,
-               self.context_pairs, self.prompt_step)
-        return tuple(v / s for v, s in zip(raw, _FEATURE_SCALES))
+        """Scaled regression inputs (raw_vector / the feature scales)."""
+        return tuple(v / s for v, s in zip(self.raw_vector(), _FEATURE_SCALES))
 
     @staticmethod
     def of_chunk(start_pos: int, num_new_tokens: int, is_prefill: bool = True) -> StepFeatures:
@@ -205,6 +208,16 @@ class StepCostModel:
         """The current fit in seconds per raw feature unit (all >= 0)."""
         theta = self._solution()
         return StepCostCoefficients(*(max(0.0, t) / s for t, s in zip(theta, _FEATURE_SCALES)))
+
+    @property
+    def prior_coefficients(self) -> StepCostCoefficients:
+        """The prior in seconds per raw feature unit: the startup profile's fit after
+        calibrate(), the configured table before."""
+        return self.config.prior
+
+    def predict_prior(self, features: StepFeatures) -> float:
+        """Seconds of a step with these features under the prior alone."""
+        return sum(max(0.0, c) * x for c, x in zip(self.config.prior.as_tuple(), features.raw_vector()))
 
     # -- learning ---------------------------------------------------------------------------
     def observe(self, features: StepFeatures, duration_s: float) -> None:

@@ -310,8 +310,15 @@ class _ChunkPlan:
 
     def __init__(self, model: StepCostModel, held: StepFeatures, length: int,
                  min_chunk: int = 1) -> None:
-        c = model.coefficients
-        self.fixed = model.predict(held + StepFeatures(prompt_step=1))
+        # The prior (the startup profile's fit): the plan is about the *ratio* of a step's
+        # fixed cost to a token's, which the profile's designed steps (chunk sizes and
+        # positions, with and without decodes) separate. The online fit's samples are mostly
+        # steps of one shape (a document's equal chunks next to the same decodes), where plain
+        # least squares trades fixed for per-token cost freely: on a loaded host it fitted no
+        # fixed cost at all, the plan saw chunking as free and cut a 2000-token document into
+        # 74 chunks of 27 tokens (1.3-1.6x its eager time).
+        c = model.prior_coefficients
+        self.fixed = model.predict_prior(held + StepFeatures(prompt_step=1))
         self.p, self.a, self.x = c.per_prefill_token_s, c.per_attention_pair_s, c.per_context_pair_s
         self.length = length
         # Chunks in a plan are at least this long (one block: the sizer's own minimum), which
