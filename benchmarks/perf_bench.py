@@ -25,6 +25,8 @@ import os
 # Idle OpenMP threads sleep instead of spinning: a spinning pool steals the core a busy
 # neighbour (or the engine's other threads) needs. Must be set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Huge pages for torch's large allocations, as cadence/__init__.py sets for the server.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402

@@ -9,6 +9,11 @@ __version__ = "0.1.0"
 # --busy-neighbour). libgomp reads this once, when torch loads; every cadence entry point imports
 # this package before torch. An explicit setting wins.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# torch's CPU allocator backs allocations of 2 MB and more with transparent huge pages
+# (madvise) when this is set, also read when torch loads. The KV pool's blocks are scattered, so
+# attention over 4 KB pages missed the TLB every few positions: decode at batch 1 (context 512)
+# ran 12% faster with huge pages (paired A/B, Zen 3: 12.8-12.9 vs 14.2-14.9 ms a step).
+_os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
 def __getattr__(name):
