@@ -6,7 +6,7 @@
 //
 // Why: widening int8 weights to float32 costs a widen, a convert and an FMA per 8 weights, and
 // made the M = 1 GEMM compute-bound at about a third of memory speed; the integer path does 32
-// multiply-adds in 4 instructions. Integer sums are exact, so any tiling, batch or thread split
+// multiply-adds in 4 instructions (2 with AVX512-VNNI's vpdpbusd). Integer sums are exact, so any tiling, batch or thread split
 // gives the same bits (greedy decoding stays batch-invariant). The torch paths of an int8 model
 // quantize their GEMM inputs with the same function (quantize_rows_q8 through
 // `quantize_activations_q8`), so prefill and decode compute the same products up to float
@@ -85,10 +85,17 @@ inline __m256i broadcast4(const void* p) {
   return _mm256_set1_epi32(v);
 }
 
-// x_q . w_q over 4 k for 8 columns: w8 holds the 8 columns' 4 k each, xq / xmag the row's 4 k
-// repeated in every 32-bit lane.
-inline __m256i dot4(__m256i xmag, __m256i xq, __m256i w8, __m256i ones16) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(xmag, _mm256_sign_epi8(w8, xq)), ones16);
+// acc + x_q . w_q over 4 k for 8 columns: w8 holds the 8 columns' 4 k each, xq / xmag the row's
+// 4 k repeated in every 32-bit lane. |x_q| * (w_q with x_q's sign) is x_q * w_q; a pair of them
+// stays within int16 (2 * 127 * 127 < 32767), so maddubs never saturates and both forms below
+// give the same exact sums (the AVX-512 tiers with VNNI build the second: one instruction).
+inline __m256i dot4_add(__m256i acc, __m256i xmag, __m256i xq, __m256i w8, __m256i ones16) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  (void)ones16;
+  return _mm256_dpbusd_epi32(acc, xmag, _mm256_sign_epi8(w8, xq));
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(xmag, _mm256_sign_epi8(w8, xq)), ones16));
+#endif
 }
 
 // acc[r][2 * b + h]: row m0 + r, columns (block b0 + b) * 16 + h * 8 + [0, 8), as gemm_tile.
@@ -115,8 +122,8 @@ inline void gemm_tile_q8(const QuantizedRows& xq, int64_t m0, const int8_t* data
         const __m256i xm = broadcast4(xq.mag_at(m0, k)), xs = broadcast4(xq.q_at(m0, k));
         for (int b = 0; b < NB; ++b) {
           const __m256i* p = reinterpret_cast<const __m256i*>(blocks[b] + k * 16);
-          sums[0][2 * b] = _mm256_add_epi32(sums[0][2 * b], dot4(xm, xs, _mm256_loadu_si256(p), ones16));
-          sums[0][2 * b + 1] = _mm256_add_epi32(sums[0][2 * b + 1], dot4(xm, xs, _mm256_loadu_si256(p + 1), ones16));
+          sums[0][2 * b] = dot4_add(sums[0][2 * b], xm, xs, _mm256_loadu_si256(p), ones16);
+          sums[0][2 * b + 1] = dot4_add(sums[0][2 * b + 1], xm, xs, _mm256_loadu_si256(p + 1), ones16);
         }
       } else {
         __m256i wv[2 * NB];
@@ -127,7 +134,7 @@ inline void gemm_tile_q8(const QuantizedRows& xq, int64_t m0, const int8_t* data
         }
         for (int r = 0; r < MR; ++r) {
           const __m256i xm = broadcast4(xq.mag_at(m0 + r, k)), xs = broadcast4(xq.q_at(m0 + r, k));
-          for (int c = 0; c < 2 * NB; ++c) sums[r][c] = _mm256_add_epi32(sums[r][c], dot4(xm, xs, wv[c], ones16));
+          for (int c = 0; c < 2 * NB; ++c) sums[r][c] = dot4_add(sums[r][c], xm, xs, wv[c], ones16);
         }
       }
     }
