@@ -230,3 +230,36 @@ def test_packed_f32_and_stack_reject_bad_input(tiny_llama_d64_dir, monkeypatch):
         stack.forward(x, cos, cos, kv.storage, one, table, one - 1, one * 9, 0.125)
     with pytest.raises(RuntimeError, match="block id"):
         stack.forward(x, cos, cos, kv.storage, one, torch.tensor([[POOL]], dtype=torch.int32), one - 1, one, 0.125)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_int8_per_op_chunks_run_on_the_stacks_packed_weights(request, arch, monkeypatch):
+    """Chunks longer than the stack takes (up to PACKED_GEMM_MAX_ROWS rows) run their GEMMs on
+    the stack's packed int8 weights (integer dot products, the same packed copy: no second one)
+    and agree with torch's float32 GEMM on the same quantized activations."""
+    import cadence.model.llama as llama
+
+    loaded = load_model(request.getfixturevalue(f"tiny_{arch}_d64_dir"), dtype=torch.float32, device="cpu")
+    loaded.model.set_decode_weight_format("int8")
+    calls = []
+    original = llama.PackedInt8.linear
+    monkeypatch.setattr(llama.PackedInt8, "linear",
+                        lambda self, x, bias, kernels: calls.append(x.shape[0]) or original(self, x, bias, kernels))
+    long_chunk = [[(0, STACK_MAX_CHUNK + 9), (0, 3)], [(STACK_MAX_CHUNK + 9, 1), (3, 1)]]
+    packed_logits, packed_kv, stack = run_steps(loaded.model, loaded.config, long_chunk, True, monkeypatch)
+    layers = loaded.config.num_layers
+    # 4 GEMMs per layer for the 44-row step; the decode step ran in the stack.
+    assert calls == [STACK_MAX_CHUNK + 12] * 4 * layers
+    assert stack.packed_layer(0)[0].data_ptr() == loaded.model.model.layers[0].self_attn.packed[0].data.data_ptr()
+    calls.clear()
+    monkeypatch.setattr(llama, "PACKED_GEMM_MAX_ROWS", 0)
+    torch_logits, torch_kv, _ = run_steps(loaded.model, loaded.config, long_chunk, True, monkeypatch)
+    assert calls == []
+    # Same quantized activations and weights; float32 summation order only (see above for why
+    # int8 agreement is within a quantum rather than exact).
+    assert (packed_logits - torch_logits).abs().max() <= 0.1 * torch_logits.abs().max()
+    assert (packed_logits.argmax(-1) == torch_logits.argmax(-1)).float().mean() >= 0.9
+    torch.testing.assert_close(packed_kv, torch_kv, atol=0.05, rtol=0.05)
+    # Reloading weights drops the stack and the per-op path's views of it together.
+    loaded.model.drop_packed_weights()
+    assert all(layer.self_attn.packed is None and layer.mlp.packed is None for layer in loaded.model.model.layers)

@@ -15,6 +15,7 @@ torch ops, which are also the reference the fast path is tested against.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -34,6 +35,14 @@ from cadence.model.rope import apply_rope, rope_cos_sin
 # bf16 GEMMs with at most this many rows use the AVX512-BF16 kernel (memory-bound decode); larger
 # ones (prefill, big batches) use torch's GEMM, which wins once the weights are reused enough.
 SMALL_GEMM_MAX_ROWS = 8
+# The per-op path of an int8 model runs GEMMs of at most this many rows on the fused stack's
+# packed int8 weights with integer dot products (linear_packed_f32) instead of torch's float32
+# GEMM on the dequantized weights. torch's GEMM costs a near-fixed ~100 ms per step at small M
+# on 2 Zen 3 cores (a 16-token chunk 175-180 ms vs 81-83 ms; 64 tokens 360-400 vs 290; 128
+# tokens 610-700 vs 560; 256 about even; 512 tokens 2110 vs 2220-2320: torch wins from there),
+# which made every prompt chunk between the stack's 32 tokens and ~256 slow per token, and so
+# made chunked prefill look (and be) costly next to running a prompt whole.
+PACKED_GEMM_MAX_ROWS = 256
 
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -51,6 +60,26 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         out = kernels.linear_bf16(x.contiguous(), weight)
         return out if bias is None else out + bias
     return F.linear(x, weight, bias)
+
+
+@dataclass(frozen=True)
+class PackedInt8:
+    """A GEMM weight [N, K] as the fused stack packed it (int8 blocks of 16 columns, a scale
+    per column and group of 32 k): what linear_packed_f32 takes."""
+
+    data: torch.Tensor  # [N / 16, K, 16] uint8 (int8 values)
+    scales: torch.Tensor  # [N / 16, K / 32, 16] float32
+    N: int
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, kernels: ModuleType) -> torch.Tensor:
+        """x [T, K] float32 -> x_q8 @ W^T (+ bias) [T, N]: x quantized per row and group of 32 as
+        the stack and quantize_activations_q8 quantize it, exact int32 sums per group."""
+        return kernels.linear_packed_f32(x.contiguous(), self.data, self.scales, WEIGHT_FORMATS["int8"],
+                                         self.N, bias)
+
+
+def _uses_packed(packed: tuple | None, x: torch.Tensor) -> bool:
+    return packed is not None and x.shape[0] <= PACKED_GEMM_MAX_ROWS
 
 
 def _fuse_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -124,6 +153,8 @@ class LlamaAttention(_FusedProjections):
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.quantize_inputs = False  # set_decode_weight_format: int8 weights quantize GEMM inputs
+        # (qkv, o) as PackedInt8 while an int8 model's fused stack exists (attach_packed_int8).
+        self.packed: tuple[PackedInt8, PackedInt8] | None = None
         self._init_fusion()
 
     def _fused_children(self) -> list[nn.Linear]:
@@ -154,7 +185,11 @@ class LlamaAttention(_FusedProjections):
         """The compiled-kernel path: x [T, H]; cos32, sin32: [T, D] float32 -> [T, H]."""
         num_tokens = x.shape[0]
         k_cache, v_cache = kv.k[self.layer_idx], kv.v[self.layer_idx]
-        qkv = self._qkv(x, kernels).contiguous()  # [T, Hq*D + 2*Hkv*D]
+        packed = self.packed if _uses_packed(self.packed, x) else None
+        if packed is not None:
+            qkv = packed[0].linear(x, self.fused_bias, kernels)  # [T, Hq*D + 2*Hkv*D]
+        else:
+            qkv = self._qkv(x, kernels).contiguous()  # [T, Hq*D + 2*Hkv*D]
         # Rotates q and k in place and stores k, v at their slots.
         kernels.rope_write_kv(qkv, cos32, sin32, self.num_heads, self.num_kv_heads,
                               k_cache, v_cache, meta.slot_mapping)
@@ -162,6 +197,8 @@ class LlamaAttention(_FusedProjections):
         kv_new = qkv[:, self.q_size:].view(num_tokens, 2, self.num_kv_heads, self.head_dim)
         attn = paged_attention_cpu(kernels, q, kv_new[:, 0], kv_new[:, 1], k_cache,
                                            v_cache, meta, self.scale)  # [T, Hq, D]
+        if packed is not None:
+            return packed[1].linear(attn.reshape(num_tokens, -1), None, kernels)
         return fused_linear(attn.reshape(num_tokens, -1), self.o_proj.weight, None, kernels, self.quantize_inputs)
 
 
@@ -174,6 +211,8 @@ class LlamaMLP(_FusedProjections):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.quantize_inputs = False  # set_decode_weight_format: int8 weights quantize GEMM inputs
+        # (gate_up with halves interleaved by 16 columns, down) while an int8 stack exists.
+        self.packed: tuple[PackedInt8, PackedInt8] | None = None
         self._init_fusion()
 
     def _fused_children(self) -> list[nn.Linear]:
@@ -188,6 +227,13 @@ class LlamaMLP(_FusedProjections):
 
     def forward_cpu(self, x: torch.Tensor, kernels: ModuleType) -> torch.Tensor:
         """The compiled-kernel path: x [T, H] -> [T, H]."""
+        if _uses_packed(self.packed, x):
+            gate_up_packed, down = self.packed
+            t = x.shape[0]
+            # [T, 2I] as blocks of 16 gate columns then the matching 16 up columns -> [gate | up]
+            interleaved = gate_up_packed.linear(x, None, kernels)
+            gate_up = interleaved.view(t, -1, 2, 16).transpose(1, 2).reshape(t, -1)
+            return down.linear(kernels.silu_mul(gate_up), None, kernels)
         gate_up = fused_linear(x, self.fused_weight, None, kernels, self.quantize_inputs)  # [T, 2I]
         return fused_linear(kernels.silu_mul(gate_up.contiguous()), self.down_proj.weight, None, kernels,
                             self.quantize_inputs)
@@ -248,6 +294,8 @@ class LlamaForCausalLM(nn.Module):
         """Forget the packed weight copies (call after changing weights in place)."""
         self._decode_stack = None
         self._packed_lm_head = None
+        for layer in self.model.layers:
+            layer.self_attn.packed = layer.mlp.packed = None
 
     def set_decode_weight_format(self, fmt: str) -> None:
         """Store the float32 fast path's weights as `fmt` (float32, bf16 or int8): the model's
@@ -282,7 +330,21 @@ class LlamaForCausalLM(nn.Module):
         """The fused decode stack (built once), or False where the model's shapes rule it out."""
         if self._decode_stack is None:
             self._decode_stack = build_decode_stack(self, kernels) or False
+            self._attach_packed_int8(self._decode_stack)
         return self._decode_stack
+
+    def _attach_packed_int8(self, stack) -> None:
+        """Point the per-op path's GEMMs of an int8 model at the stack's packed weights
+        (PACKED_GEMM_MAX_ROWS): shared, not copied."""
+        if not stack or getattr(stack, "weight_format", None) != WEIGHT_FORMATS["int8"] \
+                or not hasattr(stack, "packed_layer"):
+            return
+        c = self.config
+        qkv_n, gate_up_n = c.q_size + 2 * c.kv_size, 2 * c.intermediate_size
+        for i, layer in enumerate(self.model.layers):
+            t = stack.packed_layer(i)
+            layer.self_attn.packed = (PackedInt8(t[0], t[1], qkv_n), PackedInt8(t[2], t[3], c.hidden_size))
+            layer.mlp.packed = (PackedInt8(t[4], t[5], gate_up_n), PackedInt8(t[6], t[7], c.hidden_size))
 
     def _lm_head_for(self, kernels: ModuleType):
         """The LM head packed once for the fast path of the model's dtype: for
@@ -323,8 +385,9 @@ class LlamaForCausalLM(nn.Module):
                      kv: KVCache, kernels: ModuleType) -> torch.Tensor:
         cos32, sin32 = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
                                     torch.float32)  # [T, D] each
-        stack = self._stack_for(kernels) if takes_stack(x, meta) else False
-        if stack:
+        # Built on the first step of any shape: an int8 model's per-op GEMMs use its weights.
+        stack = self._stack_for(kernels)
+        if stack and takes_stack(x, meta):
             return stack.forward(x.contiguous(), cos32, sin32, kv.storage, meta.slot_mapping,
                                  meta.block_tables, meta.row_seq_index, meta.row_ctx_lens,
                                  self.config.head_dim ** -0.5)

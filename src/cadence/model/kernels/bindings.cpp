@@ -86,6 +86,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("weight_bytes", &cadence_kernels::DecodeStackF32::weight_bytes)
       .def("phase_seconds", &cadence_kernels::DecodeStackF32::phase_seconds,
            "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm)")
-      .def_property_readonly("last_team", &cadence_kernels::DecodeStackF32::last_team);
+      .def_property_readonly("last_team", &cadence_kernels::DecodeStackF32::last_team)
+      .def("packed_layer", &cadence_kernels::DecodeStackF32::packed_layer,
+           "layer l's packed [qkv data, scales, o ..., gate_up (halves interleaved by 16) ..., down ...]");
   m.def("has_avx512bf16", &cadence_kernels::has_avx512bf16, "whether linear_bf16 is compiled in");
 }

@@ -267,4 +267,10 @@ std::vector<double> DecodeStackF32::phase_seconds() const { return stats_.phase_
 
 int DecodeStackF32::last_team() const { return stats_.last_team(); }
 
+std::vector<at::Tensor> DecodeStackF32::packed_layer(int64_t l) const {
+  TORCH_CHECK(l >= 0 && l < num_layers(), "DecodeStackF32.packed_layer: no layer ", l);
+  const Layer& w = layers_[l];
+  return {w.qkv.data, w.qkv.scales, w.o.data, w.o.scales, w.gate_up.data, w.gate_up.scales, w.down.data, w.down.scales};
+}
+
 }  // namespace cadence_kernels

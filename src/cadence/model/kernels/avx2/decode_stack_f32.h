@@ -46,6 +46,10 @@ class DecodeStackF32 {
   static constexpr int NUM_PHASES = 8;
   std::vector<double> phase_seconds() const;
   int last_team() const;
+  // Layer l's packed (data, scales) of qkv, o, gate_up (halves interleaved by 16 columns), down:
+  // the per-op path's GEMMs of small row counts run on them (linear_packed_f32) without a
+  // second packed copy of the weights.
+  std::vector<at::Tensor> packed_layer(int64_t l) const;
 
  private:
   struct Packed {
