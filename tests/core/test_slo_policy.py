@@ -39,17 +39,36 @@ from cadence.executor.fake_executor import FakeExecutor
 
 # A made-up machine for the tests: 5 ms a step, 1 ms a prompt token, 2 ms a decode,
 # attention that matters at a few thousand tokens of context, and 20 ms more for a step that
-# carries a prompt chunk (another executor path). No extra cost per pair against cached
-# context here; CONTEXT_COST adds one (a continuing chunk's slower attention path, which a
-# whole prompt never takes), the case where the prefill floor must count it as overhead.
+# carries a prompt chunk (another executor path). SIZE_COST is the same machine where a prompt
+# token costs 40% more in a chunk of <= 256 tokens than in a larger one (a CPU whose small-row
+# GEMMs run another, slower kernel): the chunking overhead a linear model cannot express, which
+# the prefill floor learns from the profile's per-token curve.
 TRUE_COST = StepCostCoefficients(0.005, 0.001, 0.002, 2e-7, 0.0, 0.02)
-CONTEXT_COST = StepCostCoefficients(0.005, 0.001, 0.002, 2e-7, 2e-7, 0.02)
 
 
-def true_seconds(features: StepFeatures, coeffs: StepCostCoefficients = TRUE_COST) -> float:
+class SizeCost(StepCostCoefficients):
+    """A StepCostCoefficients marker: prompt tokens of chunks <= SMALL_CHUNK cost SMALL_EXTRA_S
+    more (true_seconds needs the chunk sizes)."""
+
+
+SIZE_COST = SizeCost(*TRUE_COST.as_tuple())
+SMALL_CHUNK, SMALL_EXTRA_S = 256, 0.0004
+
+
+def true_seconds(features: StepFeatures, coeffs: StepCostCoefficients = TRUE_COST,
+                 chunk_sizes: tuple[int, ...] | None = None) -> float:
     raw = (1, features.prefill_tokens, features.decode_tokens, features.attention_pairs,
            features.context_pairs, features.prompt_step)
-    return sum(c * x for c, x in zip(coeffs.as_tuple(), raw))
+    seconds = sum(c * x for c, x in zip(coeffs.as_tuple(), raw))
+    if isinstance(coeffs, SizeCost):
+        sizes = chunk_sizes if chunk_sizes is not None else (features.prefill_tokens,)
+        seconds += SMALL_EXTRA_S * sum(n for n in sizes if n <= SMALL_CHUNK)
+    return seconds
+
+
+def plan_seconds(plan: StepPlan, coeffs: StepCostCoefficients = TRUE_COST) -> float:
+    sizes = tuple(c.num_new_tokens for c in plan.chunks if c.is_prefill)
+    return true_seconds(StepFeatures.of_plan(plan), coeffs, sizes)
 
 
 def slo_scheduler(
@@ -98,8 +117,7 @@ class TimedExecutor:
         out = self.fake.execute(plan)
         if not plan.is_empty and hasattr(self.scheduler.policy, "predict_step_s"):
             self.predicted.append((plan, self.scheduler.policy.predict_step_s(plan)))
-            seconds = (true_seconds(StepFeatures.of_plan(plan), self.coeffs)
-                       * self.rng.uniform(0.9, 1.1))
+            seconds = plan_seconds(plan, self.coeffs) * self.rng.uniform(0.9, 1.1)
             self.scheduler.observe_step(plan, seconds)
         return out
 
@@ -342,21 +360,21 @@ def run_doc(scheduler: Scheduler, num_streams: int, doc_len: int,
     chunks, total, worst = [], 0.0, 0.0
     while scheduler.get_request("doc").num_output_tokens == 0:
         plan, _ = step(scheduler, executor)
-        seconds = true_seconds(StepFeatures.of_plan(plan), coeffs)
+        seconds = plan_seconds(plan, coeffs)
         total += seconds
         worst = max(worst, seconds)
         chunks += [c.num_new_tokens for c in plan.chunks if c.req_id == "doc"]
     return chunks, total, worst
 
 
-@pytest.mark.parametrize("coeffs", [TRUE_COST, CONTEXT_COST], ids=["plain", "context-cost"])
+@pytest.mark.parametrize("coeffs", [TRUE_COST, SIZE_COST], ids=["plain", "size-cost"])
 @pytest.mark.parametrize("num_streams", [1, 4, 12])
 def test_unreachable_target_keeps_the_prefill_within_its_slowdown_of_eager(num_streams, coeffs):
     """A 1 ms target is below any step here: without the floor every chunk would be one block
     (3000 / 16 steps). With it the document's prefill stays within 1.15x its eager time, the
-    chunks are even, and the policy reports the ITL it reaches instead. With an extra cost
-    per pair against cached context, that extra is chunking overhead (the eager run never
-    pays it), and the bound holds too."""
+    chunks are even, and the policy reports the ITL it reaches instead. Where a prompt token
+    costs more in a small chunk than in a large one, that difference is chunking overhead (the
+    eager run never pays it): the floor counts it from the profile's curve and the bound holds."""
     scheduler = calibrated(slo_scheduler(target_ms=1.0, budget=4096, slowdown=1.15), coeffs)
     chunks, total, worst = run_doc(scheduler, num_streams, 3000, coeffs)
     eager = Scheduler(
@@ -365,22 +383,20 @@ def test_unreachable_target_keeps_the_prefill_within_its_slowdown_of_eager(num_s
     )
     _, eager_total, _ = run_doc(eager, num_streams, 3000, coeffs)
     assert sum(chunks) == 3000
-    # The bound is the model's: with a context-pair extra the online fit (steps of +-10%
-    # noise, chunks late in a prompt that cannot tell the two per-pair terms apart) under-
-    # predicts it by some percent, and the prefill overshoots by that much (1.16x here;
-    # sizing chunk by chunk, as the floor did before, gave 1.5-1.9x).
-    tolerance = 1.0 if coeffs.per_context_pair_s == 0 else 1.03
-    assert total <= 1.15 * tolerance * eager_total + 1e-9
+    assert total <= 1.15 * eager_total + 1e-9
     assert len(chunks) > 2, "still chunked: streams get tokens while the document runs"
     # The chunks fill steps of about equal time: later ones attend over more context, so
-    # they hold fewer tokens (more so with a context-pair extra), but none is a sliver.
-    assert min(chunks) >= max(chunks) / (2 if coeffs.per_context_pair_s == 0 else 4), chunks
+    # they hold fewer tokens, but none is a sliver.
+    # (Size-cost: the first chunk, past the small-chunk knee, is cheaper per token than the
+    # later ones and holds more.)
+    assert min(chunks) >= max(chunks) / (2 if coeffs is TRUE_COST else 3), chunks
     reachable = scheduler.stats().itl_target_reachable_s
     assert reachable is not None and reachable > 0.001
     assert scheduler.stats().itl_target_s == pytest.approx(0.001)
-    # The reported ITL is the floor-sized steps' mean; with a context-pair extra the chunk
-    # count is kept while the drifting fit resizes the later chunks, so they spread more.
-    assert worst == pytest.approx(reachable, rel=0.25 if coeffs.per_context_pair_s == 0 else 0.35)
+    # The reported ITL is the floor-sized steps' mean. (Size-cost: the profile's curve has
+    # points at 256 and 1024 tokens and interpolates the knee between them, so the steps of
+    # chunks near it spread more.)
+    assert worst == pytest.approx(reachable, rel=0.25 if coeffs is TRUE_COST else 0.35)
 
 
 def test_reachable_target_wins_over_the_floor():
@@ -479,3 +495,23 @@ def test_slo_run_equals_unconstrained_run(specs, cfg, data):
     scheduler = build_slo(cfg, num_blocks)
     tight = run(scheduler, TimedExecutor(scheduler), specs)
     check_matches_roomy(tight, roomy, specs)
+
+
+def test_the_profile_gives_a_per_token_cost_by_chunk_size():
+    """calibrate() keeps, per profiled size of a lone prompt chunk from position 0, its seconds
+    per token beyond the fit's other terms; prior_token_cost interpolates them (log size),
+    clamps outside, and never lets a larger chunk cost more per token than a smaller one."""
+    model = calibrated(slo_scheduler(), SIZE_COST).policy.cost_model
+    curve = dict(model.prompt_token_curve)
+    assert sorted(curve) == [32, 256, 1024]
+    # Sizes <= 256 pay the small-chunk extra, 1024 does not (to the fit's residual).
+    assert curve[32] == pytest.approx(curve[256], rel=0.1)
+    assert curve[256] - curve[1024] == pytest.approx(SMALL_EXTRA_S, rel=0.25)
+    assert model.prior_token_cost(8) == pytest.approx(model.prior_token_cost(32))
+    assert model.prior_token_cost(4096) == pytest.approx(curve[1024])
+    middle = model.prior_token_cost(512)
+    assert curve[1024] < middle < max(curve[256], curve[32])
+    costs = [model.prior_token_cost(n) for n in (16, 64, 200, 300, 700, 1024, 2000)]
+    assert costs == sorted(costs, reverse=True)
+    # Without a profile: the prior's constant.
+    assert StepCostModel().prior_token_cost(100) == StepCostModel().config.prior.per_prefill_token_s

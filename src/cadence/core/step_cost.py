@@ -72,9 +72,15 @@ class StepFeatures:
 
     def raw_vector(self) -> tuple[float, ...]:
         """[1, prefill, decode, attention, context attention, prompt step] in raw units (a
-        step always pays base)."""
+        step always pays base). The context-attention input is held at 0 (its coefficient stays
+        at its prior, 0): a pair against cached context now costs what a causal pair costs (one
+        flash kernel reads both from the paged cache: 42-49 ns per pair per layer from 16 to
+        256 queries at position 1000 on Zen 3), and as a free coefficient it soaked up what
+        chunking really costs (a token's GEMM work is cheaper in a large chunk, see
+        StepCostModel.prior_token_cost): fitted at 0.7-1.0 us per pair next to 0.8-1.0 for a
+        causal one, it priced a 2000-token document's chunks 1.2x its whole run at any count."""
         return (1.0, self.prefill_tokens, self.decode_tokens, self.attention_pairs,
-                self.context_pairs, self.prompt_step)
+                0.0, self.prompt_step)
 
     def vector(self) -> tuple[float, ...]:
         """Scaled regression inputs (raw_vector / the feature scales)."""
@@ -187,6 +193,10 @@ class StepCostModel:
         # Running mean of |residual| / prediction (the clipping scale).
         self._relative_scale = 0.0
         self.num_observations = 0
+        # (chunk tokens, seconds per prompt token) of the profile's lone prompt chunks, rising
+        # chunk size (calibrate): the per-token cost by chunk size that a linear model cannot
+        # express (prior_token_cost).
+        self.prompt_token_curve: tuple[tuple[int, float], ...] = ()
 
     # -- prediction -------------------------------------------------------------------------
     def predict(self, features: StepFeatures) -> float:
@@ -218,6 +228,32 @@ class StepCostModel:
     def predict_prior(self, features: StepFeatures) -> float:
         """Seconds of a step with these features under the prior alone."""
         return sum(max(0.0, c) * x for c, x in zip(self.config.prior.as_tuple(), features.raw_vector()))
+
+    def prior_token_cost(self, chunk_tokens: int) -> float:
+        """Seconds per prompt token of a chunk of `chunk_tokens` tokens: the profile's measured
+        cost at that size (interpolated in log size, clamped to the sizes profiled), or the
+        prior's constant per-token cost without a profile.
+
+        Why: a token's GEMM work costs less in a large chunk than in a small one (more rows
+        reuse each weight; on CPU, torch's float32 GEMM of a thousand rows runs a fifth faster
+        per token than the int8 path of <= 256 rows), and that difference, not a step's fixed
+        cost, is most of what chunking a document costs on a compute-bound machine. One
+        per-token coefficient fitted to chunks of 32-512 tokens priced a document run whole
+        10-20% too high and made chunking look nearly free."""
+        curve = self.prompt_token_curve
+        if not curve:
+            return self.config.prior.per_prefill_token_s
+        # A larger chunk never costs more per token than a smaller one: a size that measured
+        # cheaper than a larger one (on CPU, chunks of <= 32 tokens run in the fused stack,
+        # which prompt chunks of the floor's sizes do not) takes the larger one's cost.
+        curve = tuple((n, max(c for m, c in curve if m >= n)) for n, _ in curve)
+        if chunk_tokens <= curve[0][0]:
+            return curve[0][1]
+        for (n0, c0), (n1, c1) in zip(curve, curve[1:]):
+            if chunk_tokens <= n1:
+                w = math.log(chunk_tokens / n0) / math.log(n1 / n0)
+                return c0 + w * (c1 - c0)
+        return curve[-1][1]
 
     # -- learning ---------------------------------------------------------------------------
     def observe(self, features: StepFeatures, duration_s: float) -> None:
@@ -284,6 +320,7 @@ class StepCostModel:
                      if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0]
         if residuals:
             self._relative_scale = sum(residuals) / len(residuals)
+        self.prompt_token_curve = _prompt_token_curve(samples, self.predict_prior)
         return fitted
 
     # -- internals --------------------------------------------------------------------------
@@ -335,6 +372,23 @@ def fit_coefficients(
     rhs = [moment[i] + ridge[i] * prior_scaled[i] for i in range(d)]
     theta = _solve_nonnegative(matrix, rhs)
     return StepCostCoefficients(*(max(0.0, t) / s for t, s in zip(theta, _FEATURE_SCALES)))
+
+
+def _prompt_token_curve(samples: list[tuple[StepFeatures, float]], predict) -> tuple[tuple[int, float], ...]:
+    """(chunk tokens, seconds per token) from the samples that are one prompt chunk from
+    position 0 and nothing else: the step's time less what the fit gives its other features
+    (fixed costs, attention), per token; the median where a size was timed more than once."""
+    by_size: dict[int, list[float]] = {}
+    for features, seconds in samples:
+        n = features.prefill_tokens
+        if (n <= 0 or features.decode_tokens or features.context_pairs
+                or not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0)):
+            continue
+        others = predict(StepFeatures(attention_pairs=features.attention_pairs, prompt_step=features.prompt_step))
+        per_token = (seconds - others) / n
+        if per_token > 0:
+            by_size.setdefault(n, []).append(per_token)
+    return tuple((n, sorted(v)[len(v) // 2]) for n, v in sorted(by_size.items()))
 
 
 def _solve_nonnegative(matrix: list[list[float]], rhs: list[float]) -> list[float]:

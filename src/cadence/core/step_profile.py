@@ -66,7 +66,15 @@ DEFAULT_SHAPES: tuple[ProfileShape, ...] = (
     # of <= 256 tokens pinned down poorly (the per-token cost falls with the chunk size, and
     # a chunk's own causal pairs are a visible share of its time only at this size).
     ProfileShape(chunk=512),
+    # A prompt the size of the documents the floor plans for, run whole: on CPU a GEMM of a
+    # thousand rows runs a fifth faster per token than the chunks of <= 256 tokens above (float32
+    # GEMM vs the int8 path of small row counts on Zen 3), so a fit of chunks alone priced a
+    # document run whole too high, saw chunking as nearly free and planned 33 chunks where the
+    # prefill then took 1.26x its eager time.
+    ProfileShape(chunk=1024),
 )
+# Shapes at least this long are timed once (after the warm-up of the first shape): seconds each.
+SINGLE_RUN_TOKENS = 1024
 
 
 def build_plan(shape: ProfileShape, block_size: int, num_blocks: int, step_id: int = 0
@@ -122,7 +130,8 @@ def profile_steps(
     samples = []
     for plan in plans:
         times = []
-        for _ in range(max(1, repeats)):
+        long_prompt = any(c.num_new_tokens >= SINGLE_RUN_TOKENS for c in plan.chunks)
+        for _ in range(1 if long_prompt else max(1, repeats)):
             t0 = time.perf_counter()
             execute(plan)
             times.append(time.perf_counter() - t0)
