@@ -401,10 +401,11 @@ def test_unreachable_target_keeps_the_prefill_within_its_slowdown_of_eager(num_s
 
 def test_reachable_target_wins_over_the_floor():
     """Where the target allows chunks larger than the floor, the target sizes them and
-    nothing is reported as unreachable."""
-    scheduler = calibrated(slo_scheduler(target_ms=400.0, budget=4096, slowdown=1.15))
+    nothing is reported as unreachable. (The floor plans with headroom for the
+    model's running error, so its chunks are larger than the bare 15% would make them.)"""
+    scheduler = calibrated(slo_scheduler(target_ms=600.0, budget=4096, slowdown=1.15))
     chunks, _, worst = run_doc(scheduler, 4, 3000)
-    assert worst <= 0.4 * 1.05
+    assert worst <= 0.6 * 1.05
     assert scheduler.stats().itl_target_reachable_s is None
     assert max(chunks) > 300
 
@@ -498,20 +499,22 @@ def test_slo_run_equals_unconstrained_run(specs, cfg, data):
 
 
 def test_the_profile_gives_a_per_token_cost_by_chunk_size():
-    """calibrate() keeps, per profiled size of a lone prompt chunk from position 0, its seconds
-    per token beyond the fit's other terms; prior_token_cost interpolates them (log size),
-    clamps outside, and never lets a larger chunk cost more per token than a smaller one."""
+    """calibrate() keeps, per profiled size (>= 64 tokens) of a lone prompt chunk from position
+    0, its seconds per token beyond the fit's other terms; prior_token_cost interpolates them
+    (log size), clamps outside, and never lets a larger chunk cost more per token than a
+    smaller one."""
     model = calibrated(slo_scheduler(), SIZE_COST).policy.cost_model
     curve = dict(model.prompt_token_curve)
-    assert sorted(curve) == [32, 256, 1024]
-    # Sizes <= 256 pay the small-chunk extra, 1024 does not (to the fit's residual).
-    assert curve[32] == pytest.approx(curve[256], rel=0.1)
+    assert sorted(curve) == [256, 1024]  # the 32-token chunks stay out
+    # 256 pays the small-chunk extra, 1024 does not (to the fit's residual).
     assert curve[256] - curve[1024] == pytest.approx(SMALL_EXTRA_S, rel=0.25)
-    assert model.prior_token_cost(8) == pytest.approx(model.prior_token_cost(32))
+    assert model.prior_token_cost(16) == pytest.approx(curve[256])
     assert model.prior_token_cost(4096) == pytest.approx(curve[1024])
-    middle = model.prior_token_cost(512)
-    assert curve[1024] < middle < max(curve[256], curve[32])
+    assert curve[1024] < model.prior_token_cost(512) < curve[256]
     costs = [model.prior_token_cost(n) for n in (16, 64, 200, 300, 700, 1024, 2000)]
     assert costs == sorted(costs, reverse=True)
+    # A larger size measured dearer (a slow moment) costs what the smaller one does.
+    model.prompt_token_curve = ((128, 0.004), (512, 0.003), (1024, 0.005))
+    assert model.prior_token_cost(1024) == model.prior_token_cost(4096) == 0.003
     # Without a profile: the prior's constant.
     assert StepCostModel().prior_token_cost(100) == StepCostModel().config.prior.per_prefill_token_s

@@ -244,9 +244,11 @@ class StepCostModel:
         if not curve:
             return self.config.prior.per_prefill_token_s
         # A larger chunk never costs more per token than a smaller one: a size that measured
-        # cheaper than a larger one (on CPU, chunks of <= 32 tokens run in the fused stack,
-        # which prompt chunks of the floor's sizes do not) takes the larger one's cost.
-        curve = tuple((n, max(c for m, c in curve if m >= n)) for n, _ in curve)
+        # dearer than a smaller one takes the smaller one's cost. (Noise in the profile's
+        # largest chunk, timed once, then errs toward a cheap whole prompt, so toward fewer
+        # chunks; the other way round, one slow 1024-token sample had made every size as dear
+        # and chunking look free: 33 chunks, 1.15x eager.)
+        curve = tuple((n, min(c for m, c in curve if m <= n)) for n, _ in curve)
         if chunk_tokens <= curve[0][0]:
             return curve[0][1]
         for (n0, c0), (n1, c1) in zip(curve, curve[1:]):
@@ -374,6 +376,12 @@ def fit_coefficients(
     return StepCostCoefficients(*(max(0.0, t) / s for t, s in zip(theta, _FEATURE_SCALES)))
 
 
+# Lone chunks shorter than this stay out of the per-token curve: the prefill floor's chunks are
+# longer, and on CPU chunks of <= 32 tokens run through the fused decode stack, a path that is
+# 10% cheaper per token than the one the floor's chunks take.
+CURVE_MIN_TOKENS = 64
+
+
 def _prompt_token_curve(samples: list[tuple[StepFeatures, float]], predict) -> tuple[tuple[int, float], ...]:
     """(chunk tokens, seconds per token) from the samples that are one prompt chunk from
     position 0 and nothing else: the step's time less what the fit gives its other features
@@ -381,7 +389,7 @@ def _prompt_token_curve(samples: list[tuple[StepFeatures, float]], predict) -> t
     by_size: dict[int, list[float]] = {}
     for features, seconds in samples:
         n = features.prefill_tokens
-        if (n <= 0 or features.decode_tokens or features.context_pairs
+        if (n < CURVE_MIN_TOKENS or features.decode_tokens or features.context_pairs
                 or not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0)):
             continue
         others = predict(StepFeatures(attention_pairs=features.attention_pairs, prompt_step=features.prompt_step))

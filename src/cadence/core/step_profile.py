@@ -15,6 +15,7 @@ prefix hash is registered), so nothing a real request reads is affected.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,7 +56,6 @@ DEFAULT_SHAPES: tuple[ProfileShape, ...] = (
     ProfileShape(decodes=4),
     ProfileShape(decodes=8, decode_ctx=256),
     ProfileShape(chunk=32),
-    ProfileShape(chunk=128),
     ProfileShape(chunk=256),
     ProfileShape(decodes=4, chunk=128),
     ProfileShape(decodes=4, chunk=64, chunk_start=512),
@@ -73,8 +73,7 @@ DEFAULT_SHAPES: tuple[ProfileShape, ...] = (
     # prefill then took 1.26x its eager time.
     ProfileShape(chunk=1024),
 )
-# Shapes at least this long are timed once (after the warm-up of the first shape): seconds each.
-SINGLE_RUN_TOKENS = 1024
+
 
 
 def build_plan(shape: ProfileShape, block_size: int, num_blocks: int, step_id: int = 0
@@ -114,9 +113,15 @@ def profile_steps(
     shapes: Sequence[ProfileShape] = DEFAULT_SHAPES,
     repeats: int = 2,
 ) -> list[tuple[StepPlan, float]]:
-    """Run each shape `repeats` times (after one untimed warm-up step); returns (plan,
-    seconds) with the median of the repeats per shape (on a shared host the fastest run is a
-    quiet moment the served steps rarely see; the online fit tracks the rest)."""
+    """Run every shape once per round, `repeats` rounds (after one untimed warm-up step);
+    returns (plan, seconds) with the median of the rounds per shape (on a shared host the
+    fastest run is a quiet moment the served steps rarely see; the online fit tracks the rest).
+
+    Rounds, not a shape's repeats back to back: the prefill floor reads *ratios* between the
+    shapes (a chunk's per-token cost against a larger one's), and a host whose speed drifts by
+    up to 2x within a minute (a shared VM) skewed them when one shape's repeats all fell in a
+    slow stretch: one startup's 512-token chunk measured 15% dearer per token than 256, and the
+    floor then saw chunking as free and planned 48 chunks."""
     plans = []
     for shape in shapes:
         if max(shape.decode_ctx + 1, shape.chunk_start + shape.chunk) > max_model_len:
@@ -126,17 +131,16 @@ def profile_steps(
             plans.append(plan)
     if not plans:
         return []
-    execute(plans[0])  # first-call costs (allocations, lazy packing) are not a step's cost
-    samples = []
-    for plan in plans:
-        times = []
-        long_prompt = any(c.num_new_tokens >= SINGLE_RUN_TOKENS for c in plan.chunks)
-        for _ in range(1 if long_prompt else max(1, repeats)):
+    # First-call costs (allocations, lazy packing, the first touch of a large activation
+    # buffer) are not a step's cost: warm up on the largest step, which touches the most.
+    execute(max(plans, key=lambda p: p.num_prefill_tokens + p.num_decode_tokens))
+    times: list[list[float]] = [[] for _ in plans]
+    for _ in range(max(1, repeats)):
+        for plan, shape_times in zip(plans, times):
             t0 = time.perf_counter()
             execute(plan)
-            times.append(time.perf_counter() - t0)
-        samples.append((plan, sorted(times)[len(times) // 2]))
-    return samples
+            shape_times.append(time.perf_counter() - t0)
+    return [(plan, statistics.median(t)) for plan, t in zip(plans, times)]
 
 
 def shape_of(plan: StepPlan) -> ProfileShape:
