@@ -94,3 +94,25 @@ def test_decode_only_steps_are_fitted_apart_from_prompt_steps():
     assert model.step_time(three_decodes) == pytest.approx(seconds(three_decodes), rel=0.02)
     for plan, want in samples:
         assert model.step_time(plan) == pytest.approx(want, rel=0.02)
+
+
+def test_prompt_chunks_are_priced_on_the_profiles_per_token_curve():
+    """A machine where a prompt token costs more in a chunk of <= 256 tokens than in a larger
+    one (on CPU: the int8 kernel of small row counts vs torch's float32 GEMM): the calibrated
+    simulator prices lone chunks at the profiled sizes as measured, which one linear
+    per-token term cannot (it splits the difference)."""
+    extra = 0.001  # seconds per token in chunks <= 256
+
+    def seconds(plan):
+        sizes = [c.num_new_tokens for c in plan.chunks if c.is_prefill]
+        return machine_seconds(plan) + extra * sum(n for n in sizes if n <= 256)
+
+    plans = [build_plan(s, 16, 1 << 20) for s in DEFAULT_SHAPES]
+    model = cost_model_from_samples([(p, seconds(p)) for p in plans])
+    assert [n for n, _ in model.prompt_token_curve] == [256, 512, 1024]
+    for n in (256, 1024):
+        plan = build_plan(ProfileShape(chunk=n), 16, 1 << 20)
+        assert model.step_time(plan) == pytest.approx(seconds(plan), rel=0.05)
+    # Short chunks (below the curve) keep the linear term; decode steps are untouched.
+    decodes = build_plan(ProfileShape(decodes=6, decode_ctx=300), 16, 1 << 20)
+    assert model.step_time(decodes) == pytest.approx(seconds(decodes), rel=0.05)

@@ -240,22 +240,7 @@ class StepCostModel:
         cost, is most of what chunking a document costs on a compute-bound machine. One
         per-token coefficient fitted to chunks of 32-512 tokens priced a document run whole
         10-20% too high and made chunking look nearly free."""
-        curve = self.prompt_token_curve
-        if not curve:
-            return self.config.prior.per_prefill_token_s
-        # A larger chunk never costs more per token than a smaller one: a size that measured
-        # dearer than a smaller one takes the smaller one's cost. (Noise in the profile's
-        # largest chunk, timed once, then errs toward a cheap whole prompt, so toward fewer
-        # chunks; the other way round, one slow 1024-token sample had made every size as dear
-        # and chunking look free: 33 chunks, 1.15x eager.)
-        curve = tuple((n, min(c for m, c in curve if m <= n)) for n, _ in curve)
-        if chunk_tokens <= curve[0][0]:
-            return curve[0][1]
-        for (n0, c0), (n1, c1) in zip(curve, curve[1:]):
-            if chunk_tokens <= n1:
-                w = math.log(chunk_tokens / n0) / math.log(n1 / n0)
-                return c0 + w * (c1 - c0)
-        return curve[-1][1]
+        return token_cost_at(self.prompt_token_curve, chunk_tokens, self.config.prior.per_prefill_token_s)
 
     # -- learning ---------------------------------------------------------------------------
     def observe(self, features: StepFeatures, duration_s: float) -> None:
@@ -322,7 +307,7 @@ class StepCostModel:
                      if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0]
         if residuals:
             self._relative_scale = sum(residuals) / len(residuals)
-        self.prompt_token_curve = _prompt_token_curve(samples, self.predict_prior)
+        self.prompt_token_curve = prompt_token_curve(samples, self.predict_prior)
         return fitted
 
     # -- internals --------------------------------------------------------------------------
@@ -382,7 +367,27 @@ def fit_coefficients(
 CURVE_MIN_TOKENS = 64
 
 
-def _prompt_token_curve(samples: list[tuple[StepFeatures, float]], predict) -> tuple[tuple[int, float], ...]:
+def token_cost_at(curve: tuple[tuple[int, float], ...], chunk_tokens: int, default: float) -> float:
+    """Seconds per prompt token of a chunk of `chunk_tokens` on a (size, seconds per token)
+    curve: interpolated in log size, clamped to its ends; `default` for an empty curve."""
+    if not curve:
+        return default
+    # A larger chunk never costs more per token than a smaller one: a size that measured
+    # dearer than a smaller one takes the smaller one's cost. (Noise in the profile's largest
+    # chunk then errs toward a cheap whole prompt, so toward fewer chunks; the other way round,
+    # one slow 1024-token sample had made every size as dear and chunking look free: 33
+    # chunks, 1.15x eager.)
+    curve = tuple((n, min(c for m, c in curve if m <= n)) for n, _ in curve)
+    if chunk_tokens <= curve[0][0]:
+        return curve[0][1]
+    for (n0, c0), (n1, c1) in zip(curve, curve[1:]):
+        if chunk_tokens <= n1:
+            w = math.log(chunk_tokens / n0) / math.log(n1 / n0)
+            return c0 + w * (c1 - c0)
+    return curve[-1][1]
+
+
+def prompt_token_curve(samples: list[tuple[StepFeatures, float]], predict) -> tuple[tuple[int, float], ...]:
     """(chunk tokens, seconds per token) from the samples that are one prompt chunk from
     position 0 and nothing else: the step's time less what the fit gives its other features
     (fixed costs, attention), per token; the median where a size was timed more than once."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from cadence.core.plan import StepPlan
-from cadence.core.step_cost import StepCostCoefficients, StepFeatures
+from cadence.core.step_cost import CURVE_MIN_TOKENS, StepCostCoefficients, StepFeatures, token_cost_at
 from cadence.sim.hardware import HardwareProfile
 from cadence.sim.model_shape import ModelShape
 
@@ -74,6 +74,14 @@ class LinearCostModel:
         self.coefficients = coefficients
         self.decode_only = decode_only
         self.name = name
+        # (chunk tokens, seconds per prompt token) measured by a profile: prompt chunks of at
+        # least CURVE_MIN_TOKENS are priced on it instead of the constant per-token term
+        # (core/step_cost.py prompt_token_curve; empty: the linear model alone).
+        self.prompt_token_curve: tuple[tuple[int, float], ...] = ()
+
+    def prompt_step_time(self, features: StepFeatures) -> float:
+        """The linear model's seconds for `features` as a step with a prompt chunk."""
+        return self._linear(features, self.coefficients)
 
     def step_time(self, plan: StepPlan) -> float:
         if plan.is_empty:
@@ -82,6 +90,16 @@ class LinearCostModel:
         c = self.coefficients
         if self.decode_only is not None and f.prefill_tokens == 0:
             c = self.decode_only
+        seconds = self._linear(f, c)
+        for chunk in plan.chunks:
+            n = chunk.num_new_tokens
+            if chunk.is_prefill and n >= CURVE_MIN_TOKENS and self.prompt_token_curve:
+                seconds += (token_cost_at(self.prompt_token_curve, n, c.per_prefill_token_s)
+                            - c.per_prefill_token_s) * n
+        return max(0.0, seconds)
+
+    @staticmethod
+    def _linear(f: StepFeatures, c: StepCostCoefficients) -> float:
         return (
             c.base_s
             + c.per_prefill_token_s * f.prefill_tokens
