@@ -197,6 +197,9 @@ class StepCostModel:
         # chunk size (calibrate): the per-token cost by chunk size that a linear model cannot
         # express (prior_token_cost).
         self.prompt_token_curve: tuple[tuple[int, float], ...] = ()
+        # Mean |residual| / prediction of the profile's fit (calibrate; 0 before): how far the
+        # prior is off on this machine, the slo floor's headroom.
+        self.calibration_error = 0.0
 
     # -- prediction -------------------------------------------------------------------------
     def predict(self, features: StepFeatures) -> float:
@@ -307,6 +310,7 @@ class StepCostModel:
                      if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0]
         if residuals:
             self._relative_scale = sum(residuals) / len(residuals)
+            self.calibration_error = self._relative_scale
         self.prompt_token_curve = prompt_token_curve(samples, self.predict_prior)
         return fitted
 

@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 # Most the ITL target is tightened by for the model's recent prediction error.
 MAX_SAFETY_MARGIN = 0.5
-# The floor plans a prompt's chunks to the allowed slowdown less the model's running relative
+# The floor plans a prompt's chunks to the allowed slowdown less the profile fit's relative
 # error (headroom, so that the bound holds in the run rather than on average), but to at least
 # this share of it. On the Zen 3 host the profile's fit is off by 5-7% on a calm machine and the
 # plan's predicted slowdown of a 2000-token document fell short of the measured one by 0.02-0.05
@@ -296,7 +296,12 @@ class ChunkSizer:
         plan = _ChunkPlan(self.cost_model, self.features, start + remaining, self.min_chunk)
         counts = self.plans.get(req_id) if req_id is not None else None
         if counts is None:
-            headroom = min(self.cost_model.relative_error, self.excess * (1 - MIN_PLAN_SHARE_OF_SLOWDOWN))
+            # The profile's error, not the running one: the plan is made with the prior, and
+            # a headroom that followed the online error made the same document's plan depend
+            # on the noise of the steps before it (the simulator, whose steps match its model,
+            # planned twice the chunks the engine did).
+            headroom = min(self.cost_model.calibration_error,
+                           self.excess * (1 - MIN_PLAN_SHARE_OF_SLOWDOWN))
             step_s = plan.shortest_step_s(self.excess - headroom)
             if req_id is not None:
                 self.plans[req_id] = [plan.num_chunks(0, step_s), 0]
