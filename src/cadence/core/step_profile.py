@@ -48,9 +48,10 @@ class ProfileShape:
         return " + ".join(parts) or "empty"
 
 
-# Enough variety to pin down the five coefficients (fixed cost, per prompt token, per decode
-# token, per attention pair, per pair against cached context: continuing chunks at three
-# positions and two sizes) without taking more than a few seconds on a slow CPU.
+# Enough variety to pin down the step model's coefficients (fixed cost, per prompt token, per
+# decode token, per attention pair, a step carrying a prompt chunk: continuing chunks at three
+# positions) and the per-token cost by chunk size (lone chunks of 256, 512 and 1024 tokens),
+# in two rounds of ~10 s for SmolLM2 on a slow 2-core CPU.
 DEFAULT_SHAPES: tuple[ProfileShape, ...] = (
     ProfileShape(decodes=1),
     ProfileShape(decodes=4),
@@ -73,7 +74,6 @@ DEFAULT_SHAPES: tuple[ProfileShape, ...] = (
     # prefill then took 1.26x its eager time.
     ProfileShape(chunk=1024),
 )
-
 
 
 def build_plan(shape: ProfileShape, block_size: int, num_blocks: int, step_id: int = 0

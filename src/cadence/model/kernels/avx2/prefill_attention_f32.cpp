@@ -20,8 +20,6 @@
 // (query, key) pair vs 48 at 128 tokens; Zen 3). Scores and weights stay float32 (no rounding
 // beyond summation order). Items are handed out dynamically, costliest (latest rows) first, so a
 // thread slowed by a busy neighbour takes fewer of them; small problems run on the calling thread.
-#include <memory>
-
 #include "../common.h"
 #include "../ops.h"
 #include "../prefill_args.h"
@@ -98,7 +96,7 @@ struct Problem {
   const float* vdata;
   int64_t ks0, ks1, ksh, vs0, vs1, vsh;
   const PrefillArgs* args;
-  int64_t n, Hq, G, start, L;
+  int64_t n, Hq, G, start;
   float scale;
 };
 
@@ -208,7 +206,7 @@ at::Tensor prefill_attention_f32(at::Tensor q, at::Tensor keys, at::Tensor value
   const double flops = 4.0 * D * n * Hq * (static_cast<double>(L) - n / 2.0);
   const bool serial = flops < SERIAL_MAX_FLOPS;
   Problem p{q.data_ptr<float>(), q.stride(0), q.stride(1), out.data_ptr<float>(), keys.data_ptr<float>(),
-            values.data_ptr<float>(), ks0, ks1, ksh, vs0, vs1, vsh, &args, n, Hq, Hq / Hkv, L - n, L,
+            values.data_ptr<float>(), ks0, ks1, ksh, vs0, vs1, vsh, &args, n, Hq, Hq / Hkv, L - n,
             static_cast<float>(scale)};
   const int64_t tiles = (n * p.G + TILE_ROWS - 1) / TILE_ROWS;
   const int64_t items = tiles * Hkv;
