@@ -279,9 +279,10 @@ class ChunkSizer:
         that the plan stays one plan while the model stands still) costs U run whole in one
         step. Split into chunks that each fill a step of T seconds, it costs C(T): each step
         pays the fixed cost again (what the step holds so far, the decodes, plus carrying a
-        prompt chunk at all: the per-op path on CPU), and each later chunk attends the earlier
-        ones' keys as cached context (a slower path than a whole prompt's causal attention).
-        T is the smallest with C(T) - U <= excess * (U - fixed cost): the prefill stays
+        prompt chunk at all: the per-op path on CPU), and its tokens cost what a chunk of its
+        size costs per token (more than in the whole prompt's one large chunk on a
+        compute-bound CPU; the profile's curve). T is the smallest with
+        C(T) - U <= (excess - headroom) * (U - fixed cost): the prefill stays
         within max_prefill_slowdown times its eager time (under the model), and the steps
         take about the same time (chunks late in the prompt, with more context, are smaller),
         so the streams' largest gap is close to their typical one.
@@ -315,12 +316,12 @@ class ChunkSizer:
 
 class _ChunkPlan:
     """The step time of one prompt chunk of n tokens from position s, next to what a step
-    already holds, in the model's linear form:
+    already holds:
 
-        t(s, n) = fixed + p n + a (n s + n (n + 1) / 2) + x n s
+        t(s, n) = fixed + p(n) n + a (n s + n (n + 1) / 2)
 
-    (p per prompt token, a per attention pair, x the extra per pair against cached context),
-    and the plans of a prompt of `length` tokens into chunks that fill steps of T seconds."""
+    (p(n) per prompt token of a chunk of n, the profile's curve; a per attention pair), and the
+    plans of a prompt of `length` tokens into chunks that fill steps of T seconds."""
 
     def __init__(self, model: StepCostModel, held: StepFeatures, length: int,
                  min_chunk: int = 1) -> None:
@@ -333,7 +334,8 @@ class _ChunkPlan:
         # 74 chunks of 27 tokens (1.3-1.6x its eager time).
         c = model.prior_coefficients
         self.fixed = model.predict_prior(held + StepFeatures(prompt_step=1))
-        self.a, self.x = c.per_attention_pair_s, c.per_context_pair_s
+        # One per-pair term: the model holds the context-pair input at 0 (StepFeatures.raw_vector).
+        self.a = c.per_attention_pair_s
         # Seconds per prompt token by chunk size (the profile's curve; constant without one).
         self.p = model.prior_token_cost
         self.length = length
@@ -342,18 +344,18 @@ class _ChunkPlan:
         self.min_chunk = max(1, min_chunk)
 
     def step_s(self, s: int, n: int) -> float:
-        return self.fixed + self.p(n) * n + self.a * (n * s + n * (n + 1) / 2) + self.x * n * s
+        return self.fixed + self.p(n) * n + self.a * (n * s + n * (n + 1) / 2)
 
     def chunk_within(self, s: int, step_s: float) -> int:
         """The most tokens from position s whose step takes <= step_s (at least 1)."""
         room = step_s - self.fixed
         if room <= 0:
             return 1
-        # a/2 n^2 + (p(n) + a/2 + (a + x) s) n - room <= 0, solved with p(n) held at the last
+        # a/2 n^2 + (p(n) + a/2 + a s) n - room <= 0, solved with p(n) held at the last
         # guess (p varies slowly with n: a few rounds settle it), then stepped to the boundary.
         n = self.length
         for _ in range(4):
-            quad, lin = self.a / 2, self.p(max(1, n)) + self.a / 2 + (self.a + self.x) * s
+            quad, lin = self.a / 2, self.p(max(1, n)) + self.a / 2 + self.a * s
             if quad > 0:
                 guess = (-lin + math.sqrt(lin * lin + 4 * quad * room)) / (2 * quad)
             elif lin > 0:
