@@ -42,9 +42,24 @@ def _ascii_tokenizer() -> Tokenizer:
 
 
 class SleepingFakeExecutor(FakeExecutor):
-    def execute(self, plan):
-        time.sleep(STEP_BASE_S + PREFILL_TOKEN_S * plan.num_prefill_tokens)
-        return super().execute(plan)
+    # Ten "layers": an interjected short prompt (LLMEngine.set_interjection_hooks) runs after
+    # one of them, so it waits at most a tenth of a long step.
+    num_pause_points = 9
+
+    def execute(self, plan, between_layers=None):
+        step_s = STEP_BASE_S + PREFILL_TOKEN_S * plan.num_prefill_tokens
+        if between_layers is None:
+            time.sleep(step_s)
+            return super().execute(plan)
+        layer_s = step_s / (self.num_pause_points + 1)
+
+        def after_a_layer() -> None:
+            time.sleep(layer_s)
+            between_layers()
+
+        out = super().execute(plan, after_a_layer)
+        time.sleep(layer_s)
+        return out
 
 
 def build_timed_engine(engine_config: dict[str, Any], served_model_name: str | None):

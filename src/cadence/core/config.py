@@ -102,6 +102,18 @@ class SchedulerConfig:
         },
     )
 
+    interject_short_prompts: bool = field(
+        default=True,
+        metadata={
+            "help": "A short prompt (at most --long-prefill-token-threshold tokens, as for "
+            "partial prefills) that arrives while a long prompt's step is computing runs "
+            "between two of that step's layers, so its first token does not wait for the "
+            "step to end; the long step then finishes where it paused. Applies with "
+            "--max-num-partial-prefills > 1 (the slo default) on engines whose forward can "
+            "pause (the CPU and torch paths)."
+        },
+    )
+
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
@@ -123,6 +135,9 @@ class SchedulerConfig:
                 f"max_long_partial_prefills ({self.max_long_partial_prefills}) must be <= "
                 f"max_num_partial_prefills ({self.max_num_partial_prefills})"
             )
+        if not isinstance(self.interject_short_prompts, bool):
+            raise ValueError(f"interject_short_prompts must be a bool, got "
+                             f"{self.interject_short_prompts!r}")
         _require_int("max_num_seqs", self.max_num_seqs, minimum=1)
         _require_int("long_prefill_token_threshold", self.long_prefill_token_threshold, minimum=0)
         _require_int("max_model_len", self.max_model_len, minimum=1)

@@ -81,6 +81,13 @@ class Scheduler:
         self._next_step_id = 0
         # The latest non-empty plan, until update() consumes it.
         self._outstanding_step_id: int | None = None
+        # Interjection (schedule_interjection): requests added since the latest schedule()
+        # are the ones that may run between two layers of its step; the interjected plan
+        # outstanding, and the prompt tokens interjected into the current step so far.
+        self._num_added_at_schedule = 0
+        self._interjection_step_id: int | None = None
+        self._num_interjected_tokens = 0
+        self.num_interjections_total = 0
         self.num_preemptions_total = 0
 
     # -- requests in and out ----------------------------------------------------------------
@@ -231,14 +238,80 @@ class Scheduler:
         self.num_preemptions_total += len(plan.preempted)
         self.num_swap_preemptions_total += sum(1 for r in plan.preempted if self._swapped(r))
         self._outstanding_step_id = None if plan.is_empty else plan.step_id
+        self._num_added_at_schedule = self._num_added
+        self._num_interjected_tokens = 0
         return plan
+
+    # -- interjection: a short prompt run between two layers of a long step ------------------
+    def may_interject(self, plan: StepPlan) -> bool:
+        """Whether a short prompt arriving while `plan` computes may run between two of its
+        layers (--interject-short-prompts): only into a step larger than a short prompt, with
+        short prompts served first (--max-num-partial-prefills > 1)."""
+        sched = self.sched
+        return (sched.interject_short_prompts and sched.max_num_partial_prefills > 1
+                and plan.num_tokens > sched.long_prompt_threshold)
+
+    def interjection_wanted(self, paused: StepPlan) -> bool:
+        """Cheap check, between two layers of `paused`: a short prompt arrived since it was
+        scheduled, a seat is free, and the step has not yet been delayed by as many tokens
+        as it computes itself."""
+        if self._num_added == self._num_added_at_schedule:
+            return False
+        if len(self.running) >= self.sched.max_num_seqs:
+            return False
+        if self._num_interjected_tokens >= paused.num_tokens:
+            return False
+        return any(self._interjectable(r) for r in self.waiting)
+
+    def schedule_interjection(self, paused: StepPlan) -> StepPlan | None:
+        """A plan of the short prompts that arrived since `paused` was scheduled, each whole,
+        to run between two of its layers (None when none fits). It takes only free seats and
+        free blocks (never preempts, never swaps: every block of `paused` stays where it is);
+        update() takes it like any plan, and `paused` after it."""
+        if not self.interjection_wanted(paused):
+            return None
+        budget = min(self.sched.long_prompt_threshold,
+                     paused.num_tokens - self._num_interjected_tokens)
+        admitted: list[Request] = []
+        step = StepBuilder(
+            kv=self.kv,
+            running=admitted,
+            waiting=self.waiting,
+            max_num_batched_tokens=budget,
+            max_num_seqs=self.sched.max_num_seqs - len(self.running),
+            rank=self._rank,
+            fail=self._fail_request,
+        )
+        # Whole prompts only: a short prompt split across steps would wait for the long one.
+        step.admit_waiting_where(lambda remaining, left, _first: remaining if remaining <= left else 0,
+                                 self._interjectable, reserved=self._blocks_for_next_decodes())
+        self.running.extend(admitted)
+        if step.is_empty:
+            return None
+        # Prefix blocks evicted by this allocation are written out before its forward.
+        disk_out, self._spills = self._spills, []
+        plan = step.build_plan(self._next_step_id, [], [], [], disk_out, [], ())
+        self._next_step_id += 1
+        self._interjection_step_id = plan.step_id
+        self._num_interjected_tokens += plan.num_tokens
+        self.num_interjections_total += 1
+        return plan
+
+    def _interjectable(self, req: Request) -> bool:
+        """A fresh short prompt added after the latest schedule() (not one the policy passed
+        over: interjection serves arrivals, it does not overrule the policy)."""
+        return (self._add_order.get(req.req_id, -1) >= self._num_added_at_schedule
+                and req.status is RequestStatus.WAITING and not req.num_computed_tokens
+                and not req.num_output_tokens and not self._swapped(req.req_id)
+                and req.num_prompt_tokens <= self.sched.long_prompt_threshold)
 
     def update(self, plan: StepPlan, out: StepOutput) -> list[RequestUpdate]:
         """Advance counters by the computed plan, append sampled tokens, check stops, free the
         blocks of finished requests; one RequestUpdate per request with news."""
         if out.step_id != plan.step_id:
             raise ValueError(f"StepOutput of step {out.step_id} given for plan {plan.step_id}")
-        if not plan.is_empty and plan.step_id != self._outstanding_step_id:
+        if not plan.is_empty and plan.step_id not in (self._outstanding_step_id,
+                                                      self._interjection_step_id):
             raise ValueError(
                 f"plan {plan.step_id} is not the latest scheduled step (or was already updated)"
             )
@@ -259,7 +332,11 @@ class Scheduler:
                 )
             token_id = self._sampled_token(out, req.req_id) if chunk.sample else None
             live.append((chunk, req, token_id))
-        if not plan.is_empty:
+        if plan.is_empty:
+            pass
+        elif plan.step_id == self._interjection_step_id:
+            self._interjection_step_id = None
+        else:
             self._outstanding_step_id = None
         if out.failed_disk_slots or skipped:
             self._recover_from_disk_errors(out)
@@ -341,6 +418,7 @@ class Scheduler:
             itl_target_s=self.sched.target_itl_ms / 1000.0 if self._models_steps else None,
             itl_target_reachable_s=getattr(self.policy, "reachable_itl_s", None),
             num_swap_preemptions_total=self.num_swap_preemptions_total,
+            num_interjections_total=self.num_interjections_total,
             num_blocks_swapped_out_total=self.swap.num_blocks_swapped_out if self.swap else 0,
             num_blocks_swapped_in_total=self.swap.num_blocks_swapped_in if self.swap else 0,
             num_disk_swap_preemptions_total=disk.num_swap_preemptions if disk else 0,

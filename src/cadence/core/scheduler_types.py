@@ -47,6 +47,8 @@ class SchedulerStats:
     # Swap preemption (core/swap.py): preemptions that swapped instead of recomputing, and
     # blocks copied to the host tier and back.
     num_swap_preemptions_total: int = 0
+    # Short prompts run between two layers of a long step (Scheduler.schedule_interjection).
+    num_interjections_total: int = 0
     num_blocks_swapped_out_total: int = 0
     num_blocks_swapped_in_total: int = 0
     # The disk tier (core/disk_tier.py): swap preemptions and blocks that went to disk (a

@@ -136,10 +136,12 @@ class StepBuilder:
             if self._allocate_or_preempt(request, num_new):
                 self._add(request, num_new)
 
-    def admit_waiting_where(self, rule: ChunkRule, accept: Callable[[Request], bool]) -> None:
+    def admit_waiting_where(self, rule: ChunkRule, accept: Callable[[Request], bool],
+                            reserved: int = 0) -> None:
         """Admit waiting requests that `accept` (asked just before each admission, so it can
         count what this step admitted already) in queue order, overtaking the ones it
-        refuses; stop at the first accepted one that does not fit (budget, seats, blocks)."""
+        refuses; stop at the first accepted one that does not fit (budget, seats, blocks).
+        `reserved`: free blocks to leave untouched (see admit_waiting)."""
         if len(self.preempted) > self._num_preempted_for_room:
             return
         for request in list(self._waiting):
@@ -154,7 +156,7 @@ class StepBuilder:
                     and room_for.status is not RequestStatus.RUNNING
                     and self._rank(request) > self._rank(room_for)):
                 continue  # the room was made for a higher-ranked request
-            if not self._admit(request, rule, reserved=0):
+            if not self._admit(request, rule, reserved=reserved):
                 return
 
     def admit_waiting(self, rule: ChunkRule, reserve_for_running: bool = False) -> None:

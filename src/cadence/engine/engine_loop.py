@@ -81,6 +81,15 @@ class EngineCoreLoop:
         self._tokenizer = ThreadPoolExecutor(max_workers=1,
                                              thread_name_prefix="cadence-tokenizer")
         self._running = True
+        # The batch this turn sends; during a long step a short prompt can be admitted and
+        # run inside it (interjection): the loop then sends what it has at once.
+        self._batch = EngineBatch()
+        # Messages received during a step that must wait for its end (aborts free blocks
+        # the step may still be writing; shutdown stops the loop).
+        self._deferred: list[Any] = []
+        hooks = getattr(engine, "set_interjection_hooks", None)
+        if hooks is not None:
+            hooks(self._poll_during_step, self._emit_during_step)
 
     # ---- admission
 
@@ -276,9 +285,32 @@ class EngineCoreLoop:
                 traceback.print_exc()
             self._finish_live(req_id, "error", batch, error=message)
 
+    # ---- during a step (interjection hooks, LLMEngine.set_interjection_hooks)
+
+    def _poll_during_step(self) -> None:
+        """Between two layers of a long step: take new requests in (tokenizing, admitting the
+        tokenized), answer stats and tokenize calls; aborts and shutdown wait for the step."""
+        for msg in self._receive(block=False):
+            if isinstance(msg, (AddRequest, GetStats, Tokenize)):
+                self._handle(msg, self._batch)
+            else:
+                self._deferred.append(msg)
+        if self._running:
+            self._admit_prepared(self._batch)
+
+    def _emit_during_step(self, outputs: Sequence[Any]) -> None:
+        """A short prompt ran inside the step: send its first token (and the admissions
+        before it) now, not when the step ends."""
+        batch = self._batch
+        self._record_step(outputs, batch)
+        if not batch.is_empty():
+            batch.stats = self.engine.stats()
+            self.out_socket.send(encode_message(batch))
+        self._batch = EngineBatch()
+
     def run_once(self) -> bool:
         """One turn: messages, then at most one step, then one batch out. False once stopped."""
-        batch = EngineBatch()
+        self._batch = batch = EngineBatch()
         service = getattr(self.engine, "service", None)
         if service is not None:
             service()  # finished transfers, acknowledgements, expired leases
@@ -286,7 +318,9 @@ class EngineCoreLoop:
         waiting_only = getattr(self.engine, "waits_only_on_transfers", None)
         if busy and waiting_only is not None and waiting_only():
             busy = False  # nothing to step until a transfer ends: block on the sockets
-        for msg in self._receive(block=not busy and not self._preparing):
+        deferred, self._deferred = self._deferred, []
+        block = not busy and not self._preparing and not deferred
+        for msg in deferred + self._receive(block=block):
             self._handle(msg, batch)
         if self._preparing and not self.engine.has_unfinished():
             # Idle but tokenizing: wait for the tokenizer a little instead of spinning.
@@ -298,8 +332,10 @@ class EngineCoreLoop:
             try:
                 outputs = self.engine.step()
             except Exception as exc:
+                batch = self._batch  # a batch sent during the step was replaced
                 self._fail_all(exc, batch)
             else:
+                batch = self._batch
                 self._record_step(outputs, batch)
         telemetry = self.engine.take_telemetry()
         batch.finished.extend(telemetry.finished)

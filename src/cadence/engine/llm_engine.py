@@ -172,6 +172,24 @@ class LLMEngine:
         self._texts: dict[str, RequestText] = {}
         # Final outputs decided outside step() (aborts), handed out by the next step().
         self._pending: list[RequestOutput] = []
+        # Interjection (set_interjection_hooks): the caller's poll for arrivals, where the
+        # interjected steps' outputs go (None: into the step's own outputs), those outputs,
+        # and the executor seconds interjected into the current step.
+        self._poll_arrivals: Callable[[], None] | None = None
+        self._emit: Callable[[list[RequestOutput]], None] | None = None
+        self._interjected_outputs: list[RequestOutput] = []
+        self._interjected_s = 0.0
+
+    def set_interjection_hooks(self, poll: Callable[[], None] | None,
+                               emit: Callable[[list[RequestOutput]], None] | None = None) -> None:
+        """Let short prompts that arrive during a long step run inside it
+        (SchedulerConfig.interject_short_prompts). `poll` is called between two layers of
+        such a step and may call add_request (the engine loop admits what reached its
+        socket); a short prompt it added runs there, whole, and `emit` gets its outputs at
+        once (its first token), before the long step ends. Without `emit` they are returned
+        by the step() in progress. poll=None turns interjection off."""
+        self._poll_arrivals = poll
+        self._emit = emit
 
     # ---------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -323,15 +341,66 @@ class LLMEngine:
         elif plan.is_empty:
             out = StepOutput(step_id=plan.step_id)
         else:
+            self._interjected_s = 0.0
             t_exec = time.perf_counter()
             try:
-                out = self.executor.execute(plan)
+                out = self._execute(plan)
             except Exception as exc:  # one bad batch fails its requests, not the engine
                 logger.exception("executor failed on step %d", plan.step_id)
-                return outputs + self._fail_plan(plan, exc)
+                return outputs + self._take_interjected() + self._fail_plan(plan, exc)
             # The executor's own time (not the engine clock, which tests may fake) feeds
-            # policies that model step time (slo).
-            self.scheduler.observe_step(plan, time.perf_counter() - t_exec)
+            # policies that model step time (slo); the time of prompts interjected into it
+            # is not the step's own.
+            self.scheduler.observe_step(
+                plan, max(0.0, time.perf_counter() - t_exec - self._interjected_s))
+            outputs += self._take_interjected()
+        return outputs + self._finish_step(plan, out, t_start)
+
+    # -- interjection ------------------------------------------------------------------------
+    def _execute(self, plan: StepPlan) -> StepOutput:
+        """executor.execute(plan), pausable between layers for interjected short prompts
+        when the caller polls for arrivals and the scheduler allows it for this plan."""
+        if (self._poll_arrivals is None or not getattr(self.executor, "can_pause", False)
+                or not self.scheduler.may_interject(plan)):
+            return self.executor.execute(plan)
+
+        def between_layers() -> None:
+            self._poll_arrivals()
+            if self.scheduler.interjection_wanted(plan):
+                self._interject(plan)
+
+        return self.executor.execute(plan, between_layers=between_layers)
+
+    def _interject(self, paused: StepPlan) -> None:
+        """Run the short prompts that arrived during `paused` as a step of their own, now,
+        between two of its layers; their outputs (first tokens) go out at once."""
+        t_start = self._clock()
+        plan = self.scheduler.schedule_interjection(paused)
+        if plan is None:
+            return
+        t_exec = time.perf_counter()
+        try:
+            out = self.executor.execute(plan)
+        except Exception as exc:  # fails the interjected requests, not the paused step
+            logger.exception("executor failed on interjected step %d", plan.step_id)
+            outputs = self._fail_plan(plan, exc)
+        else:
+            elapsed = time.perf_counter() - t_exec
+            self.scheduler.observe_step(plan, elapsed)
+            outputs = self._finish_step(plan, out, t_start)
+        self._interjected_s += time.perf_counter() - t_exec
+        if self._emit is not None:
+            self._emit(outputs)
+        else:
+            self._interjected_outputs.extend(outputs)
+
+    def _take_interjected(self) -> list[RequestOutput]:
+        outputs, self._interjected_outputs = self._interjected_outputs, []
+        return outputs
+
+    def _finish_step(self, plan: StepPlan, out: StepOutput, t_start: float) -> list[RequestOutput]:
+        """Update the scheduler with a computed (or empty) plan; its outputs, telemetry."""
+        outputs: list[RequestOutput] = []
         updates = self.scheduler.update(plan, out)
         stop_hits: list[str] = []
         for u in updates:

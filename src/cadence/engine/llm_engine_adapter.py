@@ -95,6 +95,11 @@ class LLMEngineAdapter:
     def step(self) -> Sequence[Any]:
         return self.engine.step()
 
+    def set_interjection_hooks(self, poll: Any, emit: Any) -> None:
+        """The loop's poll for arrivals during a step and its sender of interjected outputs
+        (LLMEngine.set_interjection_hooks)."""
+        self.engine.set_interjection_hooks(poll, emit)
+
     def has_unfinished(self) -> bool:
         return bool(self.engine.has_unfinished())
 

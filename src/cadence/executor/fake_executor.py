@@ -50,7 +50,13 @@ class FakeExecutor:
         self.computed: list[tuple[str, int, int]] = []
         self.num_steps = 0
 
-    def execute(self, plan: StepPlan) -> StepOutput:
+    # Like the model executor, execute() may pause between "layers" (an interjection): it
+    # calls between_layers this many times after writing the step's KV and before reading it
+    # back, so a step run in between that touched this step's blocks changes its tokens.
+    can_pause = True
+    num_pause_points = 3
+
+    def execute(self, plan: StepPlan, between_layers=None) -> StepOutput:
         sampled: dict[str, SampledToken] = {}
         # Swap preemption: every copy out first (disk, then host), then back in (as the real
         # executor); failed disk I/O leaves the chunks it would feed out of the step.
@@ -83,6 +89,9 @@ class FakeExecutor:
                 continue
             self._write(chunk, plan.block_size)
             self.computed.append((chunk.req_id, chunk.start_pos, chunk.end_pos))
+        if between_layers is not None:
+            for _ in range(self.num_pause_points):
+                between_layers()
         # Read after all writes, as a real forward writes a layer's KV before attending.
         for chunk in plan.chunks:
             if chunk.sample and chunk.req_id not in skipped:

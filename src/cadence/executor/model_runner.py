@@ -108,12 +108,14 @@ class ModelExecutor:
                 )
 
     @torch.inference_mode()
-    def _forward(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor | None, ModelInputs]:
+    def _forward(self, plan: StepPlan, between_layers=None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, ModelInputs]:
         """Run the forward; returns logits [S_sample, V] float32 and, when the LM head
         computed it, their argmax [S_sample] int64."""
         self._check_plan(plan)
         inputs = ModelInputs.from_plan(plan, self.config.vocab_size, self.num_blocks, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache)  # [T, H]
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache,
+                            between_layers=between_layers)  # [T, H]
         logits, argmax = self.model.compute_logits_and_argmax(hidden[inputs.sample_rows])  # [S_sample, V]
         return logits, argmax, inputs
 
@@ -233,8 +235,15 @@ class ModelExecutor:
         self.move_blocks(plan)
         return self._forward(plan)[0]
 
-    def execute(self, plan: StepPlan) -> StepOutput:
-        """Run one step; one SampledToken per chunk with sample=True, keyed by req_id."""
+    # execute() takes `between_layers` (the engine interjects short prompts there).
+    can_pause = True
+
+    def execute(self, plan: StepPlan, between_layers=None) -> StepOutput:
+        """Run one step; one SampledToken per chunk with sample=True, keyed by req_id.
+
+        between_layers: called between the forward's layers (LlamaForCausalLM.forward); it may
+        call execute() with another plan whose requests and blocks are disjoint from this one's
+        (the engine's interjection), so nothing of this step lives outside its locals."""
         if plan.is_empty:
             io = self.move_blocks(plan)
             return StepOutput(step_id=plan.step_id, failed_disk_slots=tuple(io.failed_slots),
@@ -261,7 +270,7 @@ class ModelExecutor:
         sample_chunks = [c for c in plan.chunks if c.sample]  # the order of inputs.sample_chunks
         if any(c.sampling.structured_outputs is not None for c in sample_chunks):
             pending = self._mask_pool().submit(self._timed_masks, sample_chunks)
-        logits, argmax, inputs = self._forward(plan)
+        logits, argmax, inputs = self._forward(plan, between_layers)
         sampled = []
         if inputs.sample_chunks:
             masks = pending.result() if pending is not None else None

@@ -15,6 +15,7 @@ torch ops, which are also the reference the fast path is tested against.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -43,6 +44,10 @@ SMALL_GEMM_MAX_ROWS = 8
 # which made every prompt chunk between the stack's 32 tokens and ~256 slow per token, and so
 # made chunked prefill look (and be) costly next to running a prompt whole.
 PACKED_GEMM_MAX_ROWS = 256
+
+# A callback the layer-by-layer forward makes between two layers (and mid-layer): the engine
+# runs an interjected short prompt there (cadence.engine.llm_engine).
+BetweenLayers = Callable[[], None]
 
 
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -254,12 +259,15 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward_cpu(self, normed: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm,
                     cos32: torch.Tensor, sin32: torch.Tensor, meta: AttentionMetadata, kv: KVCache,
-                    kernels: ModuleType) -> torch.Tensor:
+                    kernels: ModuleType, between: BetweenLayers | None = None) -> torch.Tensor:
         """Compiled-kernel path. normed = input_layernorm(residual); residual [T, H] is updated in
-        place (+= attention, += MLP); returns next_norm(residual), the next layer's input."""
+        place (+= attention, += MLP); returns next_norm(residual), the next layer's input.
+        `between` is called once between the attention and the MLP (see LlamaForCausalLM.forward)."""
         attn = self.self_attn.forward_cpu(normed, cos32, sin32, meta, kv, kernels)
         normed = kernels.add_rms_norm(residual, attn, self.post_attention_layernorm.weight,
                                       self.post_attention_layernorm.eps)
+        if between is not None:
+            between()
         mlp = self.mlp.forward_cpu(normed, kernels)
         return kernels.add_rms_norm(residual, mlp, next_norm.weight, next_norm.eps)
 
@@ -365,24 +373,33 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv: KVCache, use_kernels: bool = True) -> torch.Tensor:
+                kv: KVCache, use_kernels: bool = True,
+                between_layers: BetweenLayers | None = None) -> torch.Tensor:
         """input_ids, positions: [T] -> final-norm hidden states [T, hidden_size].
 
         use_kernels=False forces the pure-torch path (the reference the fast path is tested
         against); otherwise the compiled CPU kernels run when they are available for this
         device and dtype.
+
+        between_layers: called between two layers (and between a layer's attention and its
+        MLP) of the layer-by-layer paths, not inside the fused decode stack. It may run a whole
+        other forward on this model and cache (an interjected short prompt): this forward's
+        own state lives in its local tensors, and the other one writes other KV blocks.
         """
         x = self.model.embed_tokens(input_ids)  # [T, H]
         kernels = cpu_kernels_for(x) if use_kernels and kv.dtype == x.dtype else None
         if kernels is not None:
-            return self._forward_cpu(x, positions, meta, kv, kernels)
+            return self._forward_cpu(x, positions, meta, kv, kernels, between_layers)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
-        for layer in self.model.layers:
+        for i, layer in enumerate(self.model.layers):
+            if i and between_layers is not None:
+                between_layers()
             x = layer(x, cos, sin, meta, kv)
         return self.model.norm(x)
 
     def _forward_cpu(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                     kv: KVCache, kernels: ModuleType) -> torch.Tensor:
+                     kv: KVCache, kernels: ModuleType,
+                     between_layers: BetweenLayers | None = None) -> torch.Tensor:
         cos32, sin32 = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
                                     torch.float32)  # [T, D] each
         # Built on the first step of any shape: an int8 model's per-op GEMMs use its weights.
@@ -396,8 +413,11 @@ class LlamaForCausalLM(nn.Module):
         normed = kernels.rms_norm(residual, layers[0].input_layernorm.weight,
                                   layers[0].input_layernorm.eps)
         for i, layer in enumerate(layers):
+            if i and between_layers is not None:
+                between_layers()
             next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
-            normed = layer.forward_cpu(normed, residual, next_norm, cos32, sin32, meta, kv, kernels)
+            normed = layer.forward_cpu(normed, residual, next_norm, cos32, sin32, meta, kv, kernels,
+                                       between_layers)
         return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

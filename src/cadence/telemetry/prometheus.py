@@ -13,7 +13,7 @@ records from the telemetry recorder, step token counts, scheduler stats):
   prefix_cache_hits_total (the last three are the scheduler's cumulative totals).
 - gauges: num_requests_running, num_requests_waiting, kv_cache_usage_perc (0..1, as vLLM),
   kv_cache_blocks_used / _free / _total / _cached; with the slo policy itl_target_seconds and
-  itl_target_reachable_seconds; num_swap_preemptions_total, kv_blocks_swapped_out_total,
+  itl_target_reachable_seconds; num_interjections_total; num_swap_preemptions_total, kv_blocks_swapped_out_total,
   kv_blocks_swapped_in_total (swap preemption); num_disk_swap_preemptions_total,
   kv_blocks_swapped_out_disk_total, kv_blocks_swapped_in_disk_total,
   prefix_cache_blocks_spilled_total, prefix_cache_blocks_reloaded_total,
@@ -112,6 +112,8 @@ class _EngineStatsCollector(Collector):
         yield counter("num_preemptions", "Preemptions since start.", "num_preemptions_total")
         yield counter("num_swap_preemptions", "Preemptions that swapped the request's KV to the "
                       "host tier instead of recomputing it.", "num_swap_preemptions_total")
+        yield counter("num_interjections", "Steps of short prompts run between two layers of "
+                      "a long step (--interject-short-prompts).", "num_interjections_total")
         yield counter("kv_blocks_swapped_out", "KV blocks copied to the host tier.",
                       "num_blocks_swapped_out_total")
         yield counter("kv_blocks_swapped_in", "KV blocks copied back from the host tier.",

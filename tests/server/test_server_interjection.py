@@ -1,0 +1,66 @@
+"""A chat message sent while a long document's step computes gets its first token from inside
+that step (interjection, --interject-short-prompts), through the real server and engine loop.
+
+The engine is the timed fake (timed_engine.py): a step sleeps 1 ms per prompt token in ten
+slices with a poll for arrivals between them, so the document's single step takes ~2 s and the
+chat, sent ~0.5 s into it, is noticed within a slice (~0.2 s). Without interjection it would
+wait for the whole step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import openai
+import pytest
+
+from server_harness import start_server
+
+DOC = "Paged attention keeps keys and values in blocks. " * 40  # 2000 characters = tokens
+STEP_S = 2.0
+
+
+@pytest.fixture(scope="module", params=["on", "off"])
+def server(request, tmp_path_factory):
+    flag = "--interject-short-prompts" if request.param == "on" else "--no-interject-short-prompts"
+    srv = start_server(str(tmp_path_factory.mktemp("interject")), "--engine-factory",
+                       "timed_engine:build_timed_engine", "--policy", "chunked",
+                       "--max-num-batched-tokens", "4096", "--max-num-partial-prefills", "2",
+                       flag)
+    srv.interject = request.param == "on"
+    yield srv
+    srv.stop()
+
+
+def _first_token_s(client: openai.OpenAI, prompt: str, t0: float, out: dict, key: str) -> None:
+    stream = client.completions.create(model="timed-fake", prompt=prompt, max_tokens=3,
+                                       stream=True, temperature=0.0)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text and key not in out:
+            out[key] = time.monotonic() - t0
+    out[key + "_done"] = True
+
+
+def test_a_chat_sent_mid_document_gets_its_first_token_before_the_document(server):
+    client = openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0, timeout=60)
+    client.completions.create(model="timed-fake", prompt="warm", max_tokens=1)
+    got: dict = {}
+    t0 = time.monotonic()
+    doc = threading.Thread(target=_first_token_s, args=(client, DOC, t0, got, "doc"))
+    doc.start()
+    time.sleep(0.5)
+    t_chat = time.monotonic()
+    _first_token_s(client, "What is the capital of France?", t_chat, got, "chat")
+    doc.join(timeout=60)
+    assert got.get("doc_done") and got.get("chat_done")
+    chat_ttft, doc_ttft = got["chat"], got["doc"]
+    if server.interject:
+        # Noticed within one slice (0.2 s) of the 2 s step; generous for a loaded host.
+        assert chat_ttft < 0.9, got
+        assert t_chat - t0 + chat_ttft < doc_ttft, got
+        metrics = server.metrics()
+        assert metrics.get("cadence:num_interjections_total", 0) >= 1
+    else:
+        # It waits for the document's step to end (~1.5 s more).
+        assert chat_ttft > 1.0, got
