@@ -93,7 +93,12 @@ def llama_bench(gguf: str, threads: int, tests: str = "pp512,tg128", repetitions
     for test in tests.split(","):
         kind, n = test[:2], test[2:]
         args += ["-p", n, "-n", "0"] if kind == "pp" else ["-p", "0", "-n", n]
-    result = subprocess.run(args, capture_output=True, text=True)
+    # llama.cpp's own environment, not cadence's: `import cadence` sets OMP_WAIT_POLICY=PASSIVE
+    # (cadence/__init__.py), and llama.cpp's OpenMP threads that sleep at each of a token's
+    # ~hundreds of barriers decode 2.5x slower (tg128 Q4_1 on 2 Zen 4 cores: 47-49 tok/s with it,
+    # 115-124 without). Earlier runs of this benchmark carried that handicap.
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE")}
+    result = subprocess.run(args, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         return f"llama-bench failed: {result.stderr.strip()[-300:]}"
     out = {}
