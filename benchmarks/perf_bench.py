@@ -116,8 +116,9 @@ def kv_bytes_per_token(c: ModelConfig, dtype: torch.dtype) -> int:
     return 2 * c.num_layers * c.kv_size * torch.empty((), dtype=dtype).element_size()
 
 
-# Bytes per weight of each storage format (int8: one float32 scale per 32 weights).
-WEIGHT_BYTES = {"float32": 4.0, "bf16": 2.0, "int8": 1.125}
+# Bytes per weight of each storage format (int8: one float32 scale per 32 weights; int4: half a
+# byte and a float16 scale and minimum per 32 weights).
+WEIGHT_BYTES = {"float32": 4.0, "bf16": 2.0, "int8": 1.125, "int4": 0.625}
 
 
 def weight_bytes_per_param(dtype: torch.dtype, storage: str) -> float:
@@ -127,15 +128,26 @@ def weight_bytes_per_param(dtype: torch.dtype, storage: str) -> float:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def weight_bytes(c: ModelConfig, dtype: torch.dtype, storage: str) -> float:
+    """Bytes of weights a decode step streams: the layers in their format, the LM head in its own
+    (int8 under int4 layers, fused_decode.lm_head_format)."""
+    from cadence.model.fused_decode import lm_head_format
+
+    head = c.vocab_size * c.hidden_size
+    head_storage = lm_head_format(storage) if dtype == torch.float32 else storage
+    return (matmul_params(c) * weight_bytes_per_param(dtype, storage)
+            + head * weight_bytes_per_param(dtype, head_storage))
+
+
 def decode_floor_s(c: ModelConfig, dtype: torch.dtype, batch: int, context: int,
                    m: Machine, storage: str = "float32") -> float:
     """Seconds per decode step: weights (in their stored format) + every sequence's KV read once,
     or the FLOPs at the compute dtype's GEMM rate."""
-    weight_bytes = (matmul_params(c) + c.vocab_size * c.hidden_size) * weight_bytes_per_param(dtype, storage)
     kv_bytes = batch * context * kv_bytes_per_token(c, dtype)
+    streamed = weight_bytes(c, dtype, storage)
     flops = 2 * batch * (matmul_params(c) + c.vocab_size * c.hidden_size)
     flops += 2 * 2 * batch * c.num_layers * c.q_size * context  # q.K and p.V
-    return max((weight_bytes + kv_bytes) / m.bandwidth, flops / m.gemm_flops[dtype])
+    return max((streamed + kv_bytes) / m.bandwidth, flops / m.gemm_flops[dtype])
 
 
 def prefill_floor_s(c: ModelConfig, dtype: torch.dtype, prompt_len: int, m: Machine) -> float:
@@ -419,7 +431,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                         help="compute dtype (auto: bf16 where the CPU has it natively, else float32)")
-    parser.add_argument("--quantization", default="auto", choices=("auto", "none", "bf16", "int8"),
+    parser.add_argument("--quantization", default="auto", choices=("auto", "none", "bf16", "int8", "int4"),
                         help="weight storage of the float32 fast path (auto: int8 with --dtype auto)")
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])

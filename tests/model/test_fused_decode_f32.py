@@ -46,7 +46,7 @@ def run_steps(model, config, steps, stack: bool, monkeypatch):
     return torch.cat(logits), kv.storage.clone(), model._decode_stack
 
 
-@pytest.mark.parametrize("fmt", ["float32", "bf16", "int8"])
+@pytest.mark.parametrize("fmt", ["float32", "bf16", "int8", "int4"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_f32_stack_matches_per_op_path_and_reference(request, arch, fmt, monkeypatch):
     path = request.getfixturevalue(f"tiny_{arch}_d64_dir")
@@ -59,7 +59,7 @@ def test_f32_stack_matches_per_op_path_and_reference(request, arch, fmt, monkeyp
     # the same weights (int8: on the same quantized activations), so only the summation order
     # differs.
     per_op_logits, per_op_kv, _ = run_steps(loaded.model, loaded.config, STEPS, False, monkeypatch)
-    if fmt == "int8":
+    if fmt in ("int8", "int4"):
         # A summation-order difference can move an activation across a rounding boundary of its
         # int8 quantization (one quantum, then carried by the KV to the sequence's later rows):
         # the paths agree within the quantization's error (the packed GEMM's own exactness is
@@ -72,6 +72,10 @@ def test_f32_stack_matches_per_op_path_and_reference(request, arch, fmt, monkeyp
         torch.testing.assert_close(stack_logits, per_op_logits, atol=2e-4, rtol=1e-4)
         torch.testing.assert_close(stack_kv, per_op_kv, atol=2e-5, rtol=1e-4)
         assert torch.equal(stack_logits.argmax(-1), per_op_logits.argmax(-1))
+    if fmt == "int4":
+        # 16 levels per group are far from this random model's float32 weights (a trained
+        # model's Q4 file loses little: SmolLM2's is stored int4-exact, quality_bench.py).
+        return
     # Against the unrounded float32 model: exact for float32, close for the compressed formats.
     monkeypatch.setenv(ENV_SWITCH, "0")
     ref_logits, _, _ = run_steps(reference.model, reference.config, STEPS, False, monkeypatch)
@@ -80,7 +84,7 @@ def test_f32_stack_matches_per_op_path_and_reference(request, arch, fmt, monkeyp
     assert (stack_logits.argmax(-1) == ref_logits.argmax(-1)).float().mean() >= 0.9
 
 
-@pytest.mark.parametrize("fmt", ["float32", "int8"])
+@pytest.mark.parametrize("fmt", ["float32", "int8", "int4"])
 def test_f32_stack_rows_do_not_depend_on_batch_or_threads(tiny_llama_d64_dir, monkeypatch, fmt):
     loaded = load_model(tiny_llama_d64_dir, dtype=torch.float32, device="cpu")
     loaded.model.set_decode_weight_format(fmt)
@@ -125,7 +129,7 @@ def test_f32_stack_long_context_spans_merge(tiny_llama_d64_dir, monkeypatch):
     torch.testing.assert_close(pool_kv[0], per_op[0], atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("fmt", ["float32", "bf16", "int8"])
+@pytest.mark.parametrize("fmt", ["float32", "bf16", "int8", "int4"])
 @pytest.mark.parametrize("rows, n, k", [(1, 960, 576), (3, 100, 64), (7, 48, 96), (33, 250, 128)])
 def test_packed_f32_gemm_matches_stored_values(fmt, rows, n, k):
     gen = torch.Generator().manual_seed(rows)
@@ -134,7 +138,7 @@ def test_packed_f32_gemm_matches_stored_values(fmt, rows, n, k):
     bias = torch.randn(n, generator=gen)
     data, scales = KERNELS.pack_weight_f32(w, WEIGHT_FORMATS[fmt])
     # int8 multiplies activations quantized per group of 32 (checked against Python below).
-    x_seen = KERNELS.quantize_activations_q8(x) if fmt == "int8" else x
+    x_seen = KERNELS.quantize_activations_q8(x) if fmt in ("int8", "int4") else x
     expected = x_seen @ stored_values(w, fmt).t() + bias
     ids = torch.full((rows,), -1, dtype=torch.int64)
     got = KERNELS.linear_packed_f32(x, data, scales, WEIGHT_FORMATS[fmt], n, bias, ids)
@@ -142,7 +146,7 @@ def test_packed_f32_gemm_matches_stored_values(fmt, rows, n, k):
     assert torch.equal(ids, got.argmax(-1))
 
 
-@pytest.mark.parametrize("fmt", ["float32", "bf16", "int8"])
+@pytest.mark.parametrize("fmt", ["float32", "bf16", "int8", "int4"])
 def test_packed_f32_gemm_rows_do_not_depend_on_the_batch(fmt):
     """A row's result has the same bits alone, in small batches (weights widened per tile) and in
     large ones (each block widened once into a float32 scratch shared by the row tiles)."""
@@ -197,7 +201,7 @@ def test_int8_activation_quantization_matches_reference():
         KERNELS.quantize_activations_q8(torch.zeros(2, 40))
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
 def test_packed_f32_interleaves_gate_and_up_blocks(fmt):
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(128, 64, generator=gen)
@@ -205,7 +209,7 @@ def test_packed_f32_interleaves_gate_and_up_blocks(fmt):
     data, scales = KERNELS.pack_weight_f32(w, WEIGHT_FORMATS[fmt], True)
     got = KERNELS.linear_packed_f32(x, data, scales, WEIGHT_FORMATS[fmt], 128)
     order = [c for j in range(4) for c in [*range(16 * j, 16 * j + 16), *range(64 + 16 * j, 80 + 16 * j)]]
-    x_seen = quantize_rows_reference(x) if fmt == "int8" else x
+    x_seen = quantize_rows_reference(x) if fmt in ("int8", "int4") else x
     torch.testing.assert_close(got, (x_seen @ stored_values(w, fmt).t())[:, order], atol=1e-4, rtol=1e-4)
 
 
@@ -232,18 +236,19 @@ def test_packed_f32_and_stack_reject_bad_input(tiny_llama_d64_dir, monkeypatch):
         stack.forward(x, cos, cos, kv.storage, one, torch.tensor([[POOL]], dtype=torch.int32), one - 1, one, 0.125)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_int8_per_op_chunks_run_on_the_stacks_packed_weights(request, arch, monkeypatch):
+def test_integer_per_op_chunks_run_on_the_stacks_packed_weights(request, arch, fmt, monkeypatch):
     """Chunks longer than the stack takes (up to PACKED_GEMM_MAX_ROWS rows) run their GEMMs on
     the stack's packed int8 weights (integer dot products, the same packed copy: no second one)
     and agree with torch's float32 GEMM on the same quantized activations."""
     import cadence.model.llama as llama
 
     loaded = load_model(request.getfixturevalue(f"tiny_{arch}_d64_dir"), dtype=torch.float32, device="cpu")
-    loaded.model.set_decode_weight_format("int8")
+    loaded.model.set_decode_weight_format(fmt)
     calls = []
-    original = llama.PackedInt8.linear
-    monkeypatch.setattr(llama.PackedInt8, "linear",
+    original = llama.PackedInteger.linear
+    monkeypatch.setattr(llama.PackedInteger, "linear",
                         lambda self, x, bias, kernels: calls.append(x.shape[0]) or original(self, x, bias, kernels))
     long_chunk = [[(0, STACK_MAX_CHUNK + 9), (0, 3)], [(STACK_MAX_CHUNK + 9, 1), (3, 1)]]
     packed_logits, packed_kv, stack = run_steps(loaded.model, loaded.config, long_chunk, True, monkeypatch)

@@ -69,10 +69,11 @@ class EngineConfig:
     )
     quantization: str | None = field(
         default=None,
-        metadata={"help": "How the CPU float32 fast path stores weights: int8 (a float32 scale per "
-                          "32 weights), bf16, none (float32), or auto (default: int8 when --dtype "
+        metadata={"help": "How the CPU float32 fast path stores weights: int4 (4-bit with a float16 "
+                          "scale and minimum per 32 weights, as GGUF's Q4_1; the LM head int8), "
+                          "int8 (a float32 scale per 32 weights), bf16, none (float32), or auto (default: int8 when --dtype "
                           "auto computes in float32, i.e. on CPUs without native bf16).",
-                  "choices": ("auto", "none", "bf16", "int8")},
+                  "choices": ("auto", "none", "bf16", "int8", "int4")},
     )
     kv_cache_dtype: str = field(
         default="auto",
@@ -95,9 +96,10 @@ class EngineConfig:
         if self.deterministic and self.dtype not in ("auto", "float32"):
             raise ValueError(f"deterministic computes in float32; it cannot run with "
                              f"dtype={self.dtype!r} (use auto or float32)")
-        if self.deterministic and (self.quantization or "").lower() == "int8":
+        if self.deterministic and (self.quantization or "").lower() in ("int8", "int4"):
             raise ValueError("deterministic computes on float32 weights; it cannot run with "
-                             "quantization='int8' (int8 weights multiply quantized activations)")
+                             f"quantization={self.quantization!r} (integer weights multiply "
+                             "quantized activations)")
 
     @property
     def model_dtype(self) -> str:

@@ -54,8 +54,8 @@ class LLMEngine:
         cfg = cfg or EngineConfig()
         if cfg.deterministic and str(loaded.dtype) != "torch.float32":
             raise ValueError("deterministic needs a model loaded in float32")
-        if cfg.deterministic and getattr(loaded.model, "decode_weight_format", "float32") == "int8":
-            raise ValueError("deterministic needs float32 or bf16 weights, not int8 "
+        if cfg.deterministic and getattr(loaded.model, "decode_weight_format", "float32") in ("int8", "int4"):
+            raise ValueError("deterministic needs float32 or bf16 weights, not int8 or int4 "
                              "(load with quantization='none')")
         engine = cls.__new__(cls)
         engine._build(loaded, cfg)

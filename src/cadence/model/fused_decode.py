@@ -42,7 +42,9 @@ def stack_enabled() -> bool:
 
 
 # Packed weight formats of the float32 stack and LM head (avx2/packed_gemm_f32.h).
-WEIGHT_FORMATS = {"float32": 0, "bf16": 1, "int8": 2}
+WEIGHT_FORMATS = {"float32": 0, "bf16": 1, "int8": 2, "int4": 3}
+# The integer formats: activations quantized per group of 32 (quantize_activations_q8).
+INTEGER_FORMATS = ("int8", "int4")
 
 
 def takes_stack(x: torch.Tensor, meta: AttentionMetadata) -> bool:
@@ -63,15 +65,24 @@ def resolve_weight_format(model: "LlamaForCausalLM") -> str:
     fmt = getattr(model, "decode_weight_format", "float32")
     cfg = model.config
     ks = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
-    if fmt == "int8" and any(k % 32 for k in ks):
+    if fmt in INTEGER_FORMATS and any(k % 32 for k in ks):
         return "bf16"
     return fmt
 
 
+def lm_head_format(fmt: str) -> str:
+    """The LM head's storage for layers stored as `fmt`: int8 under int4 layers. The head (tied to
+    the embeddings in small models) is where 4 bits cost the most quality, and GGUF files keep it
+    at 8 bits or more (SmolLM2's Q4_1 file: Q4_1 layers, a Q8_0 token_embd), so int4 layers and
+    an int8 head reproduce such a file's weights."""
+    return "int8" if fmt == "int4" else fmt
+
+
 def stored_values(weight: torch.Tensor, fmt: str) -> torch.Tensor:
     """The float32 values a packed copy of `weight` [N, K] in `fmt` computes with: bf16-rounded,
-    or int8 with a scale per row and group of 32 along K (the same float32 operations as
-    pack_weight_f32, so the values match the kernel's exactly)."""
+    int8 with a scale per row and group of 32 along K, or int4 with a float16 scale and minimum
+    per row and group (the same float32 operations as pack_weight_f32, so the values match the
+    kernel's exactly)."""
     w = weight.detach().float()
     if fmt == "bf16":
         return w.bfloat16().float()
@@ -80,6 +91,15 @@ def stored_values(weight: torch.Tensor, fmt: str) -> torch.Tensor:
         scale = groups.abs().amax(-1, keepdim=True) / 127.0
         q = torch.where(scale == 0, torch.zeros_like(groups), torch.round(groups / scale)).clamp_(-127, 127)
         return (q * scale).reshape(w.shape)
+    if fmt == "int4":
+        # w = d * q + m per row and group of 32 along K, d = range / 15 and m = min rounded to
+        # float16, q in [0, 15] (avx2/q4_gemm.h).
+        groups = w.reshape(w.shape[0], -1, 32)  # [N, K/32, 32]
+        lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        d = ((hi - lo) / 15.0).half().float()
+        m = lo.half().float()
+        q = torch.where(d == 0, torch.zeros_like(groups), torch.round((groups - m) / d)).clamp_(0, 15)
+        return (q * d + m).reshape(w.shape)
     return w
 
 
@@ -95,7 +115,7 @@ def round_weights_to_format(model: "LlamaForCausalLM", fmt: str) -> None:
             for w in (layer.self_attn.fused_weight, layer.self_attn.o_proj.weight,
                       layer.mlp.fused_weight, layer.mlp.down_proj.weight):
                 w.copy_(stored_values(w, fmt))
-        model.lm_head.weight.copy_(stored_values(model.lm_head.weight, fmt))
+        model.lm_head.weight.copy_(stored_values(model.lm_head.weight, lm_head_format(fmt)))
 
 
 def build_decode_stack(model: "LlamaForCausalLM", kernels: ModuleType):

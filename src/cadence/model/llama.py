@@ -27,8 +27,9 @@ from cadence.model.attention import paged_attention
 from cadence.model.attention_cpu import paged_attention_cpu
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.config import ModelConfig
-from cadence.model.fused_decode import (WEIGHT_FORMATS, build_decode_stack, has_f32_stack,
-                                        resolve_weight_format, round_weights_to_format, takes_stack)
+from cadence.model.fused_decode import (INTEGER_FORMATS, WEIGHT_FORMATS, build_decode_stack, has_f32_stack,
+                                        lm_head_format, resolve_weight_format, round_weights_to_format,
+                                        takes_stack)
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 from cadence.model.kv_cache import KVCache
 from cadence.model.rope import apply_rope, rope_cos_sin
@@ -68,19 +69,19 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 @dataclass(frozen=True)
-class PackedInt8:
-    """A GEMM weight [N, K] as the fused stack packed it (int8 blocks of 16 columns, a scale
-    per column and group of 32 k): what linear_packed_f32 takes."""
+class PackedInteger:
+    """A GEMM weight [N, K] as the fused stack packed it in an integer format (int8 or int4 in
+    blocks of 16 columns, scales per column and group of 32 k): what linear_packed_f32 takes."""
 
-    data: torch.Tensor  # [N / 16, K, 16] uint8 (int8 values)
-    scales: torch.Tensor  # [N / 16, K / 32, 16] float32
+    data: torch.Tensor  # int8: [N / 16, K, 16]; int4: [N / 16, K / 2, 16] uint8
+    scales: torch.Tensor  # int8: [N / 16, K / 32, 16] float32; int4: [N / 16, K / 32, 2, 16] float16
     N: int
+    format: int  # WEIGHT_FORMATS value
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, kernels: ModuleType) -> torch.Tensor:
         """x [T, K] float32 -> x_q8 @ W^T (+ bias) [T, N]: x quantized per row and group of 32 as
         the stack and quantize_activations_q8 quantize it, exact int32 sums per group."""
-        return kernels.linear_packed_f32(x.contiguous(), self.data, self.scales, WEIGHT_FORMATS["int8"],
-                                         self.N, bias)
+        return kernels.linear_packed_f32(x.contiguous(), self.data, self.scales, self.format, self.N, bias)
 
 
 def _uses_packed(packed: tuple | None, x: torch.Tensor) -> bool:
@@ -158,8 +159,8 @@ class LlamaAttention(_FusedProjections):
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.quantize_inputs = False  # set_decode_weight_format: int8 weights quantize GEMM inputs
-        # (qkv, o) as PackedInt8 while an int8 model's fused stack exists (attach_packed_int8).
-        self.packed: tuple[PackedInt8, PackedInt8] | None = None
+        # (qkv, o) as PackedInteger while an int8 model's fused stack exists (attach_packed_int8).
+        self.packed: tuple[PackedInteger, PackedInteger] | None = None
         self._init_fusion()
 
     def _fused_children(self) -> list[nn.Linear]:
@@ -217,7 +218,7 @@ class LlamaMLP(_FusedProjections):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.quantize_inputs = False  # set_decode_weight_format: int8 weights quantize GEMM inputs
         # (gate_up with halves interleaved by 16 columns, down) while an int8 stack exists.
-        self.packed: tuple[PackedInt8, PackedInt8] | None = None
+        self.packed: tuple[PackedInteger, PackedInteger] | None = None
         self._init_fusion()
 
     def _fused_children(self) -> list[nn.Linear]:
@@ -317,7 +318,7 @@ class LlamaForCausalLM(nn.Module):
         resolved = resolve_weight_format(self)
         round_weights_to_format(self, resolved)
         for layer in self.model.layers:
-            layer.self_attn.quantize_inputs = layer.mlp.quantize_inputs = resolved == "int8"
+            layer.self_attn.quantize_inputs = layer.mlp.quantize_inputs = resolved in INTEGER_FORMATS
         self.drop_packed_weights()
 
     def prepare_fast_path(self) -> None:
@@ -344,15 +345,17 @@ class LlamaForCausalLM(nn.Module):
     def _attach_packed_int8(self, stack) -> None:
         """Point the per-op path's GEMMs of an int8 model at the stack's packed weights
         (PACKED_GEMM_MAX_ROWS): shared, not copied."""
-        if not stack or getattr(stack, "weight_format", None) != WEIGHT_FORMATS["int8"] \
-                or not hasattr(stack, "packed_layer"):
+        fmt = getattr(stack, "weight_format", None) if stack else None
+        if fmt not in [WEIGHT_FORMATS[f] for f in INTEGER_FORMATS] or not hasattr(stack, "packed_layer"):
             return
         c = self.config
         qkv_n, gate_up_n = c.q_size + 2 * c.kv_size, 2 * c.intermediate_size
         for i, layer in enumerate(self.model.layers):
             t = stack.packed_layer(i)
-            layer.self_attn.packed = (PackedInt8(t[0], t[1], qkv_n), PackedInt8(t[2], t[3], c.hidden_size))
-            layer.mlp.packed = (PackedInt8(t[4], t[5], gate_up_n), PackedInt8(t[6], t[7], c.hidden_size))
+            layer.self_attn.packed = (PackedInteger(t[0], t[1], qkv_n, fmt),
+                                      PackedInteger(t[2], t[3], c.hidden_size, fmt))
+            layer.mlp.packed = (PackedInteger(t[4], t[5], gate_up_n, fmt),
+                                PackedInteger(t[6], t[7], c.hidden_size, fmt))
 
     def _lm_head_for(self, kernels: ModuleType):
         """The LM head packed once for the fast path of the model's dtype: for
@@ -363,7 +366,7 @@ class LlamaForCausalLM(nn.Module):
             if weight.dtype == torch.bfloat16 and kernels.has_avx512bf16():
                 self._packed_lm_head = kernels.pack_linear_bf16(weight, False)
             elif weight.dtype == torch.float32 and has_f32_stack(kernels):
-                fmt = WEIGHT_FORMATS[resolve_weight_format(self)]
+                fmt = WEIGHT_FORMATS[lm_head_format(resolve_weight_format(self))]
                 self._packed_lm_head = (*kernels.pack_weight_f32(weight, fmt), fmt)
         return self._packed_lm_head
 

@@ -87,19 +87,19 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
-QUANTIZATIONS = ("auto", "none", "bf16", "int8")
+QUANTIZATIONS = ("auto", "none", "bf16", "int8", "int4")
 
 
 def resolve_weight_storage(quantization: str | None, dtype: str | torch.dtype, torch_dtype: torch.dtype,
                            device: torch.device) -> str:
     """How the CPU float32 fast path stores weights (fused_decode.WEIGHT_FORMATS): `--quantization`
-    int8 or bf16 as asked (both compute in float32); auto: int8 where `--dtype auto` chose float32
+    int8, int4 or bf16 as asked (all compute in float32); auto: int8 where `--dtype auto` chose float32
     on a CPU with the float32 fused stack (a decode step then streams a quarter of the bytes),
     float32 otherwise (an explicit --dtype float32 keeps float32 weights)."""
     quant = (quantization or "auto").lower()
     if quant not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)}")
-    if quant in ("int8", "bf16"):
+    if quant in ("int8", "int4", "bf16"):
         if torch_dtype != torch.float32:
             raise ValueError(f"--quantization {quant} stores weights for float32 compute; "
                              f"use --dtype float32 or auto (got {torch_dtype})")
@@ -116,11 +116,11 @@ def resolve_weight_storage(quantization: str | None, dtype: str | torch.dtype, t
 def load_model(path: str | None = None, dtype: str | torch.dtype = "auto",
                device: str | torch.device = "auto", quantization: str | None = None) -> LoadedModel:
     """Load a GGUF file or an HF folder (default: the bundled SmolLM2 GGUF). `quantization`
-    (auto, none, bf16, int8): how the CPU float32 fast path stores the weights
-    (resolve_weight_storage); int8 and bf16 with `dtype` auto compute in float32."""
+    (auto, none, bf16, int8, int4): how the CPU float32 fast path stores the weights
+    (resolve_weight_storage); int8, int4 and bf16 with `dtype` auto compute in float32."""
     path = default_model_path() if path is None else os.path.expanduser(path)
     torch_device = resolve_device(device)
-    if dtype == "auto" and (quantization or "").lower() in ("int8", "bf16"):
+    if dtype == "auto" and (quantization or "").lower() in ("int8", "int4", "bf16"):
         dtype = "float32" if torch_device.type == "cpu" else dtype
     torch_dtype = resolve_dtype(dtype, torch_device)
     storage = resolve_weight_storage(quantization, dtype, torch_dtype, torch_device)

@@ -46,7 +46,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(),
         py::arg("float_out") = false, py::arg("argmax_out") = py::none());
   m.def("pack_weight_f32", &cadence_kernels::pack_weight_f32,
-        "pack a float32/bf16 [N, K] weight for linear_packed_f32 in format 0 (float32), 1 (bf16) or "
+        "pack a float32/bf16 [N, K] weight for linear_packed_f32 in format 0 (float32), 1 (bf16), 3 (int4) or "
         "2 (int8, a scale per 16 columns x 32 k); returns (data, scales)",
         py::arg("w"), py::arg("format"), py::arg("interleave_halves") = false);
   m.def("quantize_activations_q8", &cadence_kernels::quantize_activations_q8,

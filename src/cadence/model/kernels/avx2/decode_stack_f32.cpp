@@ -84,7 +84,7 @@ DecodeStackF32::DecodeStackF32(const std::vector<at::Tensor>& qkv, const std::ve
 int64_t DecodeStackF32::weight_bytes() const {
   int64_t total = 0;
   for (const Layer& l : layers_)
-    for (const Packed* p : {&l.qkv, &l.o, &l.gate_up, &l.down}) total += p->data.numel() + p->scales.numel() * 4;
+    for (const Packed* p : {&l.qkv, &l.o, &l.gate_up, &l.down}) total += p->data.numel() + p->scales.numel() * p->scales.element_size();
   return total;
 }
 

@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <c10/util/Exception.h>
 
 #include <tuple>
@@ -28,18 +29,59 @@ float weight_at(const at::Tensor& w, int64_t n, int64_t k) {
   return static_cast<float>(w.data_ptr<c10::BFloat16>()[n * K + k]);
 }
 
+// The int4 format (avx2/q4_gemm.h): per column and group of 32 k, d = (max - min) / 15 and
+// m = min, both rounded to float16, then q = round((w - m) / d) clamped to [0, 15]
+// (fused_decode.stored_values computes the same values in torch).
+std::tuple<at::Tensor, at::Tensor> pack_weight_int4(const at::Tensor& w, bool interleave_halves) {
+  const int64_t N = w.size(0), K = w.size(1), groups = K / INT8_GROUP;
+  const int64_t blocks = avx2::packed_blocks(N);
+  auto data = at::zeros({blocks, K / 2, PACK_COLS}, w.options().dtype(at::kByte));
+  auto scales = at::zeros({blocks, groups, 2, PACK_COLS}, w.options().dtype(at::kHalf));
+  uint8_t* dp = data.data_ptr<uint8_t>();
+  c10::Half* sp = scales.data_ptr<c10::Half>();
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t first_col = interleave_halves ? (b % 2) * (N / 2) + (b / 2) * PACK_COLS : b * PACK_COLS;
+      for (int64_t i = 0; i < PACK_COLS; ++i) {
+        const int64_t n = first_col + i;
+        if (n >= N) continue;
+        for (int64_t g = 0; g < groups; ++g) {
+          float lo = INFINITY, hi = -INFINITY;
+          for (int64_t k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; ++k) {
+            lo = std::min(lo, weight_at(w, n, k));
+            hi = std::max(hi, weight_at(w, n, k));
+          }
+          const c10::Half d_h((hi - lo) / 15.f), m_h(lo);
+          const float d = static_cast<float>(d_h), m = static_cast<float>(m_h);
+          sp[((b * groups + g) * 2) * PACK_COLS + i] = d_h;
+          sp[((b * groups + g) * 2 + 1) * PACK_COLS + i] = m_h;
+          for (int64_t k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; ++k) {
+            const float q = d == 0.f ? 0.f : std::nearbyint((weight_at(w, n, k) - m) / d);
+            const auto v = static_cast<uint8_t>(std::max(0.f, std::min(15.f, q)));
+            // [K/8][16][4] bytes: k-octet o, column i, byte j = k % 4; low nibble k % 8 < 4.
+            uint8_t& byte = dp[b * K * 8 + (k / 8) * 64 + i * 4 + (k % 4)];
+            byte = static_cast<uint8_t>(k % 8 < 4 ? (byte & 0xF0) | v : (byte & 0x0F) | (v << 4));
+          }
+        }
+      }
+    }
+  });
+  return {data, scales};
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> pack_weight_f32(at::Tensor w, int64_t format, bool interleave_halves) {
   TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 &&
                   (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
               "pack_weight_f32: w [N, K] float32 or bfloat16 on CPU");
-  TORCH_CHECK(format >= 0 && format <= 2, "pack_weight_f32: format 0 (f32), 1 (bf16) or 2 (int8)");
+  TORCH_CHECK(format >= 0 && format <= 3, "pack_weight_f32: format 0 (f32), 1 (bf16), 2 (int8) or 3 (int4)");
   w = w.contiguous();
   const auto fmt = static_cast<WeightFormat>(format);
   const int64_t N = w.size(0), K = w.size(1);
-  TORCH_CHECK(fmt != WeightFormat::INT8 || K % INT8_GROUP == 0, "pack_weight_f32: int8 needs K a multiple of ",
-              INT8_GROUP, ", got ", K);
+  TORCH_CHECK((fmt != WeightFormat::INT8 && fmt != WeightFormat::INT4) || K % INT8_GROUP == 0,
+              "pack_weight_f32: int8 and int4 need K a multiple of ", INT8_GROUP, ", got ", K);
+  if (fmt == WeightFormat::INT4) return pack_weight_int4(w, interleave_halves);
   TORCH_CHECK(!interleave_halves || N % (2 * PACK_COLS) == 0,
               "pack_weight_f32: interleaving halves needs N a multiple of 32, got ", N);
   const int64_t blocks = avx2::packed_blocks(N);
@@ -110,6 +152,15 @@ avx2::PackedWeight packed_view(const at::Tensor& data, const at::Tensor& scales,
   TORCH_CHECK(data.device().is_cpu() && data.is_contiguous() && data.scalar_type() == at::kByte && data.dim() == 3,
               "packed weight: a uint8 [blocks, K, 16 * bytes] tensor from pack_weight_f32");
   const auto fmt = static_cast<WeightFormat>(format);
+  if (fmt == WeightFormat::INT4) {
+    const int64_t K = data.size(1) * 2;
+    TORCH_CHECK(data.size(2) == PACK_COLS && data.size(0) == avx2::packed_blocks(N),
+                "packed weight: int4 data [blocks, K/2, 16] does not match N");
+    TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kHalf &&
+                    scales.numel() == data.size(0) * (K / INT8_GROUP) * 2 * PACK_COLS,
+                "packed weight: int4 scales [blocks, K/32, 2, 16] float16");
+    return {fmt, data.data_ptr(), nullptr, K, N, reinterpret_cast<const uint16_t*>(scales.data_ptr<c10::Half>())};
+  }
   TORCH_CHECK(format >= 0 && format <= 2 && data.size(2) == PACK_COLS * avx2::format_bytes(fmt) &&
                   data.size(0) == avx2::packed_blocks(N),
               "packed weight: format / N do not match the packed data");
@@ -147,7 +198,7 @@ at::Tensor linear_packed_f32(at::Tensor x, at::Tensor data, at::Tensor scales, i
   float* op = out.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
   // One thread streams small weights whole: a second adds less than waking it costs.
-  const bool parallel = blocks * w.K * PACK_COLS * avx2::format_bytes(w.format) >= (2 << 20) || M * N * w.K >= (1 << 22);
+  const bool parallel = data.numel() >= (2 << 20) || M * N * w.K >= (1 << 22);
   at::parallel_for(0, blocks, parallel ? 4 : blocks + 1, [&](int64_t begin, int64_t end) {
     const avx2::FlushDenormals ftz;
     avx2::LaneArgmax8* mine = argmax_ids != nullptr ? trackers.data() + at::get_thread_num() * M : nullptr;

@@ -1,14 +1,16 @@
 // float32-compute GEMM on compressed packed weights (the AVX2 tier; also used by the AVX-512
 // tier without BF16): y[M, N] = x[M, K] @ w[N, K]^T with x and y float32.
 //
-// Weights are stored in one of three formats, so a decode step streams 1 (int8) or 2 (bf16)
-// bytes per weight instead of 4:
+// Weights are stored in one of four formats, so a decode step streams 0.625 (int4), 1.125 (int8)
+// or 2 (bf16) bytes per weight instead of 4:
 //   F32   [blocks][K][16] float32
 //   BF16  [blocks][K][16] bf16 bits (widened to float32 in registers by a shift)
 //   INT8  [blocks][K/4][16][4] int8 with a float32 scale per 16 columns and 32 k: scales
 //         [blocks][K/32][16]; w = q * scale (symmetric, per group of 32 along K like GGUF's
 //         Q8_0), multiplied with integer dot products by activations quantized the same way
 //         (q8_gemm.h), not widened.
+//   INT4  [blocks][K/8][16][4] bytes of two 4-bit q each, float16 (d, m) per 16 columns and 32 k
+//         (q4_gemm.h): w = d * q + m, multiplied by the int8-quantized activations.
 // A block holds 16 output columns, its k-rows contiguous, so one block streams front to back
 // and each k-step feeds two 8-lane FMAs per activation row. The last block is zero-padded.
 //
@@ -22,13 +24,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "q4_gemm.h"
 #include "q8_gemm.h"
 #include "vec8.h"
 
 namespace cadence_kernels {
 namespace avx2 {
 
-enum class WeightFormat : int { F32 = 0, BF16 = 1, INT8 = 2 };
+enum class WeightFormat : int { F32 = 0, BF16 = 1, INT8 = 2, INT4 = 3 };
 
 constexpr int64_t PACK_COLS = 16;
 constexpr int64_t INT8_GROUP = 32;  // k per int8 scale
@@ -36,12 +39,14 @@ constexpr int64_t INT8_GROUP = 32;  // k per int8 scale
 inline int64_t packed_blocks(int64_t N) { return (N + PACK_COLS - 1) / PACK_COLS; }
 inline int64_t format_bytes(WeightFormat f) { return f == WeightFormat::F32 ? 4 : f == WeightFormat::BF16 ? 2 : 1; }
 
-// A packed weight: data of packed_blocks(N) blocks of K * 16 elements, scales for INT8.
+// A packed weight: data of packed_blocks(N) blocks of K * 16 elements (K * 8 bytes for INT4),
+// scales for INT8 and INT4.
 struct PackedWeight {
   WeightFormat format;
   const void* data;
   const float* scales;  // INT8 only: [blocks][K / 32][16]
   int64_t K, N;
+  const uint16_t* half_scales = nullptr;  // INT4 only: [blocks][K / 32][2][16] float16 (d, m)
 };
 
 #if CADENCE_HAVE_AVX2
@@ -49,7 +54,8 @@ struct PackedWeight {
 // The 16 weights of block-row k as two float32 vectors (the widened formats, F32 and BF16).
 template <WeightFormat F>
 inline void load_wrow(const void* block, int64_t k, __m256& w0, __m256& w1) {
-  static_assert(F != WeightFormat::INT8, "int8 weights take the integer path (q8_gemm.h)");
+  static_assert(F == WeightFormat::F32 || F == WeightFormat::BF16,
+                "int8 and int4 weights take the integer paths (q8_gemm.h, q4_gemm.h)");
   if constexpr (F == WeightFormat::F32) {
     const float* p = static_cast<const float*>(block) + k * PACK_COLS;
     w0 = _mm256_loadu_ps(p);
@@ -207,12 +213,49 @@ void gemm_blocks_q8(const float* x, int64_t ldx, int64_t M, const PackedWeight& 
 #undef CADENCE_Q8
 }
 
+// The int4 format (q4_gemm.h): rows quantized as for int8, then at M = 1 four blocks at a time,
+// else 4 rows x 1 block.
+template <typename Epilogue>
+void gemm_blocks_q4(const float* x, int64_t ldx, int64_t M, const PackedWeight& w, int64_t block_begin,
+                    int64_t block_end, Epilogue&& epilogue) {
+  thread_local QuantizedRows xq;
+  quantize_rows_q8(x, ldx, M, w.K, xq);
+  const uint8_t* data = static_cast<const uint8_t*>(w.data);
+  __m256 acc[MAX_MR][2 * MAX_NB];
+  constexpr int ACC = 2 * MAX_NB;
+#define CADENCE_Q4(MR_, NB_) gemm_tile_q4<MR_, NB_, ACC>(xq, m0, data, w.half_scales, w.K, b0, acc)
+  if (M == 1) {
+    for (int64_t b0 = block_begin; b0 < block_end; b0 += 4) {
+      const int nb = static_cast<int>(std::min<int64_t>(4, block_end - b0));
+      const int64_t m0 = 0;
+      switch (nb) {
+        case 4: CADENCE_Q4(1, 4); break; case 3: CADENCE_Q4(1, 3); break;
+        case 2: CADENCE_Q4(1, 2); break; default: CADENCE_Q4(1, 1);
+      }
+      epilogue(0, 1, b0, nb, acc);
+    }
+    return;
+  }
+  for (int64_t b0 = block_begin; b0 < block_end; ++b0) {
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const int mr = static_cast<int>(std::min<int64_t>(4, M - m0));
+      switch (mr) {
+        case 4: CADENCE_Q4(4, 1); break; case 3: CADENCE_Q4(3, 1); break;
+        case 2: CADENCE_Q4(2, 1); break; default: CADENCE_Q4(1, 1);
+      }
+      epilogue(m0, mr, b0, 1, acc);
+    }
+  }
+#undef CADENCE_Q4
+}
+
 template <typename Epilogue>
 void gemm_blocks(const float* x, int64_t ldx, int64_t M, const PackedWeight& w, int64_t block_begin,
                  int64_t block_end, Epilogue&& epilogue) {
   switch (w.format) {
     case WeightFormat::F32: gemm_blocks_t<WeightFormat::F32>(x, ldx, M, w, block_begin, block_end, epilogue); break;
     case WeightFormat::BF16: gemm_blocks_t<WeightFormat::BF16>(x, ldx, M, w, block_begin, block_end, epilogue); break;
+    case WeightFormat::INT4: gemm_blocks_q4(x, ldx, M, w, block_begin, block_end, epilogue); break;
     default: gemm_blocks_q8(x, ldx, M, w, block_begin, block_end, epilogue);
   }
 }

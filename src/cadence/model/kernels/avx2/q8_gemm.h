@@ -31,20 +31,25 @@ namespace avx2 {
 
 constexpr int64_t Q8_GROUP = 32;
 
-// M rows of activations quantized per group of 32: q (int8), |q| (uint8), scale per group.
+// M rows of activations quantized per group of 32: q (int8), |q| (uint8), scale per group, and
+// scale * sum(q) per group (the int4 format's min term, q4_gemm.h).
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<uint8_t> mag;
   std::vector<float> scale;
+  std::vector<float> sum;
   int64_t K = 0;
 
   const int8_t* q_at(int64_t row, int64_t k) const { return q.data() + row * K + k; }
   const uint8_t* mag_at(int64_t row, int64_t k) const { return mag.data() + row * K + k; }
   float scale_at(int64_t row, int64_t g) const { return scale[row * (K / Q8_GROUP) + g]; }
+  float sum_at(int64_t row, int64_t g) const { return sum[row * (K / Q8_GROUP) + g]; }
 };
 
-// One row of K floats (K a multiple of 32) -> q, |q| and K / 32 scales.
-inline void quantize_row_q8(const float* x, int64_t K, int8_t* q, uint8_t* mag, float* scale) {
+// One row of K floats (K a multiple of 32) -> q, |q| and K / 32 scales (and, when `sum` is given,
+// scale * sum of q per group).
+inline void quantize_row_q8(const float* x, int64_t K, int8_t* q, uint8_t* mag, float* scale,
+                            float* sum = nullptr) {
   const __m256 sign_bit = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t g = 0; g < K / Q8_GROUP; ++g) {
@@ -66,6 +71,12 @@ inline void quantize_row_q8(const float* x, int64_t K, int8_t* q, uint8_t* mag, 
     const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + g * Q8_GROUP), bytes);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(mag + g * Q8_GROUP), _mm256_abs_epi8(bytes));
+    if (sum != nullptr) {
+      // sum of 32 int8: maddubs with ones (u8 x s8 pairs) then madd into int32 lanes.
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), bytes);
+      const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+      sum[g] = scale[g] * hsum(_mm256_cvtepi32_ps(quads));
+    }
   }
 }
 
@@ -74,9 +85,10 @@ inline void quantize_rows_q8(const float* x, int64_t ldx, int64_t M, int64_t K, 
   out.q.resize(static_cast<size_t>(M * K));
   out.mag.resize(static_cast<size_t>(M * K));
   out.scale.resize(static_cast<size_t>(M * (K / Q8_GROUP)));
+  out.sum.resize(static_cast<size_t>(M * (K / Q8_GROUP)));
   for (int64_t m = 0; m < M; ++m)
     quantize_row_q8(x + m * ldx, K, out.q.data() + m * K, out.mag.data() + m * K,
-                    out.scale.data() + m * (K / Q8_GROUP));
+                    out.scale.data() + m * (K / Q8_GROUP), out.sum.data() + m * (K / Q8_GROUP));
 }
 
 inline __m256i broadcast4(const void* p) {
