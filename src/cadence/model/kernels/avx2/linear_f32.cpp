@@ -29,6 +29,13 @@ float weight_at(const at::Tensor& w, int64_t n, int64_t k) {
   return static_cast<float>(w.data_ptr<c10::BFloat16>()[n * K + k]);
 }
 
+// The weight column in lane 0 of packed block b. interleave_halves (a fused gate/up weight
+// [2I, K]): packed block 2j holds gate columns [16j, 16j + 16) and block 2j + 1 the matching up
+// columns, so a thread's range of block pairs holds whole (gate, up) pairs.
+int64_t first_packed_column(int64_t b, int64_t N, bool interleave_halves) {
+  return interleave_halves ? (b % 2) * (N / 2) + (b / 2) * PACK_COLS : b * PACK_COLS;
+}
+
 // The int4 format (avx2/q4_gemm.h): per column and group of 32 k, d = (max - min) / 15 and
 // m = min, both rounded to float16, then q = round((w - m) / d) clamped to [0, 15]
 // (fused_decode.stored_values computes the same values in torch).
@@ -41,7 +48,7 @@ std::tuple<at::Tensor, at::Tensor> pack_weight_int4(const at::Tensor& w, bool in
   c10::Half* sp = scales.data_ptr<c10::Half>();
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t first_col = interleave_halves ? (b % 2) * (N / 2) + (b / 2) * PACK_COLS : b * PACK_COLS;
+      const int64_t first_col = first_packed_column(b, N, interleave_halves);
       for (int64_t i = 0; i < PACK_COLS; ++i) {
         const int64_t n = first_col + i;
         if (n >= N) continue;
@@ -91,12 +98,9 @@ std::tuple<at::Tensor, at::Tensor> pack_weight_f32(at::Tensor w, int64_t format,
                                           : at::empty({0}, w.options().dtype(at::kFloat));
   uint8_t* dp = data.data_ptr<uint8_t>();
   float* sp = scales.data_ptr<float>();
-  // interleave_halves (a fused gate/up weight [2I, K]): packed block 2j holds gate columns
-  // [16j, 16j + 16) and block 2j + 1 the matching up columns, so a thread's range of block pairs
-  // holds whole (gate, up) pairs.
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t first_col = interleave_halves ? (b % 2) * (N / 2) + (b / 2) * PACK_COLS : b * PACK_COLS;
+      const int64_t first_col = first_packed_column(b, N, interleave_halves);
       for (int64_t i = 0; i < PACK_COLS; ++i) {
         const int64_t n = first_col + i;
         if (n >= N) continue;

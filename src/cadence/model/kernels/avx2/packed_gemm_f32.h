@@ -176,61 +176,33 @@ void gemm_blocks_t(const float* x, int64_t ldx, int64_t M, const PackedWeight& w
   }
 }
 
-// The int8 format: the rows are quantized once per call (each thread of a team quantizes them
-// itself: M x K is small beside the weights it streams), then tiles of integer dot products;
-// at M = 1 four blocks at a time (independent sums), else 4 rows x 1 block.
-template <typename Epilogue>
-void gemm_blocks_q8(const float* x, int64_t ldx, int64_t M, const PackedWeight& w, int64_t block_begin,
-                    int64_t block_end, Epilogue&& epilogue) {
-  thread_local QuantizedRows xq;
-  quantize_rows_q8(x, ldx, M, w.K, xq);
-  const int8_t* data = static_cast<const int8_t*>(w.data);
-  __m256 acc[MAX_MR][2 * MAX_NB];
-  constexpr int ACC = 2 * MAX_NB;
-#define CADENCE_Q8(MR_, NB_) gemm_tile_q8<MR_, NB_, ACC>(xq, m0, data, w.scales, w.K, b0, acc)
-  if (M == 1) {
-    for (int64_t b0 = block_begin; b0 < block_end; b0 += 4) {
-      const int nb = static_cast<int>(std::min<int64_t>(4, block_end - b0));
-      const int64_t m0 = 0;
-      switch (nb) {
-        case 4: CADENCE_Q8(1, 4); break; case 3: CADENCE_Q8(1, 3); break;
-        case 2: CADENCE_Q8(1, 2); break; default: CADENCE_Q8(1, 1);
-      }
-      epilogue(0, 1, b0, nb, acc);
-    }
-    return;
-  }
-  for (int64_t b0 = block_begin; b0 < block_end; ++b0) {
-    for (int64_t m0 = 0; m0 < M; m0 += 4) {
-      const int mr = static_cast<int>(std::min<int64_t>(4, M - m0));
-      switch (mr) {
-        case 4: CADENCE_Q8(4, 1); break; case 3: CADENCE_Q8(3, 1); break;
-        case 2: CADENCE_Q8(2, 1); break; default: CADENCE_Q8(1, 1);
-      }
-      epilogue(m0, mr, b0, 1, acc);
-    }
-  }
-#undef CADENCE_Q8
+// One register tile of an integer format (int8: q8_gemm.h, int4: q4_gemm.h).
+template <WeightFormat F, int MR, int NB>
+inline void integer_tile(const QuantizedRows& xq, int64_t m0, const PackedWeight& w, int64_t b0,
+                         __m256 acc[MAX_MR][2 * MAX_NB]) {
+  if constexpr (F == WeightFormat::INT4)
+    gemm_tile_q4<MR, NB, 2 * MAX_NB>(xq, m0, static_cast<const uint8_t*>(w.data), w.half_scales, w.K, b0, acc);
+  else
+    gemm_tile_q8<MR, NB, 2 * MAX_NB>(xq, m0, static_cast<const int8_t*>(w.data), w.scales, w.K, b0, acc);
 }
 
-// The int4 format (q4_gemm.h): rows quantized as for int8, then at M = 1 four blocks at a time,
-// else 4 rows x 1 block.
-template <typename Epilogue>
-void gemm_blocks_q4(const float* x, int64_t ldx, int64_t M, const PackedWeight& w, int64_t block_begin,
-                    int64_t block_end, Epilogue&& epilogue) {
+// The integer formats (int8, int4): the rows are quantized once per call (each thread of a team
+// quantizes them itself: M x K is small beside the weights it streams), then tiles of integer
+// dot products; at M = 1 four blocks at a time (independent sums), else 4 rows x 1 block.
+template <WeightFormat F, typename Epilogue>
+void gemm_blocks_integer(const float* x, int64_t ldx, int64_t M, const PackedWeight& w, int64_t block_begin,
+                         int64_t block_end, Epilogue&& epilogue) {
   thread_local QuantizedRows xq;
   quantize_rows_q8(x, ldx, M, w.K, xq);
-  const uint8_t* data = static_cast<const uint8_t*>(w.data);
   __m256 acc[MAX_MR][2 * MAX_NB];
-  constexpr int ACC = 2 * MAX_NB;
-#define CADENCE_Q4(MR_, NB_) gemm_tile_q4<MR_, NB_, ACC>(xq, m0, data, w.half_scales, w.K, b0, acc)
+#define CADENCE_INT(MR_, NB_) integer_tile<F, MR_, NB_>(xq, m0, w, b0, acc)
   if (M == 1) {
     for (int64_t b0 = block_begin; b0 < block_end; b0 += 4) {
       const int nb = static_cast<int>(std::min<int64_t>(4, block_end - b0));
       const int64_t m0 = 0;
       switch (nb) {
-        case 4: CADENCE_Q4(1, 4); break; case 3: CADENCE_Q4(1, 3); break;
-        case 2: CADENCE_Q4(1, 2); break; default: CADENCE_Q4(1, 1);
+        case 4: CADENCE_INT(1, 4); break; case 3: CADENCE_INT(1, 3); break;
+        case 2: CADENCE_INT(1, 2); break; default: CADENCE_INT(1, 1);
       }
       epilogue(0, 1, b0, nb, acc);
     }
@@ -240,13 +212,13 @@ void gemm_blocks_q4(const float* x, int64_t ldx, int64_t M, const PackedWeight& 
     for (int64_t m0 = 0; m0 < M; m0 += 4) {
       const int mr = static_cast<int>(std::min<int64_t>(4, M - m0));
       switch (mr) {
-        case 4: CADENCE_Q4(4, 1); break; case 3: CADENCE_Q4(3, 1); break;
-        case 2: CADENCE_Q4(2, 1); break; default: CADENCE_Q4(1, 1);
+        case 4: CADENCE_INT(4, 1); break; case 3: CADENCE_INT(3, 1); break;
+        case 2: CADENCE_INT(2, 1); break; default: CADENCE_INT(1, 1);
       }
       epilogue(m0, mr, b0, 1, acc);
     }
   }
-#undef CADENCE_Q4
+#undef CADENCE_INT
 }
 
 template <typename Epilogue>
@@ -255,8 +227,8 @@ void gemm_blocks(const float* x, int64_t ldx, int64_t M, const PackedWeight& w, 
   switch (w.format) {
     case WeightFormat::F32: gemm_blocks_t<WeightFormat::F32>(x, ldx, M, w, block_begin, block_end, epilogue); break;
     case WeightFormat::BF16: gemm_blocks_t<WeightFormat::BF16>(x, ldx, M, w, block_begin, block_end, epilogue); break;
-    case WeightFormat::INT4: gemm_blocks_q4(x, ldx, M, w, block_begin, block_end, epilogue); break;
-    default: gemm_blocks_q8(x, ldx, M, w, block_begin, block_end, epilogue);
+    case WeightFormat::INT4: gemm_blocks_integer<WeightFormat::INT4>(x, ldx, M, w, block_begin, block_end, epilogue); break;
+    default: gemm_blocks_integer<WeightFormat::INT8>(x, ldx, M, w, block_begin, block_end, epilogue);
   }
 }
 
