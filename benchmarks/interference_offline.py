@@ -112,6 +112,12 @@ def run_one(loaded, policy: str, budget: int, args) -> RunResult:
             b - a for a, b in zip(times, times[1:]) if a < w_end and b > w_start
         )
     doc_steps = sum(1 for s in rec.steps if "doc" in s.req_ids and s.t_start < w_end)
+    if getattr(args, "show_steps", False):
+        # The steps around the document's prefill: what each held and how long it took.
+        for s in rec.steps:
+            if s.t_end > w_start and s.t_start < w_end + 0.05:
+                print(f"    step {s.step_id}: {s.num_prefill_tokens:5d} prompt + {s.num_decode_tokens:2d} decode"
+                      f" tokens, forward {1e3 * s.forward_time_s:7.1f} ms, step {1e3 * (s.t_end - s.t_start):7.1f} ms")
     stats = engine.scheduler.stats()
     target = stats.itl_target_s
     reachable = stats.itl_target_reachable_s if stats.itl_target_reachable_s else target
@@ -160,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-gib", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=1, help="runs per config (medians shown)")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--show-steps", action="store_true",
+                   help="print the steps around each run's document prefill (sizes and times)")
     args = p.parse_args(argv)
 
     # Wide enough that the table's headers are not cut when piped to a file.

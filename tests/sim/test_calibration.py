@@ -76,22 +76,28 @@ def test_validation_runs_the_same_workloads_on_the_engine_and_in_the_simulator(
 
 
 def test_decode_only_steps_are_fitted_apart_from_prompt_steps():
-    """Decode-only steps take another executor path (the fused stack: small fixed cost) than
-    steps with a prompt chunk; the calibrated simulator prices each by its own fit."""
-    stack = StepCostCoefficients(0.004, 0.0, 0.003, 1e-8)
+    """Decode-only steps and short chunks take another executor path (the fused stack: small
+    fixed cost) than steps with a longer chunk; the calibrated simulator prices each by its
+    own fit."""
+    stack = StepCostCoefficients(0.004, 0.0025, 0.003, 1e-8)
 
     def seconds(plan) -> float:
         f = StepFeatures.of_plan(plan)
-        if f.prefill_tokens:
+        if f.prompt_step:
             return machine_seconds(plan) + 0.06  # the per-op path's fixed cost
-        return (stack.base_s + stack.per_decode_token_s * f.decode_tokens
-                + stack.per_attention_pair_s * f.attention_pairs)
+        return (stack.base_s + stack.per_prefill_token_s * f.prefill_tokens
+                + stack.per_decode_token_s * f.decode_tokens + stack.per_attention_pair_s * f.attention_pairs)
 
     samples = [(p, seconds(p)) for p, _ in profile()]
     model = cost_model_from_samples(samples)
     assert model.decode_only is not None
     three_decodes = build_plan(ProfileShape(decodes=3), 16, 1 << 20)
     assert model.step_time(three_decodes) == pytest.approx(seconds(three_decodes), rel=0.02)
+    # A chunk of 40 tokens leaves the stack: the per-op path's fixed cost, which a 32-token
+    # chunk does not pay.
+    forty = build_plan(ProfileShape(chunk=40), 16, 1 << 20)
+    assert model.step_time(forty) == pytest.approx(seconds(forty), rel=0.02)
+    assert seconds(forty) > seconds(build_plan(ProfileShape(chunk=32), 16, 1 << 20)) + 0.05
     for plan, want in samples:
         assert model.step_time(plan) == pytest.approx(want, rel=0.02)
 

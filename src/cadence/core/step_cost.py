@@ -40,6 +40,12 @@ from dataclasses import dataclass, field
 from cadence.core.plan import StepPlan
 
 NUM_FEATURES = 6
+# The executor's fused decode stack (cadence.model.fused_decode imports these) takes a step of
+# at most FUSED_STEP_MAX_ROWS new tokens whose prompt chunks are at most FUSED_STEP_MAX_CHUNK
+# long; any other step runs op by op, a fixed cost of its own (25-30 ms for SmolLM2 on two Zen 4
+# cores: a 48-token chunk took 59 ms, a 32-token one 21 ms). That is the `prompt_step` feature.
+FUSED_STEP_MAX_ROWS = 64
+FUSED_STEP_MAX_CHUNK = 32
 # Divides each raw feature so that a typical step has scaled features of order 1; the prior's
 # precision is then "strength observations" per feature.
 _FEATURE_SCALES = (1.0, 100.0, 10.0, 1e6, 1e6, 1.0)
@@ -54,16 +60,25 @@ class StepFeatures:
     attention_pairs: int = 0
     # Of attention_pairs: prompt-chunk queries against context cached by earlier chunks.
     context_pairs: int = 0
-    # 1 when the step carries a prompt chunk (a 0/1 indicator: sums take the max).
+    # 1 when the step takes the per-op path: a prompt chunk longer than FUSED_STEP_MAX_CHUNK, or
+    # more than FUSED_STEP_MAX_ROWS tokens (a 0/1 indicator: sums take the max, or set it when
+    # their tokens pass the row bound). Short chunks ride in the fused stack and pay no more
+    # fixed cost than a decode step: counted as prompt steps, a 32-token chunk's 21 ms pinned
+    # the per-op fixed cost at 0 and every chunk of 40-130 tokens came out 20-25 ms short.
     prompt_step: int = 0
 
     def __add__(self, other: StepFeatures) -> StepFeatures:
+        prefill = self.prefill_tokens + other.prefill_tokens
+        decode = self.decode_tokens + other.decode_tokens
+        per_op = max(self.prompt_step, other.prompt_step)
+        if prefill + decode > FUSED_STEP_MAX_ROWS:
+            per_op = 1
         return StepFeatures(
-            self.prefill_tokens + other.prefill_tokens,
-            self.decode_tokens + other.decode_tokens,
+            prefill,
+            decode,
             self.attention_pairs + other.attention_pairs,
             self.context_pairs + other.context_pairs,
-            max(self.prompt_step, other.prompt_step),
+            per_op,
         )
 
     @property
@@ -92,9 +107,10 @@ class StepFeatures:
         n = num_new_tokens
         pairs = n * start_pos + n * (n + 1) // 2
         if is_prefill:
-            return StepFeatures(prefill_tokens=n, attention_pairs=pairs,
-                                context_pairs=n * start_pos, prompt_step=1 if n else 0)
-        return StepFeatures(decode_tokens=n, attention_pairs=pairs)
+            return StepFeatures(prefill_tokens=n, attention_pairs=pairs, context_pairs=n * start_pos,
+                                prompt_step=1 if n > FUSED_STEP_MAX_CHUNK else 0)
+        return StepFeatures(decode_tokens=n, attention_pairs=pairs,
+                            prompt_step=1 if n > FUSED_STEP_MAX_ROWS else 0)
 
     @staticmethod
     def of_plan(plan: StepPlan) -> StepFeatures:

@@ -57,11 +57,17 @@ DEFAULT_SHAPES: tuple[ProfileShape, ...] = (
     ProfileShape(decodes=4),
     ProfileShape(decodes=8, decode_ctx=256),
     ProfileShape(chunk=32),
+    # The smallest chunk the per-op path takes (FUSED_STEP_MAX_CHUNK): its fixed cost, next to
+    # the 32-token chunk that rides in the fused stack.
+    ProfileShape(chunk=48),
     ProfileShape(chunk=256),
-    ProfileShape(decodes=4, chunk=128),
+    # Decodes riding with a chunk, 2, 4 and 8 of them: with 4 in each, a decode row's cost in a
+    # per-op step could not be told from the step's fixed cost (the simulator's fit of such
+    # steps charged 7-8 ms per decode row on Zen 4).
+    ProfileShape(decodes=2, chunk=128),
     ProfileShape(decodes=4, chunk=64, chunk_start=512),
     ProfileShape(chunk=128, chunk_start=768),
-    ProfileShape(decodes=4, chunk=96, chunk_start=1408),
+    ProfileShape(decodes=8, chunk=96, chunk_start=1408),
     # A chunk the size of a floor-sized one from position 0: the slo floor compares chunked
     # prefills with the prompt run whole (thousands of tokens), an extrapolation that chunks
     # of <= 256 tokens pinned down poorly (the per-token cost falls with the chunk size, and

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from cadence.core.step_cost import FUSED_STEP_MAX_CHUNK, FUSED_STEP_MAX_ROWS
 from cadence.model.attention_metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -30,10 +31,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Rows (new tokens) per step the stack takes: decode batches up to this size. Above it the
-# per-op path's torch GEMMs catch up with the packed kernel.
-STACK_MAX_ROWS = 64
-# Longest prefill chunk the stack takes (same bound as the paged kernel's chunk path).
-STACK_MAX_CHUNK = 32
+# per-op path's torch GEMMs catch up with the packed kernel. Longest prefill chunk the stack
+# takes (same bound as the paged kernel's chunk path). Both defined in core, whose step-cost
+# model prices the per-op path's fixed cost by them.
+STACK_MAX_ROWS = FUSED_STEP_MAX_ROWS
+STACK_MAX_CHUNK = FUSED_STEP_MAX_CHUNK
 ENV_SWITCH = "CADENCE_DECODE_STACK"
 
 

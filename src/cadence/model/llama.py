@@ -15,6 +15,7 @@ torch ops, which are also the reference the fast path is tested against.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -37,14 +38,18 @@ from cadence.model.rope import apply_rope, rope_cos_sin
 # bf16 GEMMs with at most this many rows use the AVX512-BF16 kernel (memory-bound decode); larger
 # ones (prefill, big batches) use torch's GEMM, which wins once the weights are reused enough.
 SMALL_GEMM_MAX_ROWS = 8
-# The per-op path of an int8 model runs GEMMs of at most this many rows on the fused stack's
-# packed int8 weights with integer dot products (linear_packed_f32) instead of torch's float32
+# The per-op path of an int8 or int4 model runs its GEMMs on the fused stack's packed weights
+# with integer dot products (linear_packed_f32), as the stack does, instead of torch's float32
 # GEMM on the dequantized weights. torch's GEMM costs a near-fixed ~100 ms per step at small M
-# on 2 Zen 3 cores (a 16-token chunk 175-180 ms vs 81-83 ms; 64 tokens 360-400 vs 290; 128
-# tokens 610-700 vs 560; 256 about even; 512 tokens 2110 vs 2220-2320: torch wins from there),
-# which made every prompt chunk between the stack's 32 tokens and ~256 slow per token, and so
-# made chunked prefill look (and be) costly next to running a prompt whole.
-PACKED_GEMM_MAX_ROWS = 256
+# on 2 Zen 3 cores (a 16-token chunk 175-180 ms vs 81-83 ms; 64 tokens 360-400 vs 290), which
+# made chunks between the stack's 32 tokens and ~256 slow per token. Past 256 rows torch's GEMM
+# was once about even (Zen 3, an earlier kernel: 512 tokens 2110 ms vs 2220-2320), so this was
+# 256; the packed kernels now win at every size measured (Zen 4, 2 threads, prompt of 512 /
+# 2048 tokens: int4 with VNNI 1459 / 928 tok/s vs 725 / 600 through torch; int8 1275 / 841 vs
+# 751 / 621; the AVX2 tier forced, int8: 902 / 648 vs 674 / 602), and with one path a token's
+# numbers no longer depend on how many rows its step had. CADENCE_PACKED_GEMM_MAX_ROWS=256
+# restores the old split (A/B runs).
+PACKED_GEMM_MAX_ROWS = int(os.environ.get("CADENCE_PACKED_GEMM_MAX_ROWS", "0")) or None
 
 # A callback the layer-by-layer forward makes between two layers (and mid-layer): the engine
 # runs an interjected short prompt there (cadence.engine.llm_engine).
@@ -85,7 +90,7 @@ class PackedInteger:
 
 
 def _uses_packed(packed: tuple | None, x: torch.Tensor) -> bool:
-    return packed is not None and x.shape[0] <= PACKED_GEMM_MAX_ROWS
+    return packed is not None and (PACKED_GEMM_MAX_ROWS is None or x.shape[0] <= PACKED_GEMM_MAX_ROWS)
 
 
 def _fuse_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -24,15 +24,15 @@ Samples = list[tuple[StepPlan, float]]
 
 
 def cost_model_from_samples(samples: Samples, name: str = "calibrated") -> LinearCostModel:
-    """A LinearCostModel fitted to (plan, seconds) samples: steps with a prompt chunk and
-    decode-only steps fitted apart when the profile has both (they take different executor
-    paths; LinearCostModel.decode_only). ValueError without samples."""
+    """A LinearCostModel fitted to (plan, seconds) samples: steps the fused stack takes
+    (decode-only, short chunks) and steps on the per-op path fitted apart when the profile has
+    enough of both (LinearCostModel.decode_only). ValueError without samples."""
     features = [(StepFeatures.of_plan(p), s) for p, s in samples]
-    with_prompt = [(f, s) for f, s in features if f.prefill_tokens > 0]
-    decode_only = [(f, s) for f, s in features if f.prefill_tokens == 0]
-    if len(with_prompt) >= 3 and len(decode_only) >= 2:
-        model = LinearCostModel(fit_coefficients(with_prompt), name=name,
-                                decode_only=fit_coefficients(decode_only))
+    per_op = [(f, s) for f, s in features if f.prompt_step]
+    stack = [(f, s) for f, s in features if not f.prompt_step]
+    if len(per_op) >= 3 and len(stack) >= 2:
+        model = LinearCostModel(fit_coefficients(per_op), name=name,
+                                decode_only=fit_coefficients(stack))
     else:
         model = LinearCostModel(fit_coefficients(features), name=name)
     # Prompt chunks of >= CURVE_MIN_TOKENS cost per token what the profile measured at their
