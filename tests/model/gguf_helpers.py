@@ -47,8 +47,10 @@ def gguf_name(hf: str) -> str:
 
 
 def write_tiny_gguf(hf_dir: str, out_path: str, arch: str | None = None,
-                    tensor_overrides: dict[str, np.ndarray] | None = None) -> str:
-    """GGUF (F32 tensors) of an HF tiny checkpoint; `arch` overrides general.architecture."""
+                    tensor_overrides: dict[str, np.ndarray] | None = None,
+                    layer_type: gguf.GGMLQuantizationType | None = None) -> str:
+    """GGUF (F32 tensors) of an HF tiny checkpoint; `arch` overrides general.architecture;
+    `layer_type` stores the layers' matmul weights quantized in that GGML type (Q8_0, Q4_1 ...)."""
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
     with open(os.path.join(hf_dir, "tokenizer.json")) as f:
@@ -88,7 +90,10 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str | None = None,
         target = gguf_name(name)
         if tensor_overrides and target in tensor_overrides:
             array = tensor_overrides[target]
-        writer.add_tensor(target, array)
+        if layer_type is not None and target.startswith("blk.") and array.ndim == 2:
+            writer.add_tensor(target, gguf.quants.quantize(array, layer_type), raw_dtype=layer_type)
+        else:
+            writer.add_tensor(target, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

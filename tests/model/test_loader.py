@@ -207,3 +207,30 @@ def test_engine_passes_quantization_to_the_loader(tiny_llama_d64_dir):
     llm = LLM(model=tiny_llama_d64_dir, quantization="bf16")
     model = llm.engine.executor.model
     assert model.lm_head.weight.dtype == torch.float32 and model.decode_weight_format == "bf16"
+
+
+@pytest.mark.parametrize("layer_type, fmt", [("Q4_1", "int4"), ("Q4_0", "int4"), ("Q8_0", "int8"), (None, None)])
+def test_auto_keeps_a_quantized_gguf_in_its_own_format(tiny_llama_d64_dir, tmp_path, layer_type, fmt):
+    """--dtype auto with --quantization auto: a GGUF whose layers are stored in 4 or 8 bits runs
+    in that format (int4, int8) on the float32 fast path, as llama.cpp runs such a file; a
+    float GGUF keeps the dtype rule; explicit settings win."""
+    import gguf
+
+    from cadence.model.fused_decode import has_f32_stack
+    from cadence.model.gguf_loader import gguf_weight_format
+    from cadence.model.kernels.cpu_ops import load_cpu_kernels
+
+    qtype = getattr(gguf.GGMLQuantizationType, layer_type) if layer_type else None
+    path = write_tiny_gguf(tiny_llama_d64_dir, str(tmp_path / "q.gguf"), layer_type=qtype)
+    assert gguf_weight_format(path) == fmt
+    loaded = load_model(path, device="cpu")
+    kernels = load_cpu_kernels()
+    if fmt is not None and kernels is not None and has_f32_stack(kernels):
+        assert loaded.dtype == torch.float32 and loaded.model.decode_weight_format == fmt
+    else:
+        assert loaded.dtype == resolve_dtype("auto", "cpu")
+        assert getattr(loaded.model, "decode_weight_format", "float32") != "int4"
+    # An explicit dtype or quantization is not overridden by the file.
+    explicit = load_model(path, dtype="float32", device="cpu")
+    assert getattr(explicit.model, "decode_weight_format", "float32") == "float32"
+    assert gguf_weight_format(str(tmp_path / "missing.gguf")) is None

@@ -71,8 +71,10 @@ class EngineConfig:
         default=None,
         metadata={"help": "How the CPU float32 fast path stores weights: int4 (4-bit with a float16 "
                           "scale and minimum per 32 weights, as GGUF's Q4_1; the LM head int8), "
-                          "int8 (a float32 scale per 32 weights), bf16, none (float32), or auto (default: int8 when --dtype "
-                          "auto computes in float32, i.e. on CPUs without native bf16).",
+                          "int8 (a float32 scale per 32 weights), bf16, none (float32), or auto (default: with --dtype auto "
+                          "on CPU, a GGUF stored in Q4_0/Q4_1 or Q8_0 keeps it as int4 or int8 computed in "
+                          "float32, as llama.cpp does; other models int8 where --dtype auto computes in "
+                          "float32, i.e. on CPUs without native bf16).",
                   "choices": ("auto", "none", "bf16", "int8", "int4")},
     )
     kv_cache_dtype: str = field(

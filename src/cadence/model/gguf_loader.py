@@ -152,6 +152,36 @@ def _tensors(reader: GGUFFile | gguf.GGUFReader, config: ModelConfig, rotary_per
         yield name, weight
 
 
+# GGUF types of the layers' matmul weights that the float32 fast path's integer formats hold
+# (fused_decode.WEIGHT_FORMATS): Q4_1 exactly (4 bits, a scale and a minimum per 32, what
+# `int4` stores), Q4_0 as a Q4_1 block with minimum -8 scales, Q8_0 in `int8`.
+_INTEGER_FORMAT_OF_TYPE = {
+    gguf.GGMLQuantizationType.Q4_0: "int4",
+    gguf.GGMLQuantizationType.Q4_1: "int4",
+    gguf.GGMLQuantizationType.Q8_0: "int8",
+}
+
+
+def gguf_weight_format(path: str) -> str | None:
+    """The integer weight format ("int4", "int8") that holds this GGUF file's layer weights as
+    stored, when most of them are of one such type; None for float or other quantized files
+    (and for anything unreadable: load_gguf reports that)."""
+    try:
+        reader = GGUFFile(path)
+    except (ValueError, OSError, EOFError, IndexError):
+        return None
+    counts: dict[str, int] = {}
+    for t in reader.tensors:
+        match = _LAYER_RE.match(t.name)
+        if match and match.group(2).endswith(".weight") and "norm" not in match.group(2):
+            fmt = _INTEGER_FORMAT_OF_TYPE.get(t.tensor_type, "other")
+            counts[fmt] = counts.get(fmt, 0) + 1
+    if not counts:
+        return None
+    best = max(counts, key=counts.get)
+    return best if best != "other" and counts[best] * 2 > sum(counts.values()) else None
+
+
 def load_gguf(path: str, dtype: torch.dtype,
               device: torch.device) -> tuple[LlamaForCausalLM, ModelConfig, Tokenizer]:
     """Model, config and tokenizer from a GGUF file; ModelLoadError on anything unexpected."""
