@@ -5,7 +5,8 @@ in one batch, again (now with prefix-cache hits), a few one at a time, and under
 small enough to preempt: every run gives the same texts.
 
 The guarantee holds in float32 on float32 or bf16 weights. Where `auto` resolves to bf16
-compute, or to int8 weights (which multiply int8-quantized activations: a summation-order
+compute, or to int8 or int4 weights (the default GGUF's own Q4_1 on CPUs with the float32 fused
+stack; integer weights multiply int8-quantized activations: a summation-order
 difference between the prefill and decode paths can move an activation across a rounding
 boundary), near-tied logits can flip depending on the chunk split, so the guarantee needs
 `deterministic=True` (`--deterministic`: float32 weights and compute): this test then turns it
@@ -35,13 +36,15 @@ MAX_TOKENS = 24
 
 
 def _default_config(**overrides) -> EngineConfig:
-    from cadence.model.loader import resolve_device, resolve_dtype, resolve_weight_storage
+    from cadence.model.loader import (default_model_path, file_weight_format, resolve_device, resolve_dtype,
+                                      resolve_weight_storage)
 
     cfg = EngineConfig(**overrides)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    if dtype.itemsize < 4 or resolve_weight_storage(cfg.quantization, cfg.dtype, dtype, device) == "int8":
-        # bf16/fp16 compute or int8 weights by default on this machine: the guarantee is
+    storage = resolve_weight_storage(cfg.quantization, cfg.dtype, dtype, device)
+    if dtype.itemsize < 4 or storage in ("int8", "int4") or file_weight_format(cfg.model or default_model_path(), device):
+        # bf16/fp16 compute or integer weights by default on this machine: the guarantee is
         # --deterministic's.
         cfg = EngineConfig(deterministic=True, **overrides)
     return cfg

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from cadence.core.plan import ScheduledChunk, StepOutput, StepPlan
 from cadence.core.sampling_params import SamplingParams
+from cadence.core.step_cost import StepFeatures
 
 # A token id that every vocabulary has.
 _TOKEN = 1
@@ -55,6 +56,10 @@ class ProfileShape:
 DEFAULT_SHAPES: tuple[ProfileShape, ...] = (
     ProfileShape(decodes=1),
     ProfileShape(decodes=4),
+    # 8 rows at two contexts: with only the long one, the fit could not tell a row's GEMM cost
+    # from its attention (on Zen 4's int4 stack it put 8 rows' cost on the attention pairs, 4.4
+    # us each, and priced every decode step at context 100-300 25-30% high).
+    ProfileShape(decodes=8),
     ProfileShape(decodes=8, decode_ctx=256),
     ProfileShape(chunk=32),
     # The smallest chunk the per-op path takes (FUSED_STEP_MAX_CHUNK): its fixed cost, next to
@@ -140,9 +145,16 @@ def profile_steps(
     # First-call costs (allocations, lazy packing, the first touch of a large activation
     # buffer) are not a step's cost: warm up on the largest step, which touches the most.
     execute(max(plans, key=lambda p: p.num_prefill_tokens + p.num_decode_tokens))
+    # Steps the fused stack takes (a few ms) run once untimed before their timed run: served
+    # decode steps come in runs of alike steps, and timed right after the round's 1024-token
+    # prefill (caches full of its activations) they read 15-25% slow on Zen 4 and the
+    # simulator priced every decode step that much high.
+    small = [not StepFeatures.of_plan(p).prompt_step for p in plans]
     times: list[list[float]] = [[] for _ in plans]
     for _ in range(max(1, repeats)):
-        for plan, shape_times in zip(plans, times):
+        for plan, shape_times, is_small in zip(plans, times, small):
+            if is_small:
+                execute(plan)
             t0 = time.perf_counter()
             execute(plan)
             shape_times.append(time.perf_counter() - t0)

@@ -11,14 +11,15 @@ model and no torch:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict
 from pathlib import Path
 
 from cadence.core.plan import StepPlan
-from cadence.core.step_cost import StepFeatures, fit_coefficients, prompt_token_curve
+from cadence.core.step_cost import CURVE_MIN_TOKENS, StepFeatures, fit_coefficients
 from cadence.core.step_profile import ProfileShape, build_plan, shape_of
-from cadence.sim.cost_model import LinearCostModel
+from cadence.sim.cost_model import LinearCostModel, StackRowCurve
 
 Samples = list[tuple[StepPlan, float]]
 
@@ -35,11 +36,56 @@ def cost_model_from_samples(samples: Samples, name: str = "calibrated") -> Linea
                                 decode_only=fit_coefficients(stack))
     else:
         model = LinearCostModel(fit_coefficients(features), name=name)
-    # Prompt chunks of >= CURVE_MIN_TOKENS cost per token what the profile measured at their
-    # size (the engine's slo floor reads the same curve): chunks of 128-256 tokens cost 10-20%
-    # more per token than a document's 1000-token chunk on the Zen 3 host.
-    model.prompt_token_curve = prompt_token_curve(features, model.prompt_step_time)
+    model.stack_rows = stack_row_curve(stack)
+    # Prompt tokens cost per token what the profile measured at the step's row count: chunks
+    # of 128-256 tokens cost 10-20% more per token than a document's 1000-token chunk on the
+    # Zen 3 host, 64-128 another 20-40% on Zen 4.
+    model.prompt_token_curve = rows_token_curve(per_op if len(per_op) >= 3 else features,
+                                                model.prompt_step_time)
     return model
+
+
+def rows_token_curve(samples: list[tuple[StepFeatures, float]], predict) -> tuple[tuple[int, float], ...]:
+    """(step rows, seconds per prompt token) from the profile's steps with at least
+    CURVE_MIN_TOKENS prompt tokens: the step's time less what the fit gives all but its prompt
+    tokens (fixed costs, decode rows, attention), per prompt token; the median per row count.
+    Unlike the slo floor's curve (lone chunks from position 0, by chunk size) it takes every
+    such step, so the mixed chunks of 64-128 tokens price the small end (below the lone 256,
+    the curve had nothing and held 256's cost: a 128-token chunk came out 13-17% short)."""
+    by_rows: dict[int, list[float]] = {}
+    for f, seconds in samples:
+        n = f.prefill_tokens
+        if n < CURVE_MIN_TOKENS or not (isinstance(seconds, (int, float)) and seconds > 0):
+            continue
+        others = predict(dataclasses.replace(f, prefill_tokens=0))
+        per_token = (seconds - others) / n
+        if per_token > 0:
+            by_rows.setdefault(f.num_tokens, []).append(per_token)
+    return tuple((rows, sorted(v)[len(v) // 2]) for rows, v in sorted(by_rows.items()))
+
+
+def stack_row_curve(stack: list[tuple[StepFeatures, float]]) -> StackRowCurve | None:
+    """The fused stack's cost by row count (StackRowCurve) from the profile's stack steps: the
+    per-pair cost from two decode steps of one row count at two contexts, each step's time less
+    its attention as a point (the median where a row count was timed at several contexts).
+    None without such a pair (the linear fit then prices stack steps)."""
+    by_rows: dict[int, list[tuple[int, float]]] = {}
+    for f, seconds in stack:
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            by_rows.setdefault(f.num_tokens, []).append((f.attention_pairs, seconds))
+    slopes = []
+    for pts in by_rows.values():
+        lo, hi = min(pts), max(pts)
+        if hi[0] > lo[0]:
+            slopes.append(max(0.0, (hi[1] - lo[1]) / (hi[0] - lo[0])))
+    if not slopes:
+        return None
+    per_pair = sorted(slopes)[len(slopes) // 2]
+    points = []
+    for rows, pts in by_rows.items():
+        costs = sorted(s - per_pair * pairs for pairs, s in pts)
+        points.append((rows, max(0.0, costs[len(costs) // 2])))
+    return StackRowCurve(points, per_pair)
 
 
 def save_profile(path: str | Path, samples: Samples, machine: str = "") -> None:

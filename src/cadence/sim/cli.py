@@ -91,6 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run six workloads (streams, document lengths, eager/chunked/slo) on the real "
         "engine and in the simulator calibrated on this machine; print each metric's error",
     )
+    parser.add_argument("--validate-repeats", type=int, default=2, metavar="N",
+                        help="--validate: real runs per workload, their metrics averaged (default: 2)")
     parser.add_argument("--validate-scale", type=float, default=1.0, metavar="X",
                         help="--validate: multiply the workloads' token counts (default: 1)")
     work = parser.add_argument_group("doc-burst workload")
@@ -135,8 +137,12 @@ def run_validation(args: argparse.Namespace) -> int:
     from cadence.sim.validate import ACCEPTANCE, compare, default_cases, profile_machine
     from cadence.sim.validate import run_real, run_sim
 
+    from cadence.sim.validate import measure_engine_overhead
+
     loaded, samples = _machine_profile(args)
     cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
+    overhead = measure_engine_overhead(loaded)
+    cost_model.engine_overhead = overhead
     console = Console(width=160)
     c = cost_model.coefficients
     console.print(
@@ -145,6 +151,8 @@ def run_validation(args: argparse.Namespace) -> int:
         f"{c.per_decode_token_s * 1e3:.3f} ms/token, attention {c.per_attention_pair_s * 1e9:.2f}"
         f" ns/pair (+{c.per_context_pair_s * 1e9:.2f} against cached context)"
     )
+    console.print(f"engine overhead per step (outside the executor): {overhead[0] * 1e3:.2f} ms "
+                  f"+ {overhead[1] * 1e3:.3f} ms per sequence")
     if cost_model.decode_only is not None:
         d = cost_model.decode_only
         console.print(f"decode-only steps: base {d.base_s * 1e3:.1f} ms, decode "
@@ -154,16 +162,18 @@ def run_validation(args: argparse.Namespace) -> int:
         table.add_column(col, justify="right" if col != "workload" else "left")
     worst = 0.0
     rows_json = []
-    for i, case in enumerate(default_cases(args.validate_scale)):
-        if i:
-            # A fresh profile right before each workload: on a shared host the load drifts
-            # over the minutes the real runs take, and one profile from the start mis-scaled
-            # later workloads by 30-50% in both directions (the sim predicts the machine as it
-            # is during the run, which is what a calibration can know).
-            samples = profile_machine(loaded)
-            cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
+    for case in default_cases(args.validate_scale):
+        # A fresh profile right before each workload: on a shared host the load drifts
+        # over the minutes the real runs take, and one profile from the start mis-scaled
+        # later workloads by 30-50% in both directions (the sim predicts the machine as it
+        # is during the run, which is what a calibration can know). The first workload
+        # too: the profile right after loading (and after measuring the engine's overhead)
+        # priced its 512-token step 18% high in one run.
+        samples = profile_machine(loaded)
+        cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
+        cost_model.engine_overhead = overhead
         console.print(f"running {case.name} ...")
-        real = run_real(loaded, case, samples)
+        real = [run_real(loaded, case, samples) for _ in range(max(1, args.validate_repeats))]
         sim = run_sim(case, cost_model, samples, loaded.config.vocab_size)
         for row in compare(case, real, sim):
             err = row.error

@@ -15,10 +15,11 @@ coefficients (e.g. fitted from a trace file).
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from cadence.core.plan import StepPlan
-from cadence.core.step_cost import CURVE_MIN_TOKENS, StepCostCoefficients, StepFeatures, token_cost_at
+from cadence.core.step_cost import CURVE_MIN_TOKENS, StepCostCoefficients, StepFeatures
 from cadence.sim.hardware import HardwareProfile
 from cadence.sim.model_shape import ModelShape
 
@@ -78,6 +79,13 @@ class LinearCostModel:
         # least CURVE_MIN_TOKENS are priced on it instead of the constant per-token term
         # (core/step_cost.py prompt_token_curve; empty: the linear model alone).
         self.prompt_token_curve: tuple[tuple[int, float], ...] = ()
+        # (fixed, per sequence) seconds a real engine's step costs outside its executor
+        # (cadence.sim.validate.measure_engine_overhead); zero: the executor's time alone.
+        self.engine_overhead: tuple[float, float] = (0.0, 0.0)
+        # Steps the fused stack takes, priced by their row count (interpolated between the
+        # profile's steps) plus a per-pair attention cost, when a profile gives one
+        # (cadence.sim.calibration.stack_row_curve); None: `decode_only`'s linear fit.
+        self.stack_rows: StackRowCurve | None = None
 
     def prompt_step_time(self, features: StepFeatures) -> float:
         """The linear model's seconds for `features` as a step with a prompt chunk."""
@@ -87,6 +95,10 @@ class LinearCostModel:
         if plan.is_empty:
             return 0.0
         f = StepFeatures.of_plan(plan)
+        fixed, per_seq = self.engine_overhead
+        overhead = fixed + per_seq * len(plan.chunks)
+        if self.stack_rows is not None and not f.prompt_step:
+            return max(0.0, self.stack_rows.seconds(f)) + overhead
         c = self.coefficients
         if self.decode_only is not None and not f.prompt_step:
             c = self.decode_only
@@ -96,9 +108,8 @@ class LinearCostModel:
         # four 51-token prompts took the constant per-token term, 19% short on Zen 4 bf16.
         rows = f.num_tokens
         if f.prefill_tokens and rows >= CURVE_MIN_TOKENS and self.prompt_token_curve:
-            seconds += (token_cost_at(self.prompt_token_curve, rows, c.per_prefill_token_s)
-                        - c.per_prefill_token_s) * f.prefill_tokens
-        return max(0.0, seconds)
+            seconds += (interpolate_log(self.prompt_token_curve, rows) - c.per_prefill_token_s) * f.prefill_tokens
+        return max(0.0, seconds) + overhead
 
     @staticmethod
     def _linear(f: StepFeatures, c: StepCostCoefficients) -> float:
@@ -110,3 +121,44 @@ class LinearCostModel:
             + c.per_context_pair_s * f.context_pairs
             + c.prompt_step_s * f.prompt_step
         )
+
+
+class StackRowCurve:
+    """A fused-stack step's seconds: a cost by its row count, interpolated linearly between the
+    profile's steps (each less its attention), plus `per_pair` seconds per attention pair.
+
+    Why not linear in rows: the stack's integer GEMMs take rows a few at a time, so on Zen 4's
+    int4 stack 1, 2 and 4 rows cost about the same (4.6-5.0 ms) and 8 twice that (11.9 ms); a
+    linear fit of that put the difference on the attention pairs and priced every decode step
+    at context 100-300 25-30% high."""
+
+    def __init__(self, points: list[tuple[int, float]], per_pair: float) -> None:
+        if not points:
+            raise ValueError("a stack row curve needs at least one point")
+        self.points = sorted(points)
+        self.per_pair = per_pair
+
+    def rows_cost(self, rows: int) -> float:
+        pts = self.points
+        if rows <= pts[0][0] or len(pts) == 1:
+            return pts[0][1] if rows <= pts[0][0] else pts[0][1] * rows / max(1, pts[0][0])
+        for (r0, c0), (r1, c1) in zip(pts, pts[1:]):
+            if rows <= r1:
+                return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
+        (r0, c0), (r1, c1) = pts[-2], pts[-1]
+        return c1 + max(0.0, (c1 - c0) / (r1 - r0)) * (rows - r1)
+
+    def seconds(self, f: StepFeatures) -> float:
+        return self.rows_cost(f.num_tokens) + self.per_pair * f.attention_pairs
+
+
+def interpolate_log(curve: tuple[tuple[int, float], ...], x: int) -> float:
+    """The curve's value at x: linear in log x between its points, its end values beyond them.
+    (Measured as it is: unlike the slo floor's curve, not forced to fall with size, which let
+    one low small-chunk point price every larger step low.)"""
+    if x <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
+    return curve[-1][1]
