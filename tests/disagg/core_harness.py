@@ -19,10 +19,10 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 def make_core(loaded, role, *, num_blocks=None, block_size=4, budget=64, max_seqs=8,
               address=None, lease_timeout_s=30.0, transfer_timeout_s=5.0, policy="chunked",
-              trace_path=None):
+              trace_path=None, **sched):
     cfg = EngineConfig(
         scheduler=SchedulerConfig(policy=policy, max_num_batched_tokens=budget,
-                                  max_num_seqs=max_seqs),
+                                  max_num_seqs=max_seqs, **sched),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks or 256),
         trace_path=trace_path)
     engine = LLMEngine.from_loaded(loaded, cfg)

@@ -175,7 +175,9 @@ def _assert_pool_clean(worker: Proc) -> None:
         if clean or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert clean, (worker.url, m)
+    kv = {k: v for k, v in m.items()
+          if k.startswith(("cadence:kv_", "cadence:num_requests", "cadence:kv_leases"))}
+    assert clean, f"{worker.url}: " + ", ".join(f"{k}={v:g}" for k, v in kv.items())
 
 
 def _kill_mid_prefill(worker: Proc) -> None:

@@ -187,6 +187,55 @@ def test_lease_expiry_and_abort_before_pull(tiny, prompts, tmp_path):
         dec.close()
 
 
+def test_short_prompt_interjected_into_a_long_prefill_is_handed_off(tiny, prompts, reference):
+    # A short prompt that reaches the prefill worker while a long prompt's step computes runs
+    # between two of its layers (the loop's emit hook sends its output at once). It must come
+    # out as a handoff like any other, its blocks leased for the decode worker: not as a
+    # finished one-token answer with its blocks held for ever.
+    pre = make_core(tiny, "prefill", budget=512, max_num_partial_prefills=2,
+                    max_model_len=1000)
+    dec = make_core(tiny, "decode")
+    emitted = []
+    added = []
+
+    def poll():
+        if not added:
+            added.append(True)
+            pre.add_request("short", prompts[0], GREEDY, 0, None,
+                            kv_transfer_params={"do_remote_decode": True})
+
+    pre.set_interjection_hooks(poll, emitted.extend)
+    try:
+        long_ids = (prompts[3] * 12)[:200]
+        pre.add_request("long", long_ids, GREEDY, 0, None,
+                        kv_transfer_params={"do_remote_decode": True})
+        outs = pre.step()
+        assert pre.scheduler.num_interjections_total == 1
+        assert [o.req_id for o in emitted] == ["short"] and emitted[0].finished
+        params = emitted[0].kv_transfer_params
+        assert params is not None and params["do_remote_prefill"], emitted[0]
+        assert len(pre.leases) == 2  # both prompts whole in this step, both leased
+        assert [o.req_id for o in outs if o.finished] == ["long"]
+        assert outs[-1].kv_transfer_params["do_remote_prefill"]
+        dec.add_request("short", prompts[0], GREEDY, 0, None, kv_transfer_params=params)
+        got = drive(dec, {})
+        assert tokens(got["short"]) == reference[0]
+        # The short prompt's lease was released by the decode side; the long one's expires
+        # or is released the same way: no block is held by a finished request.
+        dec.add_request("long", long_ids, GREEDY, 0, None,
+                        kv_transfer_params=outs[-1].kv_transfer_params)
+        drive(dec, {})
+        deadline = time.monotonic() + 5
+        while pre.scheduler.stats().num_blocks_used and time.monotonic() < deadline:
+            pre.service()
+            time.sleep(0.01)
+        assert pre.scheduler.stats().num_blocks_used == 0 and len(pre.leases) == 0
+        pre.scheduler.check_integrity()
+    finally:
+        pre.close()
+        dec.close()
+
+
 def test_role_checks(tiny, prompts):
     dec = make_core(tiny, "decode")
     try:

@@ -296,9 +296,22 @@ class DisaggEngineCore:
         self.service()
         if self._test_prefill_step_delay_s and self._prefill:
             time.sleep(self._test_prefill_step_delay_s)
-        outputs = list(self.inner.step())
+        outputs = self._finished_here(list(self.inner.step()))
         if self.puller is not None:
             self._start_loads()
+        return outputs
+
+    def set_interjection_hooks(self, poll: Any, emit: Any) -> None:
+        """The inner engine's hooks, with the interjected steps' outputs passed through this
+        role's handling first: a short prompt prefilled inside a long step is leased and
+        answered with its handoff like any other (not left holding its blocks)."""
+        wrapped = None if emit is None else (lambda outputs: emit(self._finished_here(
+            list(outputs))))
+        self.inner.set_interjection_hooks(poll, wrapped)
+
+    def _finished_here(self, outputs: list[Any]) -> list[Any]:
+        """Finished requests of either role: a prefill's lease and handoff, a decode's release
+        of the remote lease and its transfer record."""
         for i, out in enumerate(outputs):
             if not out.finished:
                 continue
