@@ -91,8 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run six workloads (streams, document lengths, eager/chunked/slo) on the real "
         "engine and in the simulator calibrated on this machine; print each metric's error",
     )
-    parser.add_argument("--validate-repeats", type=int, default=2, metavar="N",
-                        help="--validate: real runs per workload, their metrics averaged (default: 2)")
+    parser.add_argument("--validate-repeats", type=int, default=3, metavar="N",
+                        help="--validate: real runs per workload, each after its own profile and paired with a simulation calibrated on it; metrics averaged (default: 3)")
     parser.add_argument("--validate-scale", type=float, default=1.0, metavar="X",
                         help="--validate: multiply the workloads' token counts (default: 1)")
     work = parser.add_argument_group("doc-burst workload")
@@ -163,18 +163,22 @@ def run_validation(args: argparse.Namespace) -> int:
     worst = 0.0
     rows_json = []
     for case in default_cases(args.validate_scale):
-        # A fresh profile right before each workload: on a shared host the load drifts
-        # over the minutes the real runs take, and one profile from the start mis-scaled
-        # later workloads by 30-50% in both directions (the sim predicts the machine as it
-        # is during the run, which is what a calibration can know). The first workload
-        # too: the profile right after loading (and after measuring the engine's overhead)
-        # priced its 512-token step 18% high in one run.
-        samples = profile_machine(loaded)
-        cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
-        cost_model.engine_overhead = overhead
+        # A fresh profile right before each real run, and a simulation calibrated on it: on a
+        # shared host the load drifts over the minutes the real runs take, and one profile
+        # from the start mis-scaled later workloads by 30-50% in both directions (the sim
+        # predicts the machine as it is during the run, which is what a calibration can
+        # know); one profile per workload still left single workloads 20-25% off when the
+        # host's speed moved between its profile and its later real runs. The first
+        # workload too: the profile right after loading (and after measuring the engine's
+        # overhead) priced its 512-token step 18% high in one run.
         console.print(f"running {case.name} ...")
-        real = [run_real(loaded, case, samples) for _ in range(max(1, args.validate_repeats))]
-        sim = run_sim(case, cost_model, samples, loaded.config.vocab_size)
+        real, sim = [], []
+        for _ in range(max(1, args.validate_repeats)):
+            samples = profile_machine(loaded)
+            cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
+            cost_model.engine_overhead = overhead
+            real.append(run_real(loaded, case, samples))
+            sim.append(run_sim(case, cost_model, samples, loaded.config.vocab_size))
         for row in compare(case, real, sim):
             err = row.error
             if row.metric in ACCEPTANCE and err is not None:

@@ -199,18 +199,21 @@ class Row:
         return (self.sim_s - self.real_s) / self.real_s
 
 
-def compare(case: Case, real: SimResult | list[SimResult], sim: SimResult) -> list[Row]:
-    """Each metric of the real run (the mean over several runs of the case: on a shared 2-core
-    host one run's steps drift 10-15% from the profile taken just before it) and of the
-    simulation."""
+def compare(case: Case, real: SimResult | list[SimResult],
+            sim: SimResult | list[SimResult]) -> list[Row]:
+    """Each metric of the real runs and of the simulations, each side's mean over its runs (on
+    a shared 2-core host one run's steps drift 10-15% from the profile taken just before it,
+    and the host's speed moves by more than that over the minutes a validation takes: each
+    real run is paired with a simulation calibrated on a profile taken right before it)."""
     reals = real if isinstance(real, list) else [real]
-    ss = summarize(sim)
-    rows = []
-    for label, get in METRICS:
-        values = [get(r, summarize(r)) for r in reals]
+    sims = sim if isinstance(sim, list) else [sim]
+
+    def mean(results: list[SimResult], get) -> float | None:
+        values = [get(r, summarize(r)) for r in results]
         values = [v for v in values if v is not None]
-        rows.append(Row(case.name, label, sum(values) / len(values) if values else None, get(sim, ss)))
-    return rows
+        return sum(values) / len(values) if values else None
+
+    return [Row(case.name, label, mean(reals, get), mean(sims, get)) for label, get in METRICS]
 
 
 __all__ = ["ACCEPTANCE", "Case", "Row", "STREAM", "compare", "default_cases", "measure_engine_overhead",
