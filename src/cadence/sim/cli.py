@@ -92,7 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "engine and in the simulator calibrated on this machine; print each metric's error",
     )
     parser.add_argument("--validate-repeats", type=int, default=3, metavar="N",
-                        help="--validate: real runs per workload, each after its own profile and paired with a simulation calibrated on it; metrics averaged (default: 3)")
+                        help="--validate: real runs per workload, each after its own profile and paired "
+                        "with a simulation calibrated on it; errors: the median over the pairs "
+                        "(default: 3)")
     parser.add_argument("--validate-scale", type=float, default=1.0, metavar="X",
                         help="--validate: multiply the workloads' token counts (default: 1)")
     work = parser.add_argument_group("doc-burst workload")
@@ -157,7 +159,8 @@ def run_validation(args: argparse.Namespace) -> int:
         d = cost_model.decode_only
         console.print(f"decode-only steps: base {d.base_s * 1e3:.1f} ms, decode "
                       f"{d.per_decode_token_s * 1e3:.3f} ms/token")
-    table = Table(title="simulator vs real engine (error = (sim - real) / real)")
+    table = Table(title="simulator vs real engine (medians of the runs; error: the median over the "
+                        "pairs of (sim - real) / real)")
     for col in ("workload", "metric", "real (ms)", "sim (ms)", "error"):
         table.add_column(col, justify="right" if col != "workload" else "left")
     worst = 0.0

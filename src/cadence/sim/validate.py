@@ -12,6 +12,7 @@ engine does; the simulator jumps its virtual clock.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -190,10 +191,15 @@ class Row:
     metric: str
     real_s: float | None
     sim_s: float | None
+    # The median of the per-pair errors where the runs came in pairs (a real run and the
+    # simulation calibrated on the profile taken right before it); else None (see error).
+    pair_error: float | None = None
 
     @property
     def error(self) -> float | None:
-        """(sim - real) / real."""
+        """(sim - real) / real: the median of the pairs' errors, else of the two values."""
+        if self.pair_error is not None:
+            return self.pair_error
         if self.real_s is None or self.sim_s is None or self.real_s <= 0:
             return None
         return (self.sim_s - self.real_s) / self.real_s
@@ -201,19 +207,28 @@ class Row:
 
 def compare(case: Case, real: SimResult | list[SimResult],
             sim: SimResult | list[SimResult]) -> list[Row]:
-    """Each metric of the real runs and of the simulations, each side's mean over its runs (on
-    a shared 2-core host one run's steps drift 10-15% from the profile taken just before it,
-    and the host's speed moves by more than that over the minutes a validation takes: each
-    real run is paired with a simulation calibrated on a profile taken right before it)."""
+    """Each metric of the real runs and of the simulations (each side's median). On a shared
+    2-core host one run's steps drift 10-15% from the profile taken just before it, and the
+    host's speed moves by more than that over the minutes a validation takes; so each real
+    run comes paired with a simulation calibrated on a profile taken right before it (lists
+    of equal length), and the error is the median of the pairs' errors: one pair whose host
+    slowed down between its profile and its run moves it less than it moves a mean."""
     reals = real if isinstance(real, list) else [real]
     sims = sim if isinstance(sim, list) else [sim]
+    paired = len(reals) == len(sims) > 1
+    rows = []
+    for label, get in METRICS:
+        r = [get(x, summarize(x)) for x in reals]
+        s = [get(x, summarize(x)) for x in sims]
+        errors = [(b - a) / a for a, b in zip(r, s) if a is not None and b is not None and a > 0]
+        pair_error = statistics.median(errors) if paired and errors else None
+        rows.append(Row(case.name, label, _median(r), _median(s), pair_error))
+    return rows
 
-    def mean(results: list[SimResult], get) -> float | None:
-        values = [get(r, summarize(r)) for r in results]
-        values = [v for v in values if v is not None]
-        return sum(values) / len(values) if values else None
 
-    return [Row(case.name, label, mean(reals, get), mean(sims, get)) for label, get in METRICS]
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 __all__ = ["ACCEPTANCE", "Case", "Row", "STREAM", "compare", "default_cases", "measure_engine_overhead",
