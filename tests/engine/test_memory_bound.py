@@ -7,7 +7,7 @@ import pytest
 from cadence.core.config import CacheConfig
 from cadence.engine.config import EngineConfig
 from cadence.engine.llm_engine import LLMEngine
-from cadence.engine.memory_bound import activation_bytes, available_bytes
+from cadence.engine.memory_bound import activation_bytes, available_bytes, model_bytes
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +30,17 @@ def test_bound_is_stated_and_adds_up(tiny_loaded, capsys):
                                                       sched.max_num_seqs)
     assert bound.total_bytes == bound.weights_bytes + bound.kv_pool_bytes + bound.activation_bytes
     engine.close()
+
+
+def test_weights_are_counted_once_per_storage(tiny_loaded):
+    # The fused qkv and gate/up buffers hold the rows the child projections' weights view:
+    # the weights take what the parameters take, not that plus the fused copies.
+    model = tiny_loaded.model
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    fused = sum(b.numel() * b.element_size() for name, b in model.named_buffers()
+                if name.endswith("fused_weight"))
+    assert fused > 0
+    assert model_bytes(model) == params
 
 
 def test_pool_that_cannot_fit_fails_at_startup(tiny_loaded):
