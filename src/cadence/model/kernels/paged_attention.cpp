@@ -256,7 +256,7 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
   const int32_t* bt = block_tables.data_ptr<int32_t>();
   const int64_t* seq = row_seq.data_ptr<int64_t>();
   const int64_t* lens = ctx_lens.data_ptr<int64_t>();
-  avx2::SpanItems plan(lens, N, Hq, D);
+  avx2::SpanItems plan(lens, seq, N, Hq, D);
   const int64_t items = plan.items();
   const int64_t total_positions = std::accumulate(lens, lens + N, int64_t{0});
   // Small batches run on the calling thread (waking the sleeping OpenMP team costs more).
@@ -271,7 +271,7 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
       const int32_t* table = bt + seq[n] * max_blocks;
       auto run = [&](auto attend) {
         attend(qp + n * Hq * D, G, Hkv, kp, vp, table, block_size, p0, p1, fscale, scores.data(), plan.max_of(i),
-               plan.sum_of(i), plan.acc_of(i));
+               plan.sum_of(i), plan.acc_of(i), plan.copy[n]);
       };
       if (D == 64) run(avx2::attend_span_f32<64>);
       else run(avx2::attend_span_f32<128>);

@@ -10,11 +10,14 @@
 // Each item returns unnormalised partials (max, sum of exp, weighted value sum) per query head;
 // merge_partials combines a row's spans (flash-decoding).
 //
-// An item first copies its span's K rows (later its V rows) block by block into a contiguous
-// per-thread buffer and computes from there: the cache blocks of a real pool are scattered, and
-// computing straight from them, even with software prefetch, read them at a third of the rate a
-// plain copy of each block reaches (Zen 4, 2 threads, batch 32 at context 512: 2.2-2.8 ms a
-// layer from the blocks, 1.25-1.3 ms with the copy; the copy, 196 KB at Hkv 3, D 64, stays in L2).
+// An item of a row whose sequence has no other row in the step (a decode row) first copies its
+// span's K rows (later its V rows) block by block into a contiguous per-thread buffer and
+// computes from there: the cache blocks of a real pool are scattered, and computing straight
+// from them, even with software prefetch, read them at a third of the rate a plain copy of each
+// block reaches (Zen 4, 2 threads, batch 32 at context 512: 2.2-2.8 ms a layer from the blocks,
+// 1.25-1.3 ms with the copy; the copy, 196 KB at Hkv 3, D 64, stays in L2). The rows of a prompt
+// chunk share their sequence's blocks, which the first of them brings into the caches: they
+// compute in place (a 32-token chunk at context 512 took 1.5x as long with the copies).
 #pragma once
 
 #include <algorithm>
@@ -117,7 +120,7 @@ inline void values_pass(const float* p, const float* const* vrow, int64_t voff, 
 template <int D>
 void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const float* kc, const float* vc,
                      const int32_t* table, int64_t block_size, int64_t p0, int64_t p1, float scale,
-                     float* scores, float* max_out, float* sum_out, float* acc_out) {
+                     float* scores, float* max_out, float* sum_out, float* acc_out, bool copy_rows) {
   static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
   const int64_t stride = Hkv * D, Hq = G * Hkv;
   const int64_t span = p1 - p0;
@@ -135,11 +138,12 @@ void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const float* kc, co
     }
     pos += count;
   }
-  // The span's rows copied into `gathered` (one memcpy per run of adjacent rows: a block, or
-  // several adjacent blocks), `rows` repointed at the copies.
+  // With copy_rows, the span's rows copied into `gathered` (one memcpy per run of adjacent
+  // rows: a block, or several adjacent blocks), `rows` repointed at the copies.
   thread_local std::vector<float> gathered;
-  gathered.resize(static_cast<size_t>(span * stride));
+  if (copy_rows) gathered.resize(static_cast<size_t>(span * stride));
   auto gather = [&](const float** rows) {
+    if (!copy_rows) return;
     float* dst = gathered.data();
     for (int64_t i = 0; i < span;) {
       int64_t n = 1;
@@ -185,9 +189,18 @@ struct SpanItems {
   std::vector<int64_t> base;  // base[n]: row n's first item; base[N]: the item count
   std::vector<int64_t> row;   // row[i]: item i's row
   std::vector<float> max, sum, acc;
+  // copy[n]: row n's sequence has no other row in the batch (its items copy their rows first).
+  std::vector<char> copy;
   int64_t Hq, D;
 
-  SpanItems(const int64_t* lens, int64_t N, int64_t Hq_, int64_t D_) : base(N + 1, 0), Hq(Hq_), D(D_) {
+  SpanItems(const int64_t* lens, const int64_t* row_seq, int64_t N, int64_t Hq_, int64_t D_)
+      : base(N + 1, 0), copy(N, 1), Hq(Hq_), D(D_) {
+    std::vector<int64_t> sorted(row_seq, row_seq + N);
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t n = 0; n < N; ++n) {
+      const auto [lo, hi] = std::equal_range(sorted.begin(), sorted.end(), row_seq[n]);
+      copy[n] = (hi - lo) == 1;
+    }
     for (int64_t n = 0; n < N; ++n) base[n + 1] = base[n] + num_spans(lens[n]);
     row.resize(base[N]);
     for (int64_t n = 0; n < N; ++n)

@@ -124,7 +124,7 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
   const float* sp = s.data_ptr<float>();
 
   // Attention items (row, span) and their partials.
-  avx2::SpanItems plan(lenp, T, Hq, D);
+  avx2::SpanItems plan(lenp, seqp, T, Hq, D);
   const int64_t items = plan.items();
 
   std::vector<float> qkv_buf(T * qkv_width), attn_buf(T * Hq * D), o_buf(T * H), act_buf(T * I), down_buf(T * H),
@@ -200,10 +200,10 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
           const int32_t* table = btp + seqp[t] * max_blocks;
           if (D == 64)
             avx2::attend_span_f32<64>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
-                                      plan.max_of(i), plan.sum_of(i), plan.acc_of(i));
+                                      plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
           else
             avx2::attend_span_f32<128>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
-                                       plan.max_of(i), plan.sum_of(i), plan.acc_of(i));
+                                       plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
         }
         sync();
         {
