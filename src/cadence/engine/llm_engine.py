@@ -46,6 +46,13 @@ class LLMEngine:
         loaded = load_model(cfg.model, dtype=cfg.model_dtype, device=cfg.device,
                             quantization=cfg.quantization)
         self._build(apply_model_overrides(loaded, cfg), cfg)
+        # This engine owns its model: an int8/int4 model whose every CPU path runs on the
+        # packed integer weights gives back its float32 copies (from_loaded engines share
+        # theirs with callers that may still use them).
+        release = getattr(loaded.model, "release_float_weights", None)
+        if release is not None and release():
+            logger.info("float32 GEMM weights released: the %s packed weights serve every path",
+                        loaded.model.decode_weight_format)
 
     @classmethod
     def from_loaded(cls, loaded: Any, cfg: EngineConfig | None = None) -> LLMEngine:

@@ -15,6 +15,7 @@ torch ops, which are also the reference the fast path is tested against.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,6 +92,17 @@ class PackedInteger:
 
 def _uses_packed(packed: tuple | None, x: torch.Tensor) -> bool:
     return packed is not None and (PACKED_GEMM_MAX_ROWS is None or x.shape[0] <= PACKED_GEMM_MAX_ROWS)
+
+
+def _return_freed_memory() -> None:
+    """Give freed heap memory back to the OS (glibc's malloc_trim; elsewhere nothing). The
+    released layer weights were allocated below glibc's mmap threshold, on the heap, where a
+    free keeps the pages in the process (its RSS did not move without this)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _fuse_rows(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -302,19 +314,54 @@ class LlamaForCausalLM(nn.Module):
         # Storage of the float32 fast path's packed weights: float32, bf16 or int8 (the loader
         # sets it from `--quantization`; fused_decode.resolve_weight_format).
         self.decode_weight_format = "float32"
+        self._float_weights_released = False  # release_float_weights
         self.register_load_state_dict_post_hook(lambda module, _keys: module.drop_packed_weights())
 
     def drop_packed_weights(self) -> None:
         """Forget the packed weight copies (call after changing weights in place)."""
+        self._check_float_weights("repacking the weights")
         self._decode_stack = None
         self._packed_lm_head = None
         for layer in self.model.layers:
             layer.self_attn.packed = layer.mlp.packed = None
 
+    def release_float_weights(self) -> bool:
+        """Free the decoder layers' float32 GEMM weights where every CPU path computes on the
+        fused stack's packed integer copies (int8 / int4 models with the stack built and
+        attached to the per-op path at every row count): for SmolLM2 from its Q4_1 file, 425
+        MiB of float32 next to ~60 MiB of int4 it no longer reads. An engine that owns its
+        model calls it after warming up; the model then refuses the pure-torch path and
+        weight changes (ValueError). False, and nothing freed, where some path still needs
+        the float32 weights."""
+        if self._float_weights_released:
+            return True
+        layers = self.model.layers
+        if (PACKED_GEMM_MAX_ROWS is not None or not self._decode_stack or not layers
+                or any(layer.self_attn.packed is None or layer.mlp.packed is None for layer in layers)):
+            return False
+        with torch.no_grad():
+            for layer in layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj,
+                            mlp.up_proj, mlp.down_proj):
+                    # [0, in_features]: the module keeps its shape contract, holds no rows.
+                    lin.weight = nn.Parameter(lin.weight.new_empty(0, lin.in_features),
+                                              requires_grad=False)
+                attn.fused_weight = mlp.fused_weight = None  # fused_bias stays: packed qkv adds it
+        self._float_weights_released = True
+        _return_freed_memory()
+        return True
+
+    def _check_float_weights(self, what: str) -> None:
+        if self._float_weights_released:
+            raise ValueError(f"{what} needs the float32 weights, released by release_float_weights() "
+                             "(the engine computes on the packed integer copies)")
+
     def set_decode_weight_format(self, fmt: str) -> None:
         """Store the float32 fast path's weights as `fmt` (float32, bf16 or int8): the model's
         GEMM weights become the values of their compressed packed copies
         (fused_decode.round_weights_to_format), so every path computes with the same weights."""
+        self._check_float_weights("set_decode_weight_format")
         if fmt not in WEIGHT_FORMATS:
             raise ValueError(f"unknown weight format {fmt!r}; use one of {sorted(WEIGHT_FORMATS)}")
         if fmt != "float32" and self.lm_head.weight.dtype != torch.float32:
@@ -398,6 +445,7 @@ class LlamaForCausalLM(nn.Module):
         kernels = cpu_kernels_for(x) if use_kernels and kv.dtype == x.dtype else None
         if kernels is not None:
             return self._forward_cpu(x, positions, meta, kv, kernels, between_layers)
+        self._check_float_weights("the pure-torch forward")
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         for i, layer in enumerate(self.model.layers):
             if i and between_layers is not None:
