@@ -328,8 +328,8 @@ class LlamaForCausalLM(nn.Module):
     def release_float_weights(self) -> bool:
         """Free the decoder layers' float32 GEMM weights where every CPU path computes on the
         fused stack's packed integer copies (int8 / int4 models with the stack built and
-        attached to the per-op path at every row count): for SmolLM2 from its Q4_1 file, 425
-        MiB of float32 next to ~60 MiB of int4 it no longer reads. An engine that owns its
+        attached to the per-op path at every row count): for SmolLM2 from its Q4_1 file, ~405
+        MiB of float32 it no longer reads, next to ~60 MiB of packed int4. An engine that owns its
         model calls it after warming up; the model then refuses the pure-torch path and
         weight changes (ValueError). False, and nothing freed, where some path still needs
         the float32 weights."""

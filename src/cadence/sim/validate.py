@@ -216,10 +216,12 @@ def compare(case: Case, real: SimResult | list[SimResult],
     reals = real if isinstance(real, list) else [real]
     sims = sim if isinstance(sim, list) else [sim]
     paired = len(reals) == len(sims) > 1
+    real_runs = [(x, summarize(x)) for x in reals]  # each run summarized once, not per metric
+    sim_runs = [(x, summarize(x)) for x in sims]
     rows = []
     for label, get in METRICS:
-        r = [get(x, summarize(x)) for x in reals]
-        s = [get(x, summarize(x)) for x in sims]
+        r = [get(x, summary) for x, summary in real_runs]
+        s = [get(x, summary) for x, summary in sim_runs]
         errors = [(b - a) / a for a, b in zip(r, s) if a is not None and b is not None and a > 0]
         pair_error = statistics.median(errors) if paired and errors else None
         rows.append(Row(case.name, label, _median(r), _median(s), pair_error))
