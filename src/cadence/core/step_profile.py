@@ -133,6 +133,20 @@ def profile_steps(
     up to 2x within a minute (a shared VM) skewed them when one shape's repeats all fell in a
     slow stretch: one startup's 512-token chunk measured 15% dearer per token than 256, and the
     floor then saw chunking as free and planned 48 chunks."""
+    rounds = profile_step_rounds(execute, block_size, num_blocks, max_model_len, shapes, repeats)
+    return [(plan, statistics.median(times)) for plan, times in rounds]
+
+
+def profile_step_rounds(
+    execute: Callable[[StepPlan], StepOutput],
+    block_size: int,
+    num_blocks: int,
+    max_model_len: int,
+    shapes: Sequence[ProfileShape] = DEFAULT_SHAPES,
+    repeats: int = 2,
+) -> list[tuple[StepPlan, list[float]]]:
+    """`profile_steps` before the medians: (plan, seconds of each round) per shape. The spread
+    of the rounds is how much this host's step times vary (the simulator's StepJitter)."""
     plans = []
     for shape in shapes:
         if max(shape.decode_ctx + 1, shape.chunk_start + shape.chunk) > max_model_len:
@@ -158,7 +172,7 @@ def profile_steps(
             t0 = time.perf_counter()
             execute(plan)
             shape_times.append(time.perf_counter() - t0)
-    return [(plan, statistics.median(t)) for plan, t in zip(plans, times)]
+    return list(zip(plans, times))
 
 
 def shape_of(plan: StepPlan) -> ProfileShape:

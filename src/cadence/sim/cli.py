@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -91,10 +92,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run six workloads (streams, document lengths, eager/chunked/slo) on the real "
         "engine and in the simulator calibrated on this machine; print each metric's error",
     )
-    parser.add_argument("--validate-repeats", type=int, default=3, metavar="N",
+    parser.add_argument("--validate-repeats", type=int, default=5, metavar="N",
                         help="--validate: real runs per workload, each after its own profile and paired "
                         "with a simulation calibrated on it; errors: the median over the pairs "
-                        "(default: 3)")
+                        "(default: 5)")
+    parser.add_argument("--validate-seeds", type=int, default=7, metavar="N",
+                        help="--validate: simulations per real run, each step's time drawn from "
+                        "the spread the profile measured (seeded); the pair's prediction is their "
+                        "median. 0: one simulation of median step times (default: 7)")
     parser.add_argument("--validate-scale", type=float, default=1.0, metavar="X",
                         help="--validate: multiply the workloads' token counts (default: 1)")
     work = parser.add_argument_group("doc-burst workload")
@@ -136,8 +141,9 @@ def _machine_profile(args: argparse.Namespace):
 
 
 def run_validation(args: argparse.Namespace) -> int:
-    from cadence.sim.validate import ACCEPTANCE, compare, default_cases, profile_machine
-    from cadence.sim.validate import run_real, run_sim
+    from cadence.sim.step_jitter import StepJitter
+    from cadence.sim.validate import ACCEPTANCE, compare, default_cases, profile_machine_rounds
+    from cadence.sim.validate import run_real, run_sims
 
     from cadence.sim.validate import measure_engine_overhead
 
@@ -165,6 +171,7 @@ def run_validation(args: argparse.Namespace) -> int:
         table.add_column(col, justify="right" if col != "workload" else "left")
     worst = 0.0
     rows_json = []
+    described = False
     for case in default_cases(args.validate_scale):
         # A fresh profile right before each real run, and a simulation calibrated on it: on a
         # shared host the load drifts over the minutes the real runs take, and one profile
@@ -177,11 +184,18 @@ def run_validation(args: argparse.Namespace) -> int:
         console.print(f"running {case.name} ...")
         real, sim = [], []
         for _ in range(max(1, args.validate_repeats)):
-            samples = profile_machine(loaded)
+            rounds = profile_machine_rounds(loaded)
+            samples = [(plan, statistics.median(times)) for plan, times in rounds]
             cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
             cost_model.engine_overhead = overhead
+            jitter = StepJitter.from_rounds(rounds) if args.validate_seeds > 0 else None
+            if jitter is not None and not described:
+                console.print(f"step-time spread (per step, from the profile's rounds): "
+                              f"{jitter.describe()}")
+                described = True
             real.append(run_real(loaded, case, samples))
-            sim.append(run_sim(case, cost_model, samples, loaded.config.vocab_size))
+            sim.append(run_sims(case, cost_model, samples, loaded.config.vocab_size, jitter,
+                                args.validate_seeds))
         for row in compare(case, real, sim):
             err = row.error
             if row.metric in ACCEPTANCE and err is not None:

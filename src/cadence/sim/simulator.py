@@ -23,6 +23,7 @@ from cadence.core.scheduler import Scheduler
 from cadence.sim.clock import VirtualClock
 from cadence.sim.cost_model import CostModel
 from cadence.sim.sim_executor import HashSampler
+from cadence.sim.step_jitter import StepJitter
 from cadence.sim.workload import Workload, prompt_token_ids
 from cadence.telemetry.recorder import TelemetryRecorder
 from cadence.telemetry.request_timeline import RequestTimeline
@@ -91,11 +92,13 @@ def simulate(
     vocab_size: int = 49152,
     max_steps: int = 1_000_000,
     calibration: list | None = None,
+    jitter: StepJitter | None = None,
 ) -> SimResult:
     """Run `workload` to completion under `sched`; deterministic for a given input.
     `calibration`: (plan, seconds) samples of a machine profile, handed to the scheduler as
     the engine does at start (Scheduler.calibrate), so an slo policy starts from the same
-    step-time model in the simulator as on the machine."""
+    step-time model in the simulator as on the machine. `jitter`: multiplicative noise on each
+    step's time (sim/step_jitter.py), a host's measured spread; None: the cost model's time."""
     cache = cache or default_cache(workload)
     scheduler = Scheduler(sched, cache)
     if calibration:
@@ -136,6 +139,8 @@ def simulate(
             continue
         predicted = predict(plan) if predict is not None else None
         duration = cost_model.step_time(plan)
+        if jitter is not None:
+            duration *= jitter.factor(plan)
         out = executor.execute(plan)
         t_start = clock.now
         clock.advance(duration)

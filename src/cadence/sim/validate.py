@@ -17,11 +17,13 @@ import time
 from dataclasses import dataclass
 
 from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.plan import StepPlan
 from cadence.core.sampling_params import SamplingParams
 from cadence.sim.calibration import Samples
 from cadence.sim.cost_model import CostModel
 from cadence.sim.metrics import SimSummary, percentile, summarize
 from cadence.sim.simulator import SimResult, SimStep, default_cache, simulate
+from cadence.sim.step_jitter import StepJitter
 from cadence.sim.workload import DOCUMENT, STREAM, SimRequestSpec, Workload, doc_burst
 from cadence.sim.workload import prompt_token_ids
 
@@ -77,13 +79,21 @@ def default_cases(scale: float = 1.0) -> list[Case]:
 
 
 def profile_machine(loaded, block_size: int = 16, repeats: int = 5) -> Samples:
-    """Time the synthetic profile steps on this machine's executor."""
-    from cadence.core.step_profile import profile_steps
+    """Time the synthetic profile steps on this machine's executor (medians of the rounds)."""
+    rounds = profile_machine_rounds(loaded, block_size, repeats)
+    return [(plan, statistics.median(times)) for plan, times in rounds]
+
+
+def profile_machine_rounds(loaded, block_size: int = 16, repeats: int = 5
+                           ) -> list[tuple[StepPlan, list[float]]]:
+    """The profile before its medians: each round's seconds per shape (their spread is the
+    simulator's StepJitter)."""
+    from cadence.core.step_profile import profile_step_rounds
     from cadence.executor.model_runner import ModelExecutor
 
     executor = ModelExecutor(loaded, num_blocks=256, block_size=block_size)
-    return profile_steps(executor.execute, block_size, 256, loaded.config.max_position_embeddings,
-                         repeats=repeats)
+    return profile_step_rounds(executor.execute, block_size, 256,
+                               loaded.config.max_position_embeddings, repeats=repeats)
 
 
 def measure_engine_overhead(loaded, block_size: int = 16) -> tuple[float, float]:
@@ -158,9 +168,21 @@ def run_real(loaded, case: Case, samples: Samples) -> SimResult:
     return SimResult(case.workload, case.sched, cache, "real engine", timelines, steps)
 
 
-def run_sim(case: Case, cost_model: CostModel, samples: Samples, vocab_size: int) -> SimResult:
+def run_sim(case: Case, cost_model: CostModel, samples: Samples, vocab_size: int,
+            jitter: StepJitter | None = None) -> SimResult:
     return simulate(case.workload, case.sched, cost_model, default_cache(case.workload),
-                    vocab_size=vocab_size, calibration=samples)
+                    vocab_size=vocab_size, calibration=samples, jitter=jitter)
+
+
+def run_sims(case: Case, cost_model: CostModel, samples: Samples, vocab_size: int,
+             jitter: StepJitter | None, seeds: int) -> list[SimResult]:
+    """The simulations one real run is compared with: `seeds` runs with step times drawn from
+    the profile's spread (their median is the prediction: what a typical run of a host this
+    noisy shows), or one of median step times without a jitter or seeds."""
+    if jitter is None or seeds <= 0:
+        return [run_sim(case, cost_model, samples, vocab_size)]
+    return [run_sim(case, cost_model, samples, vocab_size, jitter.reseeded(seed))
+            for seed in range(seeds)]
 
 
 # (label, how to read it from a result and its summary); the first two are the acceptance's.
@@ -206,22 +228,23 @@ class Row:
 
 
 def compare(case: Case, real: SimResult | list[SimResult],
-            sim: SimResult | list[SimResult]) -> list[Row]:
+            sim: SimResult | list[SimResult] | list[list[SimResult]]) -> list[Row]:
     """Each metric of the real runs and of the simulations (each side's median). On a shared
     2-core host one run's steps drift 10-15% from the profile taken just before it, and the
     host's speed moves by more than that over the minutes a validation takes; so each real
     run comes paired with a simulation calibrated on a profile taken right before it (lists
     of equal length), and the error is the median of the pairs' errors: one pair whose host
-    slowed down between its profile and its run moves it less than it moves a mean."""
+    slowed down between its profile and its run moves it less than it moves a mean. A pair's
+    simulation may be several (seeds of a StepJitter): its value is then their median."""
     reals = real if isinstance(real, list) else [real]
-    sims = sim if isinstance(sim, list) else [sim]
+    sims = [s if isinstance(s, list) else [s] for s in (sim if isinstance(sim, list) else [sim])]
     paired = len(reals) == len(sims) > 1
     real_runs = [(x, summarize(x)) for x in reals]  # each run summarized once, not per metric
-    sim_runs = [(x, summarize(x)) for x in sims]
+    sim_runs = [[(x, summarize(x)) for x in seeds] for seeds in sims]
     rows = []
     for label, get in METRICS:
         r = [get(x, summary) for x, summary in real_runs]
-        s = [get(x, summary) for x, summary in sim_runs]
+        s = [_median([get(x, summary) for x, summary in seeds]) for seeds in sim_runs]
         errors = [(b - a) / a for a, b in zip(r, s) if a is not None and b is not None and a > 0]
         pair_error = statistics.median(errors) if paired and errors else None
         rows.append(Row(case.name, label, _median(r), _median(s), pair_error))
@@ -234,4 +257,4 @@ def _median(values: list[float | None]) -> float | None:
 
 
 __all__ = ["ACCEPTANCE", "Case", "Row", "STREAM", "compare", "default_cases", "measure_engine_overhead",
-           "profile_machine", "run_real", "run_sim"]
+           "profile_machine", "profile_machine_rounds", "run_real", "run_sim", "run_sims"]
