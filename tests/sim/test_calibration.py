@@ -9,7 +9,8 @@ import pytest
 
 from cadence.core.step_cost import StepCostCoefficients, StepFeatures
 from cadence.core.step_profile import DEFAULT_SHAPES, ProfileShape, build_plan
-from cadence.sim.calibration import cost_model_from_samples, load_profile, save_profile
+from cadence.sim.calibration import cost_model_from_samples, load_profile, load_profile_rounds
+from cadence.sim.calibration import save_profile
 from cadence.sim.cli import main
 
 # A pair against cached context costs what a causal pair costs (one flash kernel serves both:
@@ -69,10 +70,31 @@ def test_validation_runs_the_same_workloads_on_the_engine_and_in_the_simulator(
     assert len({r["case"] for r in rows}) >= 6
     ttft = [r for r in rows if r["metric"] == "mean TTFT"]
     assert all(r["real_s"] > 0 and r["sim_s"] > 0 for r in ttft)
-    # The saved profile drives a plain simulation without the model.
-    assert main(["--calibration", str(saved), "--streams", "2", "--doc-tokens", "256",
-                 "--stream-output", "20", "--budgets", "64", "--targets", "100"]) == 0
+    # The saved profile drives a plain simulation without the model, with the host's spread
+    # too (the profile keeps its rounds).
+    plain = ["--calibration", str(saved), "--streams", "2", "--doc-tokens", "256",
+             "--stream-output", "20", "--budgets", "64", "--targets", "100"]
+    assert main(plain) == 0
     assert "calibrated" in capsys.readouterr().out
+    assert len(load_profile_rounds(saved)[0][1]) == 5
+    assert main(plain + ["--step-jitter"]) == 0
+    assert "vary as the profile's rounds did" in capsys.readouterr().out
+
+
+def test_step_jitter_needs_a_profile_with_rounds(tmp_path, capsys):
+    samples = profile()
+    path = tmp_path / "medians.json"
+    save_profile(path, samples, machine="test")  # medians only
+    assert load_profile_rounds(path) == []
+    assert main(["--calibration", str(path), "--step-jitter"]) == 2
+    assert "--step-jitter needs a profile with its rounds" in capsys.readouterr().err
+    with_rounds = tmp_path / "rounds.json"
+    save_profile(with_rounds, samples, rounds=[[s, s * 1.2, s * 0.9] for _, s in samples])
+    again = load_profile_rounds(with_rounds)
+    assert [t for _, t in again] == [pytest.approx([s, s * 1.2, s * 0.9]) for _, s in samples]
+    assert [s for _, s in load_profile(with_rounds)] == [s for _, s in samples]
+    with pytest.raises(ValueError, match="one list of seconds per sample"):
+        save_profile(tmp_path / "x.json", samples, rounds=[[1.0]])
 
 
 def test_decode_only_steps_are_fitted_apart_from_prompt_steps():

@@ -88,22 +88,44 @@ def stack_row_curve(stack: list[tuple[StepFeatures, float]]) -> StackRowCurve | 
     return StackRowCurve(points, per_pair)
 
 
-def save_profile(path: str | Path, samples: Samples, machine: str = "") -> None:
+def save_profile(path: str | Path, samples: Samples, machine: str = "",
+                 rounds: list[list[float]] | None = None) -> None:
+    """Write a profile; `rounds` (each sample's seconds per round, in the samples' order) keeps
+    the host's spread for a simulation with step jitter (`cadence sim --step-jitter`)."""
     rows = [{**asdict(shape_of(p)), "seconds": s} for p, s in samples]
+    if rounds is not None:
+        if len(rounds) != len(rows):
+            raise ValueError("rounds must give one list of seconds per sample")
+        for row, times in zip(rows, rounds):
+            row["rounds"] = list(times)
     Path(path).write_text(json.dumps({"machine": machine, "samples": rows}, indent=2))
 
 
 def load_profile(path: str | Path, block_size: int = 16) -> Samples:
     """The (plan, seconds) samples of a saved profile. ValueError on a malformed file."""
+    return [(plan, seconds) for plan, seconds, _ in _load_rows(path, block_size)]
+
+
+def load_profile_rounds(path: str | Path, block_size: int = 16) -> list[tuple[StepPlan, list[float]]]:
+    """(plan, seconds per round) of a saved profile; empty when it was saved without rounds.
+    ValueError on a malformed file."""
+    rows = _load_rows(path, block_size)
+    if not all(times for _, _, times in rows):
+        return []
+    return [(plan, times) for plan, _, times in rows]
+
+
+def _load_rows(path: str | Path, block_size: int) -> list[tuple[StepPlan, float, list[float]]]:
     try:
         data = json.loads(Path(path).read_text())
         rows = data["samples"]
         samples = []
         for row in rows:
             seconds = float(row.pop("seconds"))
+            times = [float(t) for t in row.pop("rounds", ())]
             plan = build_plan(ProfileShape(**row), block_size, num_blocks=1 << 30)
             if plan is not None and seconds > 0:
-                samples.append((plan, seconds))
+                samples.append((plan, seconds, times))
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a cadence step profile: {exc}") from exc
     if not samples:

@@ -16,12 +16,14 @@ from typing import TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from cadence.sim.calibration import cost_model_from_samples, load_profile, save_profile
+from cadence.sim.calibration import cost_model_from_samples, load_profile, load_profile_rounds
+from cadence.sim.calibration import save_profile
 from cadence.sim.compare import policy_variants, run_comparison
 from cadence.sim.cost_model import CostModel, RooflineCostModel
 from cadence.sim.hardware import PROFILES, get_profile
 from cadence.sim.model_shape import SMOLLM2_135M
 from cadence.sim.report import comparison_table, summaries_as_dicts
+from cadence.sim.step_jitter import StepJitter
 from cadence.sim.trace_fit import fit_trace
 from cadence.sim.workload import doc_burst
 
@@ -85,6 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="use a profile saved with --save-calibration")
     cost.add_argument("--save-calibration", metavar="FILE",
                       help="with --calibrate or --validate: save the machine profile here")
+    cost.add_argument("--step-jitter", action="store_true",
+                      help="with --calibrate or --calibration: draw each step's time from the spread "
+                      "the profile's rounds measured on the host (seeded by --seed), so tail "
+                      "metrics (p99 ITL) show what a noisy host gives")
     cost.add_argument("--model", default=None, help="model to calibrate (default: the default)")
     cost.add_argument("--dtype", default="auto", help="dtype to calibrate (default: auto)")
     parser.add_argument(
@@ -128,27 +134,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _machine_profile(args: argparse.Namespace):
-    """(loaded model, samples) timed on this machine now."""
+    """(loaded model, profile rounds) timed on this machine now."""
     from cadence.model.loader import load_model
-    from cadence.sim.validate import profile_machine
+    from cadence.sim.validate import profile_machine_rounds
 
     loaded = load_model(args.model, dtype=args.dtype)
-    samples = profile_machine(loaded)
+    rounds = profile_machine_rounds(loaded)
     if args.save_calibration:
-        save_profile(args.save_calibration, samples,
-                     machine=f"{loaded.name} {loaded.dtype} {loaded.device}")
-    return loaded, samples
+        save_profile(args.save_calibration, _medians(rounds),
+                     machine=f"{loaded.name} {loaded.dtype} {loaded.device}",
+                     rounds=[times for _, times in rounds])
+    return loaded, rounds
+
+
+def _medians(rounds):
+    return [(plan, statistics.median(times)) for plan, times in rounds]
 
 
 def run_validation(args: argparse.Namespace) -> int:
-    from cadence.sim.step_jitter import StepJitter
     from cadence.sim.validate import ACCEPTANCE, compare, default_cases, profile_machine_rounds
     from cadence.sim.validate import run_real, run_sims
 
     from cadence.sim.validate import measure_engine_overhead
 
-    loaded, samples = _machine_profile(args)
-    cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
+    loaded, rounds = _machine_profile(args)
+    cost_model = cost_model_from_samples(_medians(rounds), name="calibrated on this machine")
     overhead = measure_engine_overhead(loaded)
     cost_model.engine_overhead = overhead
     console = Console(width=160)
@@ -185,7 +195,7 @@ def run_validation(args: argparse.Namespace) -> int:
         real, sim = [], []
         for _ in range(max(1, args.validate_repeats)):
             rounds = profile_machine_rounds(loaded)
-            samples = [(plan, statistics.median(times)) for plan, times in rounds]
+            samples = _medians(rounds)
             cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
             cost_model.engine_overhead = overhead
             jitter = StepJitter.from_rounds(rounds) if args.validate_seeds > 0 else None
@@ -222,21 +232,32 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.validate:
         return run_validation(args)
+    samples = None  # a machine profile the scheduler starts from, as an engine's does
+    rounds: list = []
     try:
         cost_model: CostModel
         if args.trace:
             cost_model = fit_trace(args.trace)
         elif args.calibration:
-            cost_model = cost_model_from_samples(load_profile(args.calibration),
-                                                 name=f"calibrated ({args.calibration})")
+            samples = load_profile(args.calibration)
+            rounds = load_profile_rounds(args.calibration)
+            cost_model = cost_model_from_samples(samples, name=f"calibrated ({args.calibration})")
         elif args.calibrate:
-            _, samples = _machine_profile(args)
+            _, rounds = _machine_profile(args)
+            samples = _medians(rounds)
             cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
         else:
             cost_model = RooflineCostModel(SMOLLM2_135M, get_profile(args.profile))
     except (OSError, ValueError) as exc:
         print(f"cadence sim: {exc}", file=sys.stderr)
         return 2
+    jitter = None
+    if args.step_jitter:
+        jitter = StepJitter.from_rounds(rounds, seed=args.seed)
+        if jitter is None:
+            print("cadence sim: --step-jitter needs a profile with its rounds (--calibrate, or "
+                  "a --calibration saved by this version with --save-calibration)", file=sys.stderr)
+            return 2
     workload = doc_burst(
         num_streams=args.streams,
         stream_prompt_tokens=args.stream_prompt,
@@ -253,13 +274,15 @@ def run(args: argparse.Namespace) -> int:
         slo_budget=args.slo_budget,
     )
     try:
-        summaries = run_comparison(workload, cost_model, configs)
+        summaries = run_comparison(workload, cost_model, configs, calibration=samples,
+                                   jitter=jitter)
     except ValueError as exc:  # e.g. a request longer than max_model_len
         print(f"cadence sim: {exc}", file=sys.stderr)
         return 2
     title = (
         f"doc-burst: {args.streams} streams, a {args.doc_tokens}-token document at "
         f"{args.doc_arrival:g} s; {cost_model.name}; seed {args.seed}"
+        + ("; step times vary as the profile's rounds did" if jitter else "")
     )
     Console(width=160).print(comparison_table(summaries, title))
     if args.json:

@@ -10,6 +10,7 @@ from cadence.core.config import CacheConfig, SchedulerConfig
 from cadence.sim.cost_model import CostModel
 from cadence.sim.metrics import SimSummary, summarize
 from cadence.sim.simulator import simulate
+from cadence.sim.step_jitter import StepJitter
 from cadence.sim.workload import Workload
 
 
@@ -41,5 +42,12 @@ def run_comparison(
     cost_model: CostModel,
     configs: Iterable[SchedulerConfig],
     cache: CacheConfig | None = None,
+    calibration: list | None = None,
+    jitter: StepJitter | None = None,
 ) -> list[SimSummary]:
-    return [summarize(simulate(workload, cfg, cost_model, cache)) for cfg in configs]
+    """Each config over the workload. `calibration`: the profile samples the scheduler starts
+    from (as an engine's startup profile); `jitter`: step times drawn from a host's spread,
+    each config from the same seed."""
+    return [summarize(simulate(workload, cfg, cost_model, cache, calibration=calibration,
+                               jitter=jitter.reseeded(jitter.seed) if jitter else None))
+            for cfg in configs]
