@@ -98,10 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run six workloads (streams, document lengths, eager/chunked/slo) on the real "
         "engine and in the simulator calibrated on this machine; print each metric's error",
     )
-    parser.add_argument("--validate-repeats", type=int, default=5, metavar="N",
+    parser.add_argument("--validate-repeats", type=int, default=7, metavar="N",
                         help="--validate: real runs per workload, each after its own profile and paired "
                         "with a simulation calibrated on it; errors: the median over the pairs "
-                        "(default: 5)")
+                        "(default: 7)")
     parser.add_argument("--validate-seeds", type=int, default=7, metavar="N",
                         help="--validate: simulations per real run, each step's time drawn from "
                         "the spread the profile measured (seeded); the pair's prediction is their "
@@ -153,7 +153,7 @@ def _medians(rounds):
 
 def run_validation(args: argparse.Namespace) -> int:
     from cadence.sim.validate import ACCEPTANCE, compare, default_cases, profile_machine_rounds
-    from cadence.sim.validate import run_real, run_sims
+    from cadence.sim.validate import PAIR_PROFILE_ROUNDS, run_real, run_sims
 
     from cadence.sim.validate import measure_engine_overhead
 
@@ -194,7 +194,7 @@ def run_validation(args: argparse.Namespace) -> int:
         console.print(f"running {case.name} ...")
         real, sim = [], []
         for _ in range(max(1, args.validate_repeats)):
-            rounds = profile_machine_rounds(loaded)
+            rounds = profile_machine_rounds(loaded, repeats=PAIR_PROFILE_ROUNDS)
             samples = _medians(rounds)
             cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
             cost_model.engine_overhead = overhead

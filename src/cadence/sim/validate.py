@@ -78,6 +78,14 @@ def default_cases(scale: float = 1.0) -> list[Case]:
     ]
 
 
+# Rounds of the profile taken right before each real run of a validation: three, the fewest that
+# give a spread (StepJitter), keep the profile close in time to its run and cheap enough for 7
+# pairs per workload. (Over 7 pairs per workload on Zen 4, the pairs' errors had a standard
+# deviation of 7%; the worst median over any 5 consecutive pairs was 6%, over the 7, 4%. Profiles
+# taken on both sides of the run, its median bracketing the run, did no better: 7.4%.)
+PAIR_PROFILE_ROUNDS = 3
+
+
 def profile_machine(loaded, block_size: int = 16, repeats: int = 5) -> Samples:
     """Time the synthetic profile steps on this machine's executor (medians of the rounds)."""
     rounds = profile_machine_rounds(loaded, block_size, repeats)
@@ -256,5 +264,5 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-__all__ = ["ACCEPTANCE", "Case", "Row", "STREAM", "compare", "default_cases", "measure_engine_overhead",
+__all__ = ["ACCEPTANCE", "PAIR_PROFILE_ROUNDS", "Case", "Row", "STREAM", "compare", "default_cases", "measure_engine_overhead",
            "profile_machine", "profile_machine_rounds", "run_real", "run_sim", "run_sims"]
