@@ -133,7 +133,13 @@ def profile_steps(
     up to 2x within a minute (a shared VM) skewed them when one shape's repeats all fell in a
     slow stretch: one startup's 512-token chunk measured 15% dearer per token than 256, and the
     floor then saw chunking as free and planned 48 chunks."""
-    rounds = profile_step_rounds(execute, block_size, num_blocks, max_model_len, shapes, repeats)
+    return round_medians(
+        profile_step_rounds(execute, block_size, num_blocks, max_model_len, shapes, repeats))
+
+
+def round_medians(rounds: Sequence[tuple[StepPlan, Sequence[float]]]
+                  ) -> list[tuple[StepPlan, float]]:
+    """(plan, median seconds of its rounds) for each profiled shape."""
     return [(plan, statistics.median(times)) for plan, times in rounds]
 
 

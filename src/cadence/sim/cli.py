@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -16,6 +15,7 @@ from typing import TypeVar
 from rich.console import Console
 from rich.table import Table
 
+from cadence.core.step_profile import round_medians
 from cadence.sim.calibration import cost_model_from_samples, load_profile, load_profile_rounds
 from cadence.sim.calibration import save_profile
 from cadence.sim.compare import policy_variants, run_comparison
@@ -141,14 +141,10 @@ def _machine_profile(args: argparse.Namespace):
     loaded = load_model(args.model, dtype=args.dtype)
     rounds = profile_machine_rounds(loaded)
     if args.save_calibration:
-        save_profile(args.save_calibration, _medians(rounds),
+        save_profile(args.save_calibration, round_medians(rounds),
                      machine=f"{loaded.name} {loaded.dtype} {loaded.device}",
                      rounds=[times for _, times in rounds])
     return loaded, rounds
-
-
-def _medians(rounds):
-    return [(plan, statistics.median(times)) for plan, times in rounds]
 
 
 def run_validation(args: argparse.Namespace) -> int:
@@ -158,7 +154,7 @@ def run_validation(args: argparse.Namespace) -> int:
     from cadence.sim.validate import measure_engine_overhead
 
     loaded, rounds = _machine_profile(args)
-    cost_model = cost_model_from_samples(_medians(rounds), name="calibrated on this machine")
+    cost_model = cost_model_from_samples(round_medians(rounds), name="calibrated on this machine")
     overhead = measure_engine_overhead(loaded)
     cost_model.engine_overhead = overhead
     console = Console(width=160)
@@ -195,7 +191,7 @@ def run_validation(args: argparse.Namespace) -> int:
         real, sim = [], []
         for _ in range(max(1, args.validate_repeats)):
             rounds = profile_machine_rounds(loaded, repeats=PAIR_PROFILE_ROUNDS)
-            samples = _medians(rounds)
+            samples = round_medians(rounds)
             cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
             cost_model.engine_overhead = overhead
             jitter = StepJitter.from_rounds(rounds) if args.validate_seeds > 0 else None
@@ -244,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
             cost_model = cost_model_from_samples(samples, name=f"calibrated ({args.calibration})")
         elif args.calibrate:
             _, rounds = _machine_profile(args)
-            samples = _medians(rounds)
+            samples = round_medians(rounds)
             cost_model = cost_model_from_samples(samples, name="calibrated on this machine")
         else:
             cost_model = RooflineCostModel(SMOLLM2_135M, get_profile(args.profile))

@@ -5,8 +5,9 @@ runs the same step 5-50% slower now and then (a neighbour's burst, a slow stretc
 seconds), and two metrics the simulator is asked for are made of exactly those excursions:
 p99 ITL is the worst few stalls of a run (a max over a handful of prompt steps), and a mean
 TTFT is a sum of step times, whose mean sits above the steps' median when the spread is
-skewed to the slow side. A deterministic simulation of median steps came out 5-10% below the
-real engine on both (Zen 4, `cadence sim --validate`), in the direction of the skew.
+skewed to the slow side. A deterministic simulation of median steps came out 4-5% below the
+real engine on both, on average over the validation's pairs (Zen 4, `cadence sim --validate`),
+in the direction of the skew.
 
 `StepJitter` draws each simulated step's factor from the spread the profile itself measured:
 every round of every shape divided by that shape's median, pooled separately for steps the

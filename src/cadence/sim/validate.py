@@ -88,8 +88,9 @@ PAIR_PROFILE_ROUNDS = 3
 
 def profile_machine(loaded, block_size: int = 16, repeats: int = 5) -> Samples:
     """Time the synthetic profile steps on this machine's executor (medians of the rounds)."""
-    rounds = profile_machine_rounds(loaded, block_size, repeats)
-    return [(plan, statistics.median(times)) for plan, times in rounds]
+    from cadence.core.step_profile import round_medians
+
+    return round_medians(profile_machine_rounds(loaded, block_size, repeats))
 
 
 def profile_machine_rounds(loaded, block_size: int = 16, repeats: int = 5
