@@ -4,6 +4,13 @@ A request's block list covers positions [0, num_computed_tokens + scheduled toke
 holding positions [i * block_size, (i + 1) * block_size). A block enters the prefix cache only
 once all its positions are computed (after the step that wrote them), so a cache hit never
 points at KV that a forward pass has not written yet.
+
+Sliding-window models (every attention layer sees only the last `sliding_window` positions, as
+Mistral's do) give back the blocks that no later query can see: after each step, blocks whose
+positions all lie before the window of the next position are freed (and stay in the prefix
+cache as evictable blocks). Their entries in the request's block table then point at one of its
+live blocks (a placeholder that keeps the table's position -> block mapping; attention masks
+those positions and never writes them), so a long sequence holds window-sized KV.
 """
 
 from __future__ import annotations
@@ -16,16 +23,28 @@ from cadence.core.block_pool import BlockPool, BlockPoolError
 from cadence.core.request import Request
 
 
+# Entry of a request's block list whose block fell out of the sliding window and was freed.
+_DROPPED = -1
+
+
 class KVCacheManager:
     """Allocates blocks for requests' new tokens and serves full-block prefix-cache hits."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 sliding_window: int | None = None):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
         self.block_size = block_size
+        # Positions a query sees, itself included (None: the whole sequence).
+        self.sliding_window = sliding_window
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._req_blocks: dict[str, list[int]] = {}
+        # Leading entries of each request's block list that were given back because they fell
+        # out of the sliding window (_DROPPED in the list).
+        self._num_dropped: dict[str, int] = {}
         # Blocks of finished requests kept for another engine to read (disaggregated prefill),
         # by request id, until release_lease.
         self._leased: dict[str, list[int]] = {}
@@ -41,6 +60,15 @@ class KVCacheManager:
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def max_live_blocks(self, num_tokens: int, max_chunk: int) -> int:
+        """The most blocks a sequence of `num_tokens` ever holds at once when its steps add at
+        most `max_chunk` tokens: all of them, or with a sliding window the window before a
+        chunk plus the chunk (and a block of misalignment)."""
+        full = self.blocks_for_tokens(num_tokens)
+        if self.sliding_window is None:
+            return full
+        return min(full, self.blocks_for_tokens(self.sliding_window - 1 + max(1, max_chunk)) + 1)
 
     # -- prefix cache lookup ----------------------------------------------------------------
     def get_computed_blocks(self, request: Request) -> list[int]:
@@ -140,21 +168,51 @@ class KVCacheManager:
             self.pool.cache_block(blocks[i], request.block_hashes[i])
         self._num_cached_blocks[request.req_id] = num_full
 
+    def release_out_of_window(self, request: Request) -> int:
+        """Free the request's leading blocks that no later query can see (sliding window;
+        call after `num_computed_tokens` advanced, after cache_computed_blocks). The next
+        query, at position num_computed_tokens, sees positions >= it - window + 1. Returns how
+        many blocks were freed now."""
+        blocks = self._req_blocks.get(request.req_id)
+        if self.sliding_window is None or not blocks:
+            return 0
+        first_seen = request.num_computed_tokens - self.sliding_window + 1
+        end = min(max(0, first_seen) // self.block_size, len(blocks) - 1)
+        if self.enable_prefix_caching:
+            # Only blocks already registered in the cache (their hashes stay findable).
+            end = min(end, self._num_cached_blocks.get(request.req_id, 0))
+        start = self._num_dropped.get(request.req_id, 0)
+        if end <= start:
+            return 0
+        freed = blocks[start:end]
+        blocks[start:end] = [_DROPPED] * (end - start)
+        self._num_dropped[request.req_id] = end
+        # Oldest first: they are the least likely to be reused.
+        self.pool.free(freed)
+        return len(freed)
+
+    def num_dropped_blocks(self, req_id: str) -> int:
+        return self._num_dropped.get(req_id, 0)
+
     def free(self, request: Request) -> None:
         """Release every block the request holds (tail first, so its tail is evicted first)."""
         blocks = self._req_blocks.pop(request.req_id, None)
         self._num_cached_blocks.pop(request.req_id, None)
+        self._num_dropped.pop(request.req_id, None)
         if blocks:
-            self.pool.free(reversed(blocks))
+            self.pool.free(reversed([b for b in blocks if b != _DROPPED]))
 
     def lease(self, request: Request) -> tuple[int, ...]:
-        """Keep the finished request's blocks (ref counts held) under its id; returns them."""
-        blocks = self._req_blocks.pop(request.req_id, [])
+        """Keep the finished request's blocks (ref counts held) under its id; returns its block
+        table (window-dropped entries as placeholders, see get_block_table)."""
+        table = self.get_block_table(request.req_id)
+        blocks = [b for b in self._req_blocks.pop(request.req_id, []) if b != _DROPPED]
         self._num_cached_blocks.pop(request.req_id, None)
+        self._num_dropped.pop(request.req_id, None)
         if request.req_id in self._leased:
             raise BlockPoolError(f"request {request.req_id} already holds a lease")
         self._leased[request.req_id] = blocks
-        return tuple(blocks)
+        return table
 
     def release_lease(self, req_id: str) -> bool:
         """Free a lease's blocks (tail first). False when there is no such lease."""
@@ -177,7 +235,13 @@ class KVCacheManager:
         return sum(len(b) for b in self._leased.values())
 
     def get_block_table(self, req_id: str) -> tuple[int, ...]:
-        return tuple(self._req_blocks.get(req_id, ()))
+        """Block ids by position / block_size. Entries that fell out of the sliding window
+        hold the first live block: a valid index whose positions attention masks."""
+        blocks = self._req_blocks.get(req_id, ())
+        dropped = self._num_dropped.get(req_id, 0)
+        if not dropped:
+            return tuple(blocks)
+        return (blocks[dropped],) * dropped + tuple(blocks[dropped:])
 
     def holds_blocks(self, req_id: str) -> bool:
         return bool(self._req_blocks.get(req_id))
@@ -193,6 +257,7 @@ class KVCacheManager:
         self.pool.check_integrity()
         holders: Counter[int] = Counter()
         for req_id, blocks in [*self._req_blocks.items(), *self._leased.items()]:
+            blocks = [b for b in blocks if b != _DROPPED]
             if len(set(blocks)) != len(blocks):
                 raise BlockPoolError(f"request {req_id} holds a block twice: {blocks}")
             holders.update(blocks)

@@ -39,12 +39,16 @@ logger = logging.getLogger(__name__)
 class Scheduler:
     """Token-budget scheduler over a paged KV cache with prefix caching and preemption."""
 
-    def __init__(self, sched: SchedulerConfig, cache: CacheConfig) -> None:
+    def __init__(self, sched: SchedulerConfig, cache: CacheConfig,
+                 sliding_window: int | None = None) -> None:
+        """`sliding_window`: the model's attention window when every layer has one (Mistral):
+        blocks that fall out of it are given back (KVCacheManager.release_out_of_window)."""
         if cache.num_blocks is None:
             raise ValueError("CacheConfig.num_blocks must be resolved before building a Scheduler")
         self.sched = sched
         self.cache = cache
-        self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
+        self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching,
+                                 sliding_window)
         self.policy = make_policy(sched)
         # Host tier for swap preemption (None: preemption always recomputes).
         self.swap = SwapSpace(cache.num_swap_blocks) if cache.num_swap_blocks else None
@@ -144,6 +148,7 @@ class Scheduler:
         if req is None:
             return False
         self.kv.cache_computed_blocks(req)
+        self.kv.release_out_of_window(req)
         return True
 
     def waits_only_on_remote_kv(self) -> bool:
@@ -348,6 +353,7 @@ class Scheduler:
                 req.append_output_token(token_id)
                 new_token_ids = (token_id,)
             self.kv.cache_computed_blocks(req)
+            self.kv.release_out_of_window(req)
             status = check_stop(req, self.sched.max_model_len) if chunk.sample else None
             if status is not None:
                 self._finish(req, status)

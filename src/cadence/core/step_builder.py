@@ -45,6 +45,7 @@ class StepBuilder:
         self._rank = rank
         self._fail = fail
         self.token_budget = max_num_batched_tokens
+        self._max_chunk = max_num_batched_tokens  # the largest chunk a step gives a request
         # req_id -> (request, tokens this step), in batch order.
         self._scheduled: dict[str, tuple[Request, int]] = {}
         self.preempted: list[str] = []
@@ -109,7 +110,7 @@ class StepBuilder:
             victim = max(self._running, key=self._rank)
             if self._rank(head) >= self._rank(victim):
                 return
-            if self._kv.blocks_for_tokens(head.num_tokens) > self._kv.num_blocks:
+            if self._never_fits(head.num_tokens):
                 return  # it can never fit: admit_waiting fails it, nobody makes room
             seat_free = len(self._running) < self._max_num_seqs
             computed = self._kv.get_computed_blocks(head)
@@ -175,7 +176,7 @@ class StepBuilder:
             request = self._waiting.peek()
             if request.req_id in self.preempted or request.req_id in self._preempted_before:
                 return  # made room for others this step; it comes back in a later one
-            if self._kv.blocks_for_tokens(request.num_tokens) > self._kv.num_blocks:
+            if self._never_fits(request.num_tokens):
                 self._admit(request, rule, reserved)  # fails it
                 continue
             if not self._admit(request, rule, reserved):
@@ -184,7 +185,7 @@ class StepBuilder:
     def _admit(self, request: Request, rule: ChunkRule, reserved: int) -> bool:
         """Move one waiting request to running with its first chunk; False when it does not
         fit this step (it stays waiting). One that can never fit the cache is failed."""
-        if self._kv.blocks_for_tokens(request.num_tokens) > self._kv.num_blocks:
+        if self._never_fits(request.num_tokens):
             self._waiting.remove(request)
             self._fail(request, self._too_big_message(request, request.num_tokens))
             return False
@@ -295,7 +296,7 @@ class StepBuilder:
         if self._kv.holds_enough(request, num_new):
             return True
         required = self._kv.num_blocks_required(request, num_new)
-        if required > self._kv.num_blocks:
+        if required - self._kv.num_dropped_blocks(request.req_id) > self._kv.num_blocks:
             # No amount of preemption helps: finish it now rather than spin.
             num_tokens = request.num_computed_tokens + num_new
             self._fail(request, self._too_big_message(request, num_tokens))
@@ -364,8 +365,12 @@ class StepBuilder:
             hashes.append(block_hash)
         return hashes
 
+    def _never_fits(self, num_tokens: int) -> bool:
+        """Whether a sequence of num_tokens can never hold its blocks, whatever is freed."""
+        return self._kv.max_live_blocks(num_tokens, self._max_chunk) > self._kv.num_blocks
+
     def _too_big_message(self, request: Request, num_tokens: int) -> str:
-        needed = self._kv.blocks_for_tokens(num_tokens)
+        needed = self._kv.max_live_blocks(num_tokens, self._max_chunk)
         return (
             f"request {request.req_id} needs {needed} KV cache blocks for {num_tokens} tokens "
             f"but the cache has only {self._kv.num_blocks} blocks of {self._kv.block_size} "

@@ -28,7 +28,8 @@ class FakeExecutor:
     function of the history), so requests end early as they would with a real model.
     """
 
-    def __init__(self, vocab_size: int, eos_token_id: int | None = None, eos_one_in: int = 16):
+    def __init__(self, vocab_size: int, eos_token_id: int | None = None, eos_one_in: int = 16,
+                 sliding_window: int | None = None):
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         if eos_token_id is not None and not 0 <= eos_token_id < vocab_size:
@@ -36,6 +37,10 @@ class FakeExecutor:
         if eos_one_in < 1:
             raise ValueError(f"eos_one_in must be >= 1, got {eos_one_in}")
         self.vocab_size = vocab_size
+        # A sliding-window model: a token depends on its position and the last
+        # `sliding_window` tokens only, and positions before that window are never read (their
+        # blocks may have been given back: the table then holds placeholders there).
+        self.sliding_window = sliding_window
         self.eos_token_id = eos_token_id
         self.eos_one_in = eos_one_in
         # block id -> token id per slot (None = never written).
@@ -107,8 +112,11 @@ class FakeExecutor:
         """Disk slots holding contents (a real executor's files)."""
         return len(self._disk)
 
-    def next_token(self, history: list[int]) -> int:
-        """The fake model: a pure function of the whole token history."""
+    def next_token(self, history: list[int | None]) -> int:
+        """The fake model: a pure function of the whole token history (with a sliding window,
+        of its length and its last `sliding_window` tokens)."""
+        if self.sliding_window is not None:
+            history = [len(history), *history[-self.sliding_window:]]
         digest = hashlib.blake2b(array("q", history).tobytes(), digest_size=8).digest()
         value = int.from_bytes(digest, "little")
         if self.eos_token_id is not None and value % self.eos_one_in == 0:
@@ -143,8 +151,15 @@ class FakeExecutor:
                 f"{chunk.req_id}: block table of {len(chunk.block_table)} blocks cannot hold "
                 f"{chunk.end_pos} positions (block_size {block_size})"
             )
-        if len(set(chunk.block_table)) != len(chunk.block_table):
+        first = self._first_read_block(chunk, block_size)
+        if len(set(chunk.block_table[first:])) != len(chunk.block_table[first:]):
             raise FakeExecutorError(f"{chunk.req_id}: block table repeats a block")
+
+    def _first_read_block(self, chunk: ScheduledChunk, block_size: int) -> int:
+        """The first block the chunk's queries can see (0 without a sliding window)."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, chunk.start_pos - self.sliding_window + 1) // block_size
 
     def _write(self, chunk: ScheduledChunk, block_size: int) -> None:
         self._check_table(chunk, block_size)
@@ -154,9 +169,14 @@ class FakeExecutor:
             block[pos % block_size] = token
 
     def _read(self, chunk: ScheduledChunk, block_size: int) -> list[int]:
-        """Tokens at positions [0, end_pos), gathered block by block through the table."""
+        """Tokens at positions [0, end_pos), gathered block by block through the table (with a
+        sliding window: only the last query's window; earlier positions read as 0)."""
         history: list[int | None] = []
-        for i in range(-(-chunk.end_pos // block_size)):
+        first = 0
+        if self.sliding_window is not None:
+            first = max(0, chunk.end_pos - self.sliding_window) // block_size
+            history.extend([0] * (first * block_size))
+        for i in range(first, -(-chunk.end_pos // block_size)):
             block_id = chunk.block_table[i]
             block = self._kv.get(block_id)
             history.extend(block if block is not None else [None] * block_size)
