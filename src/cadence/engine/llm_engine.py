@@ -33,6 +33,17 @@ __all__ = ["LLMEngine", "RequestOutput"]
 logger = logging.getLogger(__name__)
 
 
+def uniform_sliding_window(config: Any) -> int | None:
+    """The attention window when every layer of the model has one (Mistral): then the blocks
+    that fall out of it can be given back. None when some layer sees the whole sequence (a
+    Gemma 3 sequence keeps its full KV for the global layers)."""
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if not window or not types or any(t != "sliding_attention" for t in types):
+        return None
+    return int(window)
+
+
 class LLMEngine:
     """Continuous-batching engine over one model. Not thread-safe: one caller drives step()."""
 
@@ -106,7 +117,7 @@ class LLMEngine:
                                  num_swap_blocks=cache_cfg.num_swap_blocks,
                                  kv_offload_dir=cache_cfg.kv_offload_dir,
                                  kv_offload_disk_blocks=cache_cfg.kv_offload_disk_blocks)
-        scheduler = Scheduler(sched_cfg, cache_cfg)
+        scheduler = Scheduler(sched_cfg, cache_cfg, sliding_window=uniform_sliding_window(loaded.config))
         if cache_cfg.num_swap_blocks:
             scheduler.swap_block_copy_s = executor.measure_swap_block_copy_s()
         if cache_cfg.kv_offload_dir is not None:

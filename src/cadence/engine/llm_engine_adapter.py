@@ -57,8 +57,13 @@ class LLMEngineAdapter:
         self.max_model_len = int(engine.max_model_len)
         self.vocab_size = int(self.tokenizer.vocab_size)
         cache = engine.scheduler.cache
-        # Tokens the whole KV pool can hold: admission refuses requests that need more.
+        # Tokens the whole KV pool can hold: admission refuses requests that need more. A
+        # sliding-window model holds only its window (and a chunk) whatever the length.
+        kv = engine.scheduler.kv
         self.kv_capacity_tokens = int(cache.num_blocks) * int(cache.block_size)
+        if kv.sliding_window is not None and kv.max_live_blocks(
+                self.max_model_len, engine.scheduler.sched.max_num_batched_tokens) <= kv.num_blocks:
+            self.kv_capacity_tokens = self.max_model_len
         # Bounds a text's token count from its length, before tokenizing it (admission).
         self.max_token_chars = int(self.tokenizer.max_token_chars())
         self._telemetry = _TelemetryCollector()
