@@ -55,7 +55,7 @@ def binary(name: str) -> Path | None:
 
 
 def build() -> Path:
-    """Download the sdist and build llama-bench + llama-quantize (raises on failure)."""
+    """Download the sdist and build llama.cpp's tools that the benchmarks run (raises on failure)."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     if not source_dir().is_dir():
@@ -66,7 +66,9 @@ def build() -> Path:
     subprocess.run(["cmake", "-S", str(source_dir()), "-B", str(build_dir()), "-DCMAKE_BUILD_TYPE=Release",
                     "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_SERVER=OFF",
                     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"], check=True)
+    # llama-perplexity, llama-tokenize and llama-completion: benchmarks/perplexity_vs_llamacpp.py.
     subprocess.run(["cmake", "--build", str(build_dir()), "--target", "llama-bench", "llama-quantize",
+                    "llama-perplexity", "llama-tokenize", "llama-completion",
                     f"-j{os.cpu_count() or 2}"], check=True)
     return build_dir()
 
