@@ -1,8 +1,12 @@
-"""Load a Llama-family model and its tokenizer from one GGUF file (llama.cpp's format)."""
+"""Load a model and its tokenizer from one GGUF file (llama.cpp's format).
+
+The config comes from gguf_config (one mapping per GGUF architecture), tensor names from
+gguf_names; tensors are decoded to float32 here, one at a time, by gguf-py's dequantizers (two
+hot types by faster numpy code of the same arithmetic).
+"""
 
 from __future__ import annotations
 
-import re
 from typing import Iterator
 
 import gguf
@@ -11,56 +15,19 @@ import torch
 
 from cadence.model.config import ModelConfig
 from cadence.model.errors import ModelLoadError
+from cadence.model.gguf_config import config_from_gguf
 from cadence.model.gguf_fields import GGUFFile, gguf_value
+from cadence.model.gguf_names import (LAYER_RE, ROPE_FACTOR_TENSORS, ROTARY_PERMUTED_ARCHS, hf_name,
+                                      split_fused, unpermute_rotary)
 from cadence.model.gguf_tokenizer import tokenizer_from_gguf
 from cadence.model.llama import LlamaForCausalLM
 from cadence.model.tokenizer import Tokenizer, TokenizerError
 from cadence.model.weights import build_model
 
-# llama.cpp tensor names -> Hugging Face parameter names.
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
-# GGUF architectures this loader reads (llama.cpp writes Mistral as "llama").
-_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
-
-
-def hf_name(gguf_name: str) -> str | None:
-    """The HF parameter name of a GGUF tensor, or None if it has no counterpart."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    match = _LAYER_RE.match(gguf_name)
-    if match and match.group(2) in _LAYER_NAMES:
-        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
-    return None
-
-
-def unpermute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row permutation (interleaved rotary pairs -> HF rotate_half halves).
-
-    The converter reorders each head's rows from [x0..x(d/2-1), y0..y(d/2-1)] to pairs
-    [x0, y0, x1, y1, ...]; we reverse it. weight: [num_heads * head_dim, ...] (rows = outputs).
-    """
-    rows = weight.shape[0]
-    half = rows // num_heads // 2
-    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+_Q = gguf.GGMLQuantizationType
+# Tensor types this loader decodes: plain floats and every type gguf-py can dequantize.
+DEQUANTIZABLE_TYPES = tuple(sorted(
+    {_Q.F32, _Q.F16, _Q.F64, *gguf.quants._type_traits}, key=lambda t: t.value))
 
 
 def dequantize(data: np.ndarray, tensor_type: gguf.GGMLQuantizationType) -> np.ndarray:
@@ -84,72 +51,53 @@ def dequantize(data: np.ndarray, tensor_type: gguf.GGMLQuantizationType) -> np.n
         d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
         values = blocks[:, 2:].copy().view(np.int8).astype(np.float32)
         return (values * d).reshape(*data.shape[:-1], -1)
+    if tensor_type == gguf.GGMLQuantizationType.F64:
+        return np.asarray(data, dtype=np.float32)
     return gguf.quants.dequantize(data, tensor_type)
 
 
-def config_from_gguf(reader: GGUFFile | gguf.GGUFReader, tensor_names: set[str]) -> ModelConfig:
-    arch = gguf_value(reader, "general.architecture", None)
-    if arch not in _ARCHITECTURES:
-        raise ModelLoadError(
-            f"GGUF architecture {arch!r} is not supported (supported: {sorted(_ARCHITECTURES)})"
-        )
-    scaling = gguf_value(reader, f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", "linear") or "rope_freqs.weight" in tensor_names:
-        raise ModelLoadError(f"GGUF rope scaling {scaling!r} is not supported")
-
-    def key(name: str, default=None):
-        value = gguf_value(reader, f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"GGUF metadata lacks {arch}.{name}")
-        return value
-
-    hidden = int(key("embedding_length"))
-    num_heads = int(key("attention.head_count"))
-    vocab = gguf_value(reader, f"{arch}.vocab_size", None)
-    if vocab is None:
-        vocab = len(gguf_value(reader, "tokenizer.ggml.tokens", []))
-    try:
-        return ModelConfig(
-            architecture=_ARCHITECTURES[arch],
-            vocab_size=int(vocab),
-            hidden_size=hidden,
-            intermediate_size=int(key("feed_forward_length")),
-            num_layers=int(key("block_count")),
-            num_heads=num_heads,
-            num_kv_heads=int(key("attention.head_count_kv", num_heads)),
-            head_dim=int(key("attention.key_length", hidden // num_heads)),
-            rope_theta=float(key("rope.freq_base", 10000.0)),
-            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-            max_position_embeddings=int(key("context_length", 2048)),
-            tie_word_embeddings="output.weight" not in tensor_names,
-            attention_bias=_ARCHITECTURES[arch] == "qwen2",
-            bos_token_id=gguf_value(reader, "tokenizer.ggml.bos_token_id", None),
-            eos_token_id=gguf_value(reader, "tokenizer.ggml.eos_token_id", None),
-        )
-    except ValueError as exc:
-        raise ModelLoadError(f"GGUF metadata describes an invalid model: {exc}") from exc
-
-
-def _tensors(reader: GGUFFile | gguf.GGUFReader, config: ModelConfig, rotary_permuted: bool,
+def _tensors(reader: GGUFFile | gguf.GGUFReader, arch: str, config: ModelConfig,
              source: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, float32 tensor) one tensor at a time: only the one being decoded is held
+    here, build_model keeps what it needs."""
+    rotary_permuted = arch in ROTARY_PERMUTED_ARCHS
     for tensor in reader.tensors:
-        name = hf_name(tensor.name)
-        if name is None:
-            raise ModelLoadError(f"{source}: unexpected GGUF tensor {tensor.name!r}")
-        # GGUF lists dims innermost first; torch wants [rows, cols] = reversed.
-        shape = tuple(int(d) for d in reversed(tensor.shape))
-        try:
-            array = dequantize(tensor.data, tensor.tensor_type)
-            # Copy: float tensors come back as read-only views of the memory-mapped file.
-            array = np.array(array, dtype=np.float32, order="C", copy=True).reshape(shape)
-        except (ValueError, NotImplementedError) as exc:
-            raise ModelLoadError(f"{source}: cannot decode tensor {tensor.name!r}: {exc}") from exc
-        weight = torch.from_numpy(array)
+        if tensor.name in ROPE_FACTOR_TENSORS:
+            continue  # read into config.rope_scaling
+        name = hf_name(tensor.name, arch)
+        fused = arch == "phi3" and name is None and LAYER_RE.match(tensor.name) is not None
+        if name is None and not fused:
+            raise ModelLoadError(f"{source}: unexpected GGUF tensor {tensor.name!r} for "
+                                 f"architecture {arch!r}")
+        weight = torch.from_numpy(_float_array(tensor, source))
+        if fused:
+            parts = split_fused(tensor.name, weight, config.q_size, config.kv_size)
+            if parts is None:
+                raise ModelLoadError(f"{source}: unexpected GGUF tensor {tensor.name!r} "
+                                     f"(shape {tuple(weight.shape)}) for architecture {arch!r}")
+            yield from parts
+            continue
         if rotary_permuted and ".attn_q." in tensor.name:
             weight = unpermute_rotary(weight, config.num_heads)
         elif rotary_permuted and ".attn_k." in tensor.name:
             weight = unpermute_rotary(weight, config.num_kv_heads)
         yield name, weight
+
+
+def _float_array(tensor, source: str) -> np.ndarray:
+    """A tensor's values as a writable float32 array in torch's [rows, cols] order."""
+    if tensor.tensor_type not in DEQUANTIZABLE_TYPES:
+        raise ModelLoadError(
+            f"{source}: tensor {tensor.name!r} is stored as {tensor.tensor_type.name}, which "
+            f"cannot be decoded (supported: {', '.join(t.name for t in DEQUANTIZABLE_TYPES)})")
+    # GGUF lists dims innermost first; torch wants [rows, cols] = reversed.
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    try:
+        array = dequantize(tensor.data, tensor.tensor_type)
+        # Copy: float tensors come back as read-only views of the memory-mapped file.
+        return np.array(array, dtype=np.float32, order="C", copy=True).reshape(shape)
+    except (ValueError, NotImplementedError) as exc:
+        raise ModelLoadError(f"{source}: cannot decode tensor {tensor.name!r}: {exc}") from exc
 
 
 # GGUF types of the layers' matmul weights that the float32 fast path's integer formats hold
@@ -172,7 +120,7 @@ def gguf_weight_format(path: str) -> str | None:
         return None
     counts: dict[str, int] = {}
     for t in reader.tensors:
-        match = _LAYER_RE.match(t.name)
+        match = LAYER_RE.match(t.name)
         if match and match.group(2).endswith(".weight") and "norm" not in match.group(2):
             fmt = _INTEGER_FORMAT_OF_TYPE.get(t.tensor_type, "other")
             counts[fmt] = counts.get(fmt, 0) + 1
@@ -190,11 +138,9 @@ def load_gguf(path: str, dtype: torch.dtype,
         reader = GGUFFile(path)
     except (ValueError, OSError, EOFError, IndexError) as exc:
         raise ModelLoadError(f"{path}: not a readable GGUF file: {exc}") from exc
-    names = {t.name for t in reader.tensors}
-    config = config_from_gguf(reader, names)
-    # llama.cpp permutes q/k only for the llama family; Qwen2 keeps HF's layout (NeoX rope).
-    rotary_permuted = config.architecture in ("llama", "mistral")
-    model = build_model(config, _tensors(reader, config, rotary_permuted, path), dtype, device, path)
+    config = config_from_gguf(reader)
+    arch = gguf_value(reader, "general.architecture")
+    model = build_model(config, _tensors(reader, arch, config, path), dtype, device, path)
     try:
         tokenizer = tokenizer_from_gguf(reader)
     except TokenizerError as exc:

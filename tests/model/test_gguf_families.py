@@ -1,0 +1,114 @@
+"""GGUF files of every family, written as llama.cpp's converter writes them, load back to the
+config the HF folder gives and to transformers' float32 logits."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from cadence.model.config import RopeScaling
+from cadence.model.errors import ModelLoadError
+from cadence.model.gguf_config import config_from_gguf, llama3_factors, llama3_rope_scaling
+from cadence.model.gguf_fields import GGUFFile
+from cadence.model.hf_loader import config_from_hf
+from cadence.model.loader import load_model
+
+from .gguf_family_checkpoints import GGUF_FAMILIES, build_gguf_family_checkpoint
+from .gguf_helpers import write_tiny_gguf
+from .paged_helpers import paged_logits
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module", params=GGUF_FAMILIES)
+def family_files(request, tmp_path_factory):
+    """(family, HF folder, GGUF file of the same weights)."""
+    hf_dir = build_gguf_family_checkpoint(str(tmp_path_factory.mktemp(request.param)), request.param)
+    return request.param, hf_dir, write_tiny_gguf(hf_dir, os.path.join(hf_dir, "model.gguf"))
+
+
+def _hf_config(hf_dir: str):
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        cfg = json.load(f)
+    try:
+        config = config_from_hf(cfg, hf_dir)
+    except ModelLoadError as exc:
+        if "not supported" in str(exc):
+            pytest.skip(f"this checkout's hf_loader does not read {cfg['model_type']} yet: {exc}")
+        raise
+    if cfg.get("sliding_window") and config.sliding_window is None:
+        pytest.skip("this checkout's hf_loader drops sliding windows")
+    return config
+
+
+def test_config_equals_the_hf_folders(family_files):
+    family, hf_dir, path = family_files
+    expected = _hf_config(hf_dir)
+    # GGUF has no "mistral": llama.cpp's converter writes Mistral as llama.
+    expected = dataclasses.replace(
+        expected, architecture="llama" if expected.architecture == "mistral" else expected.architecture)
+    assert config_from_gguf(GGUFFile(path)) == expected
+
+
+def test_logits_match_transformers(family_files):
+    import transformers
+
+    family, hf_dir, path = family_files
+    _hf_config(hf_dir)
+    try:
+        ours = load_model(path, dtype="float32", device="cpu")
+    except ModelLoadError as exc:
+        if "unexpected tensor" in str(exc):
+            pytest.skip(f"this checkout's decoder has no {family} pieces yet: {exc}")
+        raise
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    prompt = [int(t) for t in np.random.default_rng(7).integers(3, ours.config.vocab_size, 29)]
+    with torch.inference_mode():
+        expected = theirs(torch.tensor([prompt])).logits[0].float()
+    got = paged_logits(ours, prompt, chunk_size=11)
+    diff = (got - expected).abs().max().item()
+    assert diff < TOLERANCE, f"{family}: max abs diff {diff}"
+
+
+@pytest.mark.parametrize("base, dim, factor, original", [
+    (500000.0, 128, 8.0, 8192),  # Llama 3.1
+    (500000.0, 64, 32.0, 8192),  # Llama 3.2 1B
+    (10000.0, 16, 8.0, 64),  # the tiny test model: two smoothed entries
+    (10000.0, 16, 4.0, 48),
+])
+def test_llama3_rope_factors_give_back_their_parameters(base, dim, factor, original):
+    factors = llama3_factors(base, dim, factor, 1.0, 4.0, original)
+    scaling = llama3_rope_scaling(factors, base, dim)
+    assert scaling == RopeScaling(rope_type="llama3", factor=factor, low_freq_factor=1.0,
+                                  high_freq_factor=4.0, original_max_position_embeddings=original)
+
+
+def test_llama3_factors_no_scaling_reproduces_are_an_error():
+    factors = llama3_factors(10000.0, 16, 8.0, 1.0, 4.0, 64)
+    factors[2] *= 1.01
+    with pytest.raises(ModelLoadError, match="no llama3 scaling"):
+        llama3_rope_scaling(factors, 10000.0, 16)
+
+
+GEMMA3_FILE = "/work/cache/gemma/gemma-3-270m-q4_k_m.gguf"
+
+
+def test_real_gemma3_file_config():
+    """Gemma 3 270M as llama.cpp's converter wrote it (Q4_K_M): what llama.cpp derives."""
+    if not os.path.isfile(GEMMA3_FILE):
+        pytest.skip(f"{GEMMA3_FILE} is only on the development machine")
+    config = config_from_gguf(GGUFFile(GEMMA3_FILE))
+    assert (config.architecture, config.vocab_size, config.num_layers, config.head_dim) == (
+        "gemma3", 262144, 18, 256)
+    assert config.layer_types == tuple(
+        "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18))
+    assert (config.sliding_window, config.rope_theta, config.rope_local_theta) == (512, 1e6, 1e4)
+    assert config.query_pre_attn_scalar == 256.0 and config.embedding_multiplier == 640 ** 0.5
+    assert config.qk_norm and config.sandwich_norms and config.tie_word_embeddings
+    assert config.hidden_act == "gelu_pytorch_tanh" and config.rms_norm_eps == 1e-6
+    assert config.rope_scaling is None and config.final_logit_softcapping is None
