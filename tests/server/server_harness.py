@@ -66,13 +66,14 @@ class RunningServer:
         return self.proc.returncode
 
 
-def start_server(tmp_dir: str, *args: str, api_key: str | None = None) -> RunningServer:
+def start_server(tmp_dir: str, *args: str, api_key: str | None = None,
+                 env: dict[str, str] | None = None) -> RunningServer:
     port = free_port()
     cmd = [sys.executable, "-m", "cadence.cli", "serve", "--port", str(port),
            "--log-level", "warning", *args]
     if api_key:
         cmd += ["--api-key", api_key]
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE",
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **(env or {}),
                PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
     log_path = os.path.join(tmp_dir, f"server-{port}.log")
     log = open(log_path, "w")  # noqa: SIM115 - owned by the child for its lifetime

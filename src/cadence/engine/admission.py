@@ -1,7 +1,8 @@
 """Admission of one request by the engine process: its prompt ids, its limits, back-pressure.
 
     prepare(engine, msg)      prompt ids (chat template, tokenizer) and sampling checks; runs
-                              in the loop's tokenizer thread, never inside the step loop
+                              in the loop's admission threads, never inside the step loop
+    answer_tokenize(...)      /tokenize and /detokenize, in the same threads
     check_queue_limits(...)   back-pressure, on the loop thread when the request is added
 
 Tokenization happens in the process that owns the tokenizer, so prompt-length errors come back
@@ -17,7 +18,7 @@ from typing import Any
 
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.engine_core import EngineCore
-from cadence.engine.wire import AddRequest, sampling_from_wire
+from cadence.engine.wire import AddRequest, Tokenize, sampling_from_wire
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,9 @@ def prompt_token_ids(engine: EngineCore, msg: AddRequest) -> list[int]:
                 extra = {"chat_template": msg.chat_template,
                          "continue_final_message": msg.continue_final_message}
             text = engine.render_chat(msg.chat_messages, msg.add_generation_prompt, **extra)
-        except Exception as exc:  # jinja errors, bad roles: the client's fault
+        except Exception as exc:  # jinja errors, bad roles, budgets: the client's fault
             raise AdmissionError(400, f"chat template failed: {exc}", param="messages",
-                                 code="invalid_messages") from exc
+                                 code=getattr(exc, "code", None) or "invalid_messages") from exc
         check_text_length(engine, len(text), "messages")
         # The template already wrote the special tokens.
         return engine.tokenize(text, add_special_tokens=False)
@@ -138,6 +139,16 @@ def _sampling_params(engine: EngineCore, msg: AddRequest, num_prompt: int) -> Sa
         raise AdmissionError(
             400, f"stop_token_ids holds {bad[0]}, outside the vocabulary "
             f"[0, {engine.vocab_size}).", param="stop_token_ids", code="invalid_token_id")
+    # logit_bias on the wire: {"id": bias} (the front end's dict) or [[id, bias], ...].
+    bias = sampling.get("logit_bias") or ()
+    bias_ids = bias.keys() if isinstance(bias, dict) else [pair[0] for pair in bias]
+    bad = [t for t in bias_ids if not (str(t).lstrip("-").isascii()
+                                       and str(t).lstrip("-").isdigit()
+                                       and 0 <= int(t) < engine.vocab_size)]
+    if bad:
+        raise AdmissionError(
+            400, f"logit_bias names token id {bad[0]}, outside the vocabulary "
+            f"[0, {engine.vocab_size}).", param="logit_bias", code="invalid_token_id")
     if not sampling.get("eos_token_ids"):
         sampling["eos_token_ids"] = list(engine.default_eos_token_ids())
     try:
@@ -190,3 +201,33 @@ def admit(engine: EngineCore, msg: AddRequest, limits: AdmissionLimits, num_queu
     admitted = prepare(engine, msg)
     check_queue_limits(limits, num_queued, queued_tokens, len(admitted.prompt_token_ids))
     return admitted
+
+
+def answer_tokenize(engine: EngineCore, msg: Tokenize) -> dict[str, Any]:
+    """{"tokens": [...]} or {"text": ...} for a Tokenize message; AdmissionError (a 400
+    naming the field) on bad ids, a text too long for the context, a template failure."""
+    if msg.token_ids is not None:
+        if len(msg.token_ids) > engine.max_model_len:
+            raise AdmissionError(400, f"{len(msg.token_ids)} token ids are more than the "
+                                 f"context holds ({engine.max_model_len}).", param="tokens",
+                                 code="context_length_exceeded")
+        bad = [t for t in msg.token_ids if not (isinstance(t, int) and 0 <= t < engine.vocab_size)]
+        if bad:
+            raise AdmissionError(400, f"token id {bad[0]} is outside the vocabulary "
+                                 f"[0, {engine.vocab_size})", param="tokens",
+                                 code="invalid_token_id")
+        detokenize = getattr(engine, "detokenize", None)
+        text = (detokenize(msg.token_ids) if detokenize is not None
+                else "".join(engine.token_text(t) for t in msg.token_ids))
+        return {"text": text}
+    if msg.messages is not None:
+        try:
+            text = engine.render_chat(msg.messages, msg.add_generation_prompt)
+        except Exception as exc:  # jinja errors, bad roles, budgets: the client's fault
+            raise AdmissionError(400, f"chat template failed: {exc}", param="messages",
+                                 code=getattr(exc, "code", None) or "invalid_messages") from exc
+        check_text_length(engine, len(text), "messages")
+        return {"tokens": list(engine.tokenize(text, add_special_tokens=False))}
+    check_text_length(engine, len(msg.text or ""), "prompt")
+    return {"tokens": list(engine.tokenize(msg.text or "",
+                                           add_special_tokens=msg.add_special_tokens))}

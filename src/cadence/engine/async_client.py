@@ -384,7 +384,8 @@ class AsyncEngineClient:
         finally:
             self._tokenize_waiters.pop(nonce, None)
         if "error" in reply:
-            raise EngineRejected(400, reply["error"], code="invalid_value")
+            raise EngineRejected(reply.get("status", 400), reply["error"], reply.get("param"),
+                                 reply.get("code") or "invalid_value")
         return reply
 
     def _apply_stats(self, stats: Mapping[str, Any] | None) -> None:

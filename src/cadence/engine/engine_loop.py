@@ -6,19 +6,25 @@ handled in one turn. Each turn sends at most one EngineBatch (cadence.engine.wir
 rejections, outputs, finished-request telemetry and fresh scheduler stats. The engine
 detokenizes incrementally (RequestOutput.new_text), stop strings included.
 
-Tokenization (and the chat template) run in one worker thread (`admission.prepare`), never
-between two steps: a long prompt cannot stall the running streams (the `tokenizers` library
-releases the GIL while it encodes a long text). A prepared request joins the engine at the next
-turn, in arrival order; the queue limits are checked then.
+Per-request work that grows with the input (tokenization, the chat template, grammar
+compilation: `admission.prepare`; /tokenize and /detokenize: `admission.answer_tokenize`) runs
+in a small pool of admission threads, never between two steps: a long prompt cannot stall the
+running streams (the `tokenizers` library releases the GIL while it encodes a long text, the
+chat template renders in worker processes). Several threads, so one slow request cannot hold
+everyone else's admission; each piece of work is bounded in size before it starts and has a
+deadline (ADMISSION_DEADLINE_S) after which its client gets an answer and its result, if it
+ever comes, is dropped. A prepared request joins the engine at the next turn (prepared
+requests in arrival order); the queue limits are checked then.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +33,7 @@ from cadence.engine.admission import (
     AdmissionError,
     AdmissionLimits,
     AdmittedRequest,
+    answer_tokenize,
     check_queue_limits,
     prepare,
 )
@@ -67,6 +74,11 @@ class EngineCoreLoop:
     IDLE_POLL_MS = 1000
     # While idle with requests being tokenized: how long one turn waits for the tokenizer.
     PREPARE_WAIT_S = 0.005
+    # Admission threads: requests prepared at once (one slow request holds only its own).
+    ADMISSION_THREADS = 4
+    # Seconds a request's preparation (or a /tokenize call) may take before its client is
+    # answered 503; the bounded sizes and the template's own budget keep real work far below.
+    ADMISSION_DEADLINE_S = 20.0
 
     def __init__(self, engine: EngineCore, in_socket: Any, out_socket: Any,
                  limits: AdmissionLimits, parent_pid: int | None = None) -> None:
@@ -76,10 +88,13 @@ class EngineCoreLoop:
         self.limits = limits
         self.parent_pid = parent_pid
         self._live: dict[str, _LiveRequest] = {}
-        # Requests being tokenized, in arrival order: req_id -> (message, prepare() future).
-        self._preparing: dict[str, tuple[AddRequest, Future[AdmittedRequest]]] = {}
-        self._tokenizer = ThreadPoolExecutor(max_workers=1,
-                                             thread_name_prefix="cadence-tokenizer")
+        # Requests being tokenized, in arrival order: req_id -> (message, prepare() future,
+        # deadline).
+        self._preparing: dict[str, tuple[AddRequest, Future[AdmittedRequest], float]] = {}
+        # /tokenize and /detokenize calls in the admission threads: nonce -> (future, deadline).
+        self._tokenizing: dict[int, tuple[Future[dict[str, Any]], float]] = {}
+        self._admission = ThreadPoolExecutor(max_workers=self.ADMISSION_THREADS,
+                                             thread_name_prefix="cadence-admission")
         self._running = True
         # The batch this turn sends; during a long step a short prompt can be admitted and
         # run inside it (interjection): the loop then sends what it has at once.
@@ -102,13 +117,19 @@ class EngineCoreLoop:
             batch.rejected.append(AdmissionError(
                 400, f"duplicate request id {msg.req_id!r}", param="id").to_wire(msg.req_id))
             return
-        self._preparing[msg.req_id] = (msg, self._tokenizer.submit(prepare, self.engine, msg))
+        self._preparing[msg.req_id] = (msg, self._admission.submit(prepare, self.engine, msg),
+                                       time.monotonic() + self.ADMISSION_DEADLINE_S)
 
     def _admit_prepared(self, batch: EngineBatch) -> None:
-        """Add the requests whose tokenization finished, in arrival order."""
-        for req_id, (msg, future) in list(self._preparing.items()):
+        """Add the requests whose preparation finished (in arrival order among them); refuse
+        those past their deadline."""
+        now = time.monotonic()
+        for req_id, (msg, future, deadline) in list(self._preparing.items()):
             if not future.done():
-                break  # one tokenizer thread: the later ones are not done either
+                if now > deadline:
+                    del self._preparing[req_id]  # its result is dropped when it arrives
+                    batch.rejected.append(_deadline_error().to_wire(req_id))
+                continue
             del self._preparing[req_id]
             try:
                 self._admit(msg, future.result(), batch)
@@ -236,32 +257,39 @@ class EngineCoreLoop:
         elif isinstance(msg, GetStats):
             batch.stats_replies.append(msg.nonce)
         elif isinstance(msg, Tokenize):
-            batch.tokenize_replies.append(self._tokenize(msg))
+            self._tokenizing[msg.nonce] = (self._admission.submit(self._tokenize, msg),
+                                           time.monotonic() + self.ADMISSION_DEADLINE_S)
         elif isinstance(msg, Shutdown):
             self._abort(AbortRequests(reason=msg.reason, all_requests=True), batch)
             self._running = False
 
     def _tokenize(self, msg: Tokenize) -> dict[str, Any]:
-        """/tokenize and /detokenize, answered by the process that owns the tokenizer."""
+        """/tokenize and /detokenize, answered by the process that owns the tokenizer (in an
+        admission thread)."""
         try:
-            if msg.token_ids is not None:
-                bad = [t for t in msg.token_ids if not 0 <= t < self.engine.vocab_size]
-                if bad:
-                    raise ValueError(f"token id {bad[0]} is outside the vocabulary "
-                                     f"[0, {self.engine.vocab_size})")
-                detokenize = getattr(self.engine, "detokenize", None)
-                text = (detokenize(msg.token_ids) if detokenize is not None
-                        else "".join(self.engine.token_text(t) for t in msg.token_ids))
-                return {"nonce": msg.nonce, "text": text}
-            if msg.messages is not None:
-                text = self.engine.render_chat(msg.messages, msg.add_generation_prompt)
-                tokens = self.engine.tokenize(text, add_special_tokens=False)
-            else:
-                tokens = self.engine.tokenize(msg.text or "",
-                                              add_special_tokens=msg.add_special_tokens)
-            return {"nonce": msg.nonce, "tokens": list(tokens)}
-        except Exception as exc:  # bad ids, template errors: the client's fault
-            return {"nonce": msg.nonce, "error": f"{type(exc).__name__}: {exc}"}
+            return {"nonce": msg.nonce, **answer_tokenize(self.engine, msg)}
+        except AdmissionError as exc:  # bad ids, template errors: the client's fault
+            return _tokenize_error(msg.nonce, exc)
+
+    def _answer_tokenized(self, batch: EngineBatch) -> None:
+        """The replies of finished /tokenize calls; a 503 for those past their deadline."""
+        now = time.monotonic()
+        for nonce, (future, deadline) in list(self._tokenizing.items()):
+            if future.done():
+                del self._tokenizing[nonce]
+                try:
+                    batch.tokenize_replies.append(future.result())
+                except Exception as exc:  # a tokenizer bug: this call fails, the loop goes on
+                    traceback.print_exception(exc)
+                    batch.tokenize_replies.append(_tokenize_error(nonce, AdmissionError(
+                        500, f"tokenizing failed: {type(exc).__name__}", code="engine_error")))
+            elif now > deadline:
+                del self._tokenizing[nonce]
+                batch.tokenize_replies.append(_tokenize_error(nonce, _deadline_error()))
+
+    def _pending_admission(self) -> list[Future]:
+        return ([entry[1] for entry in self._preparing.values()]
+                + [entry[0] for entry in self._tokenizing.values()])
 
     def _record_step(self, outputs: Sequence[Any], batch: EngineBatch) -> None:
         for out in outputs:
@@ -297,6 +325,7 @@ class EngineCoreLoop:
                 self._deferred.append(msg)
         if self._running:
             self._admit_prepared(self._batch)
+        self._answer_tokenized(self._batch)
 
     def _emit_during_step(self, outputs: Sequence[Any]) -> None:
         """A short prompt ran inside the step: send its first token (and the admissions
@@ -319,15 +348,17 @@ class EngineCoreLoop:
         if busy and waiting_only is not None and waiting_only():
             busy = False  # nothing to step until a transfer ends: block on the sockets
         deferred, self._deferred = self._deferred, []
-        block = not busy and not self._preparing and not deferred
+        pending = self._pending_admission()
+        block = not busy and not pending and not deferred
         for msg in deferred + self._receive(block=block):
             self._handle(msg, batch)
-        if self._preparing and not self.engine.has_unfinished():
+        pending = self._pending_admission()
+        if pending and not self.engine.has_unfinished():
             # Idle but tokenizing: wait for the tokenizer a little instead of spinning.
-            first = next(iter(self._preparing.values()))[1]
-            wait_futures([first], timeout=self.PREPARE_WAIT_S)
+            wait_futures(pending, timeout=self.PREPARE_WAIT_S, return_when=FIRST_COMPLETED)
         if self._running:
             self._admit_prepared(batch)
+        self._answer_tokenized(batch)
         if self._running and self.engine.has_unfinished():
             try:
                 outputs = self.engine.step()
@@ -353,7 +384,18 @@ class EngineCoreLoop:
             while self.run_once():
                 pass
         finally:
-            self._tokenizer.shutdown(wait=False, cancel_futures=True)
+            self._admission.shutdown(wait=False, cancel_futures=True)
+
+
+def _deadline_error() -> AdmissionError:
+    return AdmissionError(503, f"preparing the request took longer than "
+                          f"{EngineCoreLoop.ADMISSION_DEADLINE_S:.0f}s; retry later.",
+                          code="admission_timeout")
+
+
+def _tokenize_error(nonce: int, exc: AdmissionError) -> dict[str, Any]:
+    return {"nonce": nonce, "error": exc.message, "status": exc.status, "param": exc.param,
+            "code": exc.code}
 
 
 def _drain(socket: Any) -> None:

@@ -29,6 +29,7 @@ _ERROR_TYPES = {
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "server_error",
     503: "service_unavailable_error",
 }

@@ -18,6 +18,8 @@ import uvicorn
 from cadence.engine.engine_process import EngineProcessConfig
 from cadence.server.app import ServerState, create_app
 from cadence.server.config import ServerConfig
+from cadence.server.http_protocol import GuardedH11Protocol
+from cadence.server.request_guard import MAX_HEADER_BYTES
 
 logger = logging.getLogger("cadence.server")
 
@@ -57,7 +59,11 @@ def run_server(config: ServerConfig, engine_config: EngineProcessConfig,
     app = create_app(config, engine_config)
     # uvicorn's access log ("127.0.0.1 - POST /v1/completions 200") with --enable-log-requests.
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                               access_log=config.enable_log_requests, lifespan="on")
+                               access_log=config.enable_log_requests, lifespan="on",
+                               # h11 (not httptools) with a bounded header block, refused in
+                               # OpenAI's format (http_protocol.py).
+                               http=GuardedH11Protocol,
+                               h11_max_incomplete_event_size=MAX_HEADER_BYTES)
     state: ServerState = app.state.server
     server = GracefulServer(uv_config, state, config.shutdown_grace_s)
     exit_code = 0

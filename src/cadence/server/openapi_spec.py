@@ -34,6 +34,7 @@ _DESCRIPTIONS = {
     401: "Missing or wrong API key (only with --api-key).",
     404: "The model named in the request is not served here.",
     413: "Request body larger than --max-request-bytes.",
+    431: "Request headers past the server's limits (count or bytes).",
     429: "Queue full (--max-num-queued-requests / --max-num-queued-tokens); see Retry-After.",
     500: "Generation failed inside the engine.",
     503: "The engine is unavailable (restarting or shutting down); see Retry-After.",
@@ -53,7 +54,7 @@ _OPERATION_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("/dashboard/plotly.min.js", "get"): (503,),
     ("/dashboard/events", "get"): (503,),
 }
-_PUBLIC_PATHS = ("/health",)
+_PUBLIC_PATHS = ("/health", "/version")
 _STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions")
 # Operations whose 200 is not JSON (FastAPI cannot see what a handler's Response holds).
 _CONTENT_TYPES = {
@@ -105,6 +106,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                                                  else ()))
             if path not in _PUBLIC_PATHS:
                 statuses.add(401)
+            statuses.add(431)  # any request's headers may pass the limits
             if "requestBody" in op:
                 # Any body may be malformed or too large, may name a model not served here
                 # (404), and may need the engine, which can be restarting (503).

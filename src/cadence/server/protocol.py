@@ -9,6 +9,7 @@ generation_config defaults (then cadence's).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -36,12 +37,45 @@ def unencodable_string_path(value: Any, path: str = "") -> str | None:
     else:
         return None
     for key, item in items:
-        key_path = f"{path}.{key}" if path else str(key)
-        found = unencodable_string_path(key, key_path) if isinstance(key, str) else None
-        found = found or unencodable_string_path(item, key_path)
+        # The path quotes keys with backslash escapes: a key that is itself a lone surrogate
+        # must not make the path (the error's `param`) unencodable too.
+        key_path = (f"{path}." if path else "") + printable_key(key)
+        if isinstance(key, str) and unencodable_string_path(key) is not None:
+            return key_path
+        found = unencodable_string_path(item, key_path)
         if found:
             return found
     return None
+
+
+def printable_key(key: Any) -> str:
+    """A dict key or list index as text UTF-8 can carry (lone surrogates as \\udXXXX)."""
+    return str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class APIRequest(BaseModel):
+    """The base of every request body: the checks each route's body gets in one place.
+
+    Strict types, and no string anywhere in the JSON (dict keys included) that UTF-8 cannot
+    encode: such a string is a 400 naming its path before any field is validated (pydantic
+    itself cannot even carry it in an error message)."""
+
+    model_config = ConfigDict(strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unencodable_strings(cls, data: Any) -> Any:
+        path = unencodable_string_path(data)
+        if path is not None:
+            raise PydanticCustomError(
+                "unencodable_string",
+                "{param} holds a string that is not valid Unicode (a lone surrogate)",
+                {"param": path})
+        return data
+
+
+# A logit_bias key: a token id in ASCII digits (str.isdigit() also takes "²", which int() refuses).
+TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,12}")
 
 
 class StreamOptions(BaseModel):
@@ -100,7 +134,7 @@ METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_c
                    "request_id", "safety_identifier", "prompt_cache_key")
 
 
-class SamplingRequestFields(BaseModel):
+class SamplingRequestFields(APIRequest):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     # extra="allow": fields outside both schemas are kept so `unsupported_features` sees the
@@ -137,17 +171,6 @@ class SamplingRequestFields(BaseModel):
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _reject_unencodable_strings(cls, data: Any) -> Any:
-        path = unencodable_string_path(data)
-        if path is not None:
-            raise PydanticCustomError(
-                "unencodable_string",
-                "{param} holds a string that is not valid Unicode (a lone surrogate)",
-                {"param": path})
-        return data
-
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
@@ -173,8 +196,9 @@ class SamplingRequestFields(BaseModel):
             problems.append(("stop", f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed"))
         if any(s == "" for s in stops):
             problems.append(("stop", "stop sequences must be non-empty strings"))
-        if self.logit_bias and not all(k.lstrip("-").isdigit() for k in self.logit_bias):
-            problems.append(("logit_bias", "logit_bias keys must be token ids"))
+        if self.logit_bias and not all(TOKEN_ID_KEY.fullmatch(k) for k in self.logit_bias):
+            problems.append(("logit_bias", "logit_bias keys must be token ids (decimal "
+                             "integers)"))
         rf = self.response_format
         if rf is not None and rf.get("type") not in ("text", "json_object", "json_schema"):
             problems.append(("response_format", "response_format type must be 'text', "

@@ -1,6 +1,7 @@
 """RequestGuard: the checks that must run before a request body is parsed (pure ASGI).
 
-    client -> RequestGuard: API key (401), body size (413) -> FastAPI: JSON, pydantic, handler
+    client -> RequestGuard: headers (431), API key (401), body size (413)
+           -> FastAPI: JSON, pydantic (protocol.APIRequest), handler
 
 FastAPI reads and decodes the JSON body before it runs route dependencies, so an auth check
 written as a dependency answers a malformed body with 400 before 401, and nothing bounds the
@@ -8,7 +9,13 @@ body: a 50 MB prompt would be read, decoded and validated in full. The guard ans
 the key is checked from the headers alone, and the body is read here, incrementally, up to
 `max_request_bytes` (a Content-Length past it is refused without reading anything), then
 replayed to the app. Later `receive` calls (disconnect detection while streaming) go to the
-server as before.
+server as before. Every route needs the key except the few that are public by design (health,
+version, the API document) and the dashboard, which checks its own (it takes the key from the
+page's query string too); so no route reads a body before the key is checked.
+
+Headers are bounded twice: h11 refuses a header block it has not finished receiving past
+MAX_HEADER_BYTES (http_protocol.py answers that in OpenAI's format), and the guard refuses a
+complete one past MAX_HEADER_BYTES or MAX_HEADERS (431) before anything else reads it.
 """
 
 from __future__ import annotations
@@ -20,8 +27,37 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cadence.server.errors import APIError
 
-# Paths that need the API key (when one is set): the OpenAI API and the metrics.
-PROTECTED_PREFIXES = ("/v1/", "/metrics")
+# Paths that never need the API key: liveness, the version, the API document (and its
+# viewers). The dashboard's pages check the key themselves (header or ?key=).
+PUBLIC_PATHS = frozenset(("/health", "/version", "/openapi.json", "/docs",
+                          "/docs/oauth2-redirect", "/redoc"))
+DASHBOARD_PREFIX = "/dashboard"
+
+# Header limits (gunicorn's defaults are 100 fields of 8190 bytes; nginx's buffers 4 x 8 KiB):
+# real clients send a few hundred bytes of headers.
+MAX_HEADERS = 100
+MAX_HEADER_BYTES = 32 * 1024
+
+
+def needs_api_key(path: str) -> bool:
+    return path not in PUBLIC_PATHS and not (
+        path == DASHBOARD_PREFIX or path.startswith(DASHBOARD_PREFIX + "/"))
+
+
+def header_limit_error(headers: list[tuple[bytes, bytes]]) -> APIError | None:
+    """The 431 for a header block past MAX_HEADERS fields or MAX_HEADER_BYTES, else None."""
+    if len(headers) > MAX_HEADERS:
+        return APIError(431, f"Too many request headers: {len(headers)} (the limit is "
+                        f"{MAX_HEADERS}).", code="request_headers_too_large")
+    size = sum(len(k) + len(v) + 4 for k, v in headers)  # "k: v\r\n"
+    if size > MAX_HEADER_BYTES:
+        return headers_too_large()
+    return None
+
+
+def headers_too_large() -> APIError:
+    return APIError(431, f"Request headers too large: the limit is {MAX_HEADER_BYTES} bytes.",
+                    code="request_headers_too_large")
 
 
 def api_key_error(authorization: str, expected: str) -> APIError | None:
@@ -54,10 +90,14 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope.get("headers", [])}
+        raw_headers = scope.get("headers", [])
+        error = header_limit_error(raw_headers)
+        if error is not None:
+            await error.response()(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
         expected = self._api_key()
-        if expected is not None and scope["path"].startswith(PROTECTED_PREFIXES):
+        if expected is not None and needs_api_key(scope["path"]):
             error = api_key_error(headers.get("authorization", ""), expected)
             if error is not None:
                 await error.response()(scope, receive, send)

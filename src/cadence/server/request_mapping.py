@@ -88,7 +88,8 @@ def sampling_fields(body: SamplingRequestFields, max_tokens: int | None,
             **chosen,
         )
     except ValueError as exc:
-        raise APIError(400, str(exc) + ".", code="invalid_value") from exc
+        raise APIError(400, str(exc) + ".", param=_named_field(str(exc), body),
+                       code="invalid_value") from exc
     if structured is not None:
         field, spec = structured
         try:
@@ -102,6 +103,12 @@ def sampling_fields(body: SamplingRequestFields, max_tokens: int | None,
     wire = sampling_to_wire(params)
     wire["max_tokens"] = max_tokens
     return wire
+
+
+def _named_field(message: str, body: SamplingRequestFields) -> str | None:
+    """The request field a SamplingParams error names first ("top_p must be ...")."""
+    first = message.split(" ", 1)[0]
+    return first if first in type(body).model_fields else None
 
 
 def check_prompt_size(prompt: EnginePrompt, max_model_len: int,

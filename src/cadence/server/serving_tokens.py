@@ -1,4 +1,9 @@
-"""POST /tokenize, POST /detokenize (vLLM's), GET /version: the engine's tokenizer over HTTP."""
+"""POST /tokenize, POST /detokenize (vLLM's), GET /version: the engine's tokenizer over HTTP.
+
+The bodies take the checks every route's body takes (protocol.APIRequest) and the size limits
+of the generation routes: a text that could not fit the context, or more token ids than the
+context holds, is a 400 before the engine sees it, so the tokenizer's work is bounded.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,16 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from cadence import __version__
 from cadence.engine.async_client import EngineDeadError, EngineRejected
 from cadence.server.errors import APIError
-from cadence.server.protocol import ChatMessage
-from cadence.server.request_mapping import check_model
+from cadence.server.protocol import APIRequest, ChatMessage
+from cadence.server.request_mapping import EnginePrompt, check_model, check_prompt_size
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(APIRequest):
     """Either `prompt` (text) or `messages` (a chat, rendered with the chat template)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -33,7 +38,7 @@ class TokenizeRequest(BaseModel):
         return self
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(APIRequest):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     model: str | None = None
@@ -46,8 +51,11 @@ async def _ask_engine(request: Request, **fields: Any) -> dict[str, Any]:
         return await server.client.tokenize(**fields)
     except EngineRejected as exc:
         raise APIError(exc.status, exc.message, param=exc.param, code=exc.code) from exc
-    except (EngineDeadError, TimeoutError) as exc:
+    except EngineDeadError as exc:
         raise APIError(503, f"The engine is unavailable: {exc}", code="engine_unavailable") from exc
+    except TimeoutError as exc:  # alive but busy: not "unavailable"
+        raise APIError(503, "The engine did not answer in time; retry later.",
+                       code="engine_timeout") from exc
 
 
 async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
@@ -55,11 +63,16 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     check_model(body.model, server.model_name)
     if body.messages is not None:
         messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
-                     else "".join(p.get("text", "") for p in m.content or [])}
+                     else "".join(p.get("text", "") for p in m.content or []
+                                  if isinstance(p.get("text"), str))}
                     for m in body.messages]
+        check_prompt_size(EnginePrompt(chat_messages=messages), server.max_model_len,
+                          server.max_token_chars)
         reply = await _ask_engine(request, messages=messages,
                                   add_generation_prompt=body.add_generation_prompt)
     else:
+        check_prompt_size(EnginePrompt(text=body.prompt), server.max_model_len,
+                          server.max_token_chars)
         reply = await _ask_engine(request, text=body.prompt,
                                   add_special_tokens=body.add_special_tokens)
     tokens = reply["tokens"]
@@ -68,7 +81,12 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
 
 
 async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
-    check_model(body.model, request.app.state.server.model_name)
+    server = request.app.state.server
+    check_model(body.model, server.model_name)
+    if len(body.tokens) > server.max_model_len:
+        raise APIError(400, f"{len(body.tokens)} token ids are more than this model's context "
+                       f"holds ({server.max_model_len}).", param="tokens",
+                       code="context_length_exceeded")
     if any(t < 0 for t in body.tokens):
         raise APIError(400, "token ids must be >= 0.", param="tokens", code="invalid_token_id")
     reply = await _ask_engine(request, token_ids=body.tokens)
