@@ -17,6 +17,7 @@ from typing import Any
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.chat_render import render_chat
 from cadence.engine.engine_core import EngineCore, TelemetryDelta
+from cadence.engine.template_pool import TemplatePool
 from cadence.engine.wire import step_record, timeline_record
 
 
@@ -70,6 +71,8 @@ class LLMEngineAdapter:
         engine.telemetry.add_listener(self._telemetry)
         self.generation_defaults: dict[str, Any] = {}
         self.summary = engine.summary()
+        # Chat templates are untrusted code: rendered in worker processes under OS limits.
+        self.templates = TemplatePool()
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
@@ -78,7 +81,7 @@ class LLMEngineAdapter:
                     chat_template: str | None = None,
                     continue_final_message: bool = False) -> str:
         return render_chat(self.tokenizer, messages, chat_template, add_generation_prompt,
-                           continue_final_message)
+                           continue_final_message, templates=self.templates)
 
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)
@@ -115,6 +118,7 @@ class LLMEngineAdapter:
         return dataclasses.asdict(self.engine.scheduler.stats())
 
     def close(self) -> None:
+        self.templates.close()
         self.engine.close()
 
 

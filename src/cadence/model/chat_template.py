@@ -173,6 +173,6 @@ class ChatTemplate:
                 parts.append(part)
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template failed to render: {exc}") from exc
-        except (OverflowError, MemoryError) as exc:
+        except OverflowError as exc:
             raise ValueError(f"chat template failed to render: {type(exc).__name__}") from exc
         return "".join(parts)
