@@ -1,0 +1,181 @@
+"""Tokenizers rebuilt from GGUF metadata encode as llama.cpp does: SentencePiece-style "llama"
+vocabularies (tiny one built here against a port of llama.cpp's algorithm; Gemma 3's real one
+against llama.cpp's llama-tokenize), BPE pre-tokenizers by name, BOS as the file says, and a
+clear error for what is not supported."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+from collections import Counter
+
+import gguf
+import pytest
+
+from cadence.model.gguf_fields import GGUFFile
+from cadence.model.gguf_pretokenizers import SUPPORTED_PRE_TOKENIZERS
+from cadence.model.gguf_tokenizer import tokenizer_from_gguf
+from cadence.model.tokenizer import TokenizerError
+
+from .spm_reference import llama_cpp_spm_encode
+
+SPACE = "\u2581"
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention stores keys and values in fixed-size blocks.",
+    "Hello world! How are you today? I am fine, thank you.",
+    "def forward(self, x): return self.norm(x + self.attn(x))",
+]
+TEXTS = CORPUS + [
+    "", " ", "  two  spaces ", "\n\nnew lines\n", "émigré 😀 日本",  # é, 😀, 日本: bytes only
+    "<start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n", "the the theme thematic",
+    "keys  and\tvalues", "<bos>x<eos>", "a" * 40,
+]
+
+
+def _tiny_spm_vocab() -> tuple[list[str], list[float], list[int]]:
+    """Control tokens, 256 byte tokens, two user-defined ones, then pieces: every substring of
+    up to 5 characters of the escaped corpus, scored by frequency (no 'é', emoji or CJK)."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    types = [3] * len(tokens)
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    tokens += ["\n\n", "  "]
+    types += [4, 4]
+    counts: Counter[str] = Counter()
+    for line in CORPUS:
+        text = SPACE + line.replace(" ", SPACE)
+        for size in range(1, 6):
+            counts.update(text[i:i + size] for i in range(len(text) - size + 1))
+    pieces = [p for p, n in counts.most_common() if n > 1 or len(p) == 1]
+    scores = [0.0] * len(tokens) + [-float(i) for i in range(len(pieces))]
+    return tokens + pieces, scores, types + [1] * len(pieces)
+
+
+def _write_vocab(path: str, tokens, scores, types, **flags) -> str:
+    writer = gguf.GGUFWriter(path, "gemma3")
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(3)
+    if "add_space_prefix" in flags:
+        writer.add_add_space_prefix(flags["add_space_prefix"])
+    if "add_bos" in flags:
+        writer.add_add_bos_token(flags["add_bos"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("add_space_prefix", [False, True])
+def test_spm_vocab_encodes_like_llama_cpp(tmp_path, add_space_prefix):
+    tokens, scores, types = _tiny_spm_vocab()
+    path = _write_vocab(str(tmp_path / "v.gguf"), tokens, scores, types, add_space_prefix=add_space_prefix)
+    tok = tokenizer_from_gguf(GGUFFile(path))
+    for text in TEXTS:
+        expected = llama_cpp_spm_encode(text, tokens, scores, types, add_space_prefix, bos_id=2)
+        assert tok.encode(text) == expected, text
+        # Decoding gives the text back (special tokens kept), less the prefix space llama.cpp
+        # adds at the start; the one it adds after an added token stays (llama.cpp's too).
+        if not add_space_prefix or text in CORPUS:
+            assert tok.decode(expected[1:], skip_special_tokens=False) == text, text
+    assert tok.encode("hello", add_special_tokens=False)[0] != 2
+    assert len(tok.encode("é")) == 1 + 2 + int(add_space_prefix)  # BOS, two UTF-8 bytes
+
+
+def test_spm_bos_as_the_file_says(tmp_path):
+    tokens, scores, types = _tiny_spm_vocab()
+    path = _write_vocab(str(tmp_path / "v.gguf"), tokens, scores, types, add_bos=False)
+    assert tokenizer_from_gguf(GGUFFile(path)).encode("the")[0] != 2
+
+
+def test_unknown_vocabulary_model_or_pre_tokenizer_is_an_error(tmp_path):
+    writer = gguf.GGUFWriter(str(tmp_path / "t5.gguf"), "llama")
+    writer.add_tokenizer_model("t5")
+    writer.add_token_list(["a"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(TokenizerError, match=r"model 't5' is not supported \(supported: gpt2, llama\)"):
+        tokenizer_from_gguf(GGUFFile(str(tmp_path / "t5.gguf")))
+    writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("chameleon")
+    writer.add_token_list(["a", "b", "ab"])
+    writer.add_token_merges(["a b"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(TokenizerError, match=r"pre-tokenizer 'chameleon' is not supported \(supported: .*llama-bpe.*qwen2.*smollm"):
+        tokenizer_from_gguf(GGUFFile(str(tmp_path / "odd.gguf")))
+
+
+@pytest.mark.parametrize("pre, pieces", [
+    ("llama-bpe", ["Hello", "Ġworld", "Ġ", "123", "45", "!"]),
+    ("qwen2", ["Hello", "Ġworld", "Ġ", "1", "2", "3", "4", "5", "!"]),
+    ("smollm", ["Hello", "Ġworld", "Ġ", "1", "2", "3", "4", "5", "!"]),
+    ("gpt-2", ["Hello", "Ġworld", "Ġ12345", "!"]),
+    ("default", ["Hello", "Ġworld", "Ġ", "123", "45", "!"]),
+])
+def test_bpe_pre_tokenizers_split_like_llama_cpp(tiny_llama_dir, tmp_path, pre, pieces):
+    from .gguf_helpers import write_tiny_gguf
+
+    path = write_tiny_gguf(tiny_llama_dir, str(tmp_path / f"{pre}.gguf"), pre=pre)
+    tok = tokenizer_from_gguf(GGUFFile(path))
+    assert [p for p, _ in tok.backend.pre_tokenizer.pre_tokenize_str("Hello world 12345!")] == pieces
+    assert tok.decode(tok.encode("Hello world 12345!")) == "Hello world 12345!"
+    # Llama 3's vocabularies add BOS by default (none here: the tiny file has no BOS id).
+    assert pre in SUPPORTED_PRE_TOKENIZERS
+
+
+GEMMA3_FILE = "/work/cache/gemma/gemma-3-270m-q4_k_m.gguf"
+LLAMA_TOKENIZE = "/work/cache/llamacpp/build/bin/llama-tokenize"
+# llama-tokenize -m gemma-3-270m-q4_k_m.gguf --stdin --ids (llama.cpp 0.3.36's vendored build).
+GEMMA3_EXPECTED = {
+    "Hello world! How are you?": [2, 9259, 1902, 236888, 2088, 659, 611, 236881],
+}
+GEMMA3_TEXTS = [
+    "Hello world! How are you?",
+    "  leading spaces and\n\nnewlines\ttabs   trailing  ",
+    "日本語のテキスト 😀 émigré naïve façade",
+    "<start_of_turn>user\nWrite a haiku.<end_of_turn>\n<start_of_turn>model\n",
+    "def f(x):\n    return x ** 2  # square\n",
+    "1234567890 3.14159 -42 1e-6",
+    "Ünïcödé ﬁ ligature Ω ≈ ∑ \u200b zero width",
+]
+
+
+@pytest.fixture(scope="module")
+def gemma3_tokenizer():
+    if not os.path.isfile(GEMMA3_FILE):
+        pytest.skip(f"{GEMMA3_FILE} is only on the development machine")
+    return tokenizer_from_gguf(GGUFFile(GEMMA3_FILE))
+
+
+def test_gemma3_file_tokenizer_matches_recorded_llama_cpp_ids(gemma3_tokenizer):
+    assert gemma3_tokenizer.vocab_size == 262144 and gemma3_tokenizer.bos_token_id == 2
+    for text, ids in GEMMA3_EXPECTED.items():
+        assert gemma3_tokenizer.encode(text) == ids
+        assert gemma3_tokenizer.decode(ids) == text
+    assert 106 in gemma3_tokenizer.stop_token_ids  # <end_of_turn>
+
+
+def test_gemma3_file_tokenizer_matches_llama_tokenize(gemma3_tokenizer):
+    if not os.access(LLAMA_TOKENIZE, os.X_OK):
+        pytest.skip("llama.cpp's llama-tokenize is not built here")
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(LLAMA_TOKENIZE))
+    for text in GEMMA3_TEXTS:
+        run = subprocess.run([LLAMA_TOKENIZE, "-m", GEMMA3_FILE, "--stdin", "--ids", "--log-disable"],
+                             input=text.encode(), capture_output=True, env=env, timeout=120, check=True)
+        expected = ast.literal_eval(run.stdout.decode().strip().splitlines()[-1])
+        assert gemma3_tokenizer.encode(text) == expected, text
+        assert gemma3_tokenizer.decode(expected[1:], skip_special_tokens=False) == text, text
