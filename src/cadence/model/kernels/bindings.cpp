@@ -20,6 +20,7 @@
 //  pack_linear_bf16 / linear_packed_bf16
 //                    bf16 GEMM on weights packed once for AVX512-BF16 (packed_gemm.h): the LM
 //                    head and, inside DecodeStack, every projection.
+//  gguf_linear       float32 x @ W.T on a GGUF weight's own blocks (Q4_K, Q6_K, Q8_0, ...: gguf/).
 //  argmax_rows       torch.argmax(logits, -1) of float32 rows over both cores (greedy sampling).
 //  DecodeStack       every decoder layer of a small bf16 batch in one call (decode_stack.cpp).
 #include <torch/extension.h>
@@ -70,6 +71,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("phase_seconds", &cadence_kernels::DecodeStack::phase_seconds,
            "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm)")
       .def_property_readonly("last_team", &cadence_kernels::DecodeStack::last_team);
+  m.def("gguf_linear", &cadence_kernels::gguf_linear,
+        "float32 x @ W.T (+ bias) on a GGUF weight's blocks as stored, ggml type by id",
+        py::arg("x"), py::arg("blocks"), py::arg("type"), py::arg("N"), py::arg("K"), py::arg("bias") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
   m.def("kernel_tier", &cadence_kernels::kernel_tier, "the instruction-set tier of this build");
   py::class_<cadence_kernels::DecodeStackF32>(m, "DecodeStackF32", py::module_local(),
                                               "every decoder layer in float32 on compressed packed weights, one call")

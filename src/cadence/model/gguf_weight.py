@@ -1,0 +1,193 @@
+"""A GGUF weight matrix computed in its own format: no float copy of it ever exists.
+
+`GGUFWeight` holds one 2-D tensor of a GGUF file as the file stores it: its ggml type, its shape
+[N, K] (out x in features) and its raw bytes, [N, row_bytes] uint8 (row n's K / block_size
+blocks side by side, as ggml lays out every type). The bytes are read as stored by every kernel
+and never repacked: the kernels decode each block in registers (kernels/gguf/blocks.h), so a
+tensor of a memory-mapped file is used in place (zero copy: the process holds what the page
+cache holds) and `nbytes` is exactly the file's size of the tensor. No repack was worth its cost
+here: every format's rows are contiguous blocks that unaligned vector loads read directly.
+
+  linear(x, bias)   x [..., K] float32 -> [..., N]: x @ W^T on the compiled kernels (threads split
+                    the N columns). Quantized types multiply int8-quantized activations (per row
+                    and group of 32 k, scale amax / 127, as llama.cpp's q8 activations) with
+                    exact integer dot products; float types (F32, F16, BF16) compute in float32
+                    (BF16 on the avx512bf16 tier: bf16 dot products on x rounded to bf16).
+                    Without kernels (torch tier): a slab of rows at a time is dequantized and
+                    multiplied with F.linear, never the whole matrix.
+  dequantize()      [N, K] float32, exactly gguf-py's dequantize (reference and tests only).
+  embedding(ids)    [T, K] float32: only the requested rows are dequantized.
+  take_rows(index)  a new weight of the rows in that order (llama.cpp's q/k row permutation).
+
+Accuracy of `linear` on quantized types: the result is x_q @ dequant(W)^T up to float32 summation
+order, where x_q is x quantized per row and 32 k as above: its error against x @ dequant(W)^T
+is that of 8-bit activations: each element of x moves by at most amax / 254 of its group, about
+0.6% of the output's norm for Gaussian activations (the tests bound it at 1.5%). Each row's
+result is the same whatever rows share its call (batch-invariant, bit for bit).
+
+A model layer holds one GGUFWeight per GGUF tensor (q, k and v may each have their own type in
+a Q4_K_M file) in place of a float weight and calls `linear` on each.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+from cadence.model.kernels.cpu_ops import load_cpu_kernels
+
+Q = GGMLQuantizationType
+# The types computed natively; any other raises ValueError naming them.
+SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (
+    Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL,
+)
+_FLOAT_DTYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+# Float32 values dequantized at once on the torch path (64 MiB).
+_SLAB_VALUES = 1 << 24
+
+
+def check_supported(ggml_type: GGMLQuantizationType | int) -> GGMLQuantizationType:
+    """The type as a GGMLQuantizationType, or a ValueError naming it and the supported ones."""
+    try:
+        qtype = GGMLQuantizationType(int(ggml_type))
+    except ValueError:
+        qtype = None
+    if qtype not in SUPPORTED_TYPES:
+        name = qtype.name if qtype is not None else f"ggml type {int(ggml_type)}"
+        supported = ", ".join(t.name for t in SUPPORTED_TYPES)
+        raise ValueError(f"GGUF weight type {name} is not supported; supported types: {supported}")
+    return qtype
+
+
+def row_bytes(ggml_type: GGMLQuantizationType, K: int) -> int:
+    """Bytes of one row of K weights of `ggml_type` (K a multiple of its block size)."""
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    if K % block:
+        raise ValueError(f"{ggml_type.name}: a row of {K} weights is not a whole number of {block}-weight blocks")
+    return K // block * size
+
+
+def _as_byte_rows(data: np.ndarray | torch.Tensor, N: int) -> torch.Tensor:
+    """data's bytes as a [N, bytes per row] uint8 tensor, sharing its memory (a memory map too)."""
+    if isinstance(data, torch.Tensor):
+        return data.contiguous().view(torch.uint8).reshape(N, -1)
+    array = np.ascontiguousarray(data).view(np.uint8).reshape(N, -1)
+    with warnings.catch_warnings():
+        # A read-only memory map: torch warns that writing through the tensor is undefined; the
+        # blocks are only ever read.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+@dataclass(frozen=True, eq=False)
+class GGUFWeight:
+    """One [N, K] GGUF weight in its ggml type's own blocks (see the module docstring)."""
+
+    ggml_type: GGMLQuantizationType
+    shape: tuple[int, int]  # (N, K): out_features, in_features
+    blocks: torch.Tensor  # [N, row_bytes(ggml_type, K)] uint8, possibly a view of a memory map
+
+    def __post_init__(self) -> None:
+        qtype = check_supported(self.ggml_type)
+        object.__setattr__(self, "ggml_type", qtype)
+        N, K = self.shape
+        expected = (N, row_bytes(qtype, K))
+        if self.blocks.dtype != torch.uint8 or tuple(self.blocks.shape) != expected or not self.blocks.is_contiguous():
+            raise ValueError(f"GGUFWeight {qtype.name} [{N}, {K}]: blocks must be contiguous uint8 {list(expected)}, "
+                             f"got {self.blocks.dtype} {list(self.blocks.shape)}")
+
+    @classmethod
+    def from_data(cls, ggml_type: GGMLQuantizationType | int, shape: tuple[int, int],
+                  data: np.ndarray | torch.Tensor) -> GGUFWeight:
+        """A weight over `data`'s bytes (numpy, memory map or torch), without copying them."""
+        qtype = check_supported(ggml_type)
+        N, K = int(shape[0]), int(shape[1])
+        return cls(qtype, (N, K), _as_byte_rows(data, N))
+
+    @classmethod
+    def from_reader_tensor(cls, tensor) -> GGUFWeight:
+        """A 2-D tensor of a gguf.GGUFReader, read in place from the file's memory map."""
+        if len(tensor.shape) != 2:
+            raise ValueError(f"{tensor.name}: a GGUFWeight is 2-D, this tensor has shape {list(tensor.shape)}")
+        K, N = (int(v) for v in tensor.shape)  # ggml lists the fastest dimension first
+        return cls.from_data(tensor.tensor_type, (N, K), tensor.data)
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, ggml_type: GGMLQuantizationType | int) -> GGUFWeight:
+        """A float [N, K] weight quantized with gguf-py (tests and benchmarks: the types gguf-py
+        can quantize: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)."""
+        qtype = check_supported(ggml_type)
+        array = weight.detach().to(torch.float32).cpu().numpy()
+        if qtype == Q.F32:
+            data = array
+        elif qtype == Q.F16:
+            data = array.astype(np.float16)
+        else:
+            data = gguf_quants.quantize(array, qtype)
+        return cls.from_data(qtype, tuple(weight.shape), np.ascontiguousarray(data))
+
+    @property
+    def out_features(self) -> int:
+        return self.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this weight holds (the file's bytes of the tensor)."""
+        return self.blocks.numel()
+
+    def _dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows [n, row_bytes] of the blocks -> [n, K] float32 (gguf-py's dequantization)."""
+        if self.ggml_type in _FLOAT_DTYPES:
+            return rows.view(_FLOAT_DTYPES[self.ggml_type]).to(torch.float32)
+        return torch.from_numpy(gguf_quants.dequantize(rows.numpy(), self.ggml_type))
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole weight [N, K] as float32 (reference and tests only)."""
+        return self._dequantize_rows(self.blocks).reshape(self.shape).clone()
+
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [T] (int) of the weight as float32 [T, K]: only those rows are dequantized."""
+        ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.shape[0]):
+            raise IndexError(f"embedding: ids outside [0, {self.shape[0]})")
+        return self._dequantize_rows(self.blocks.index_select(0, ids)).reshape(-1, self.shape[1]).clone()
+
+    def take_rows(self, index: torch.Tensor) -> GGUFWeight:
+        """A weight whose row i is row index[i] of this one (a copy of those rows' blocks, bit
+        for bit: e.g. undoing llama.cpp's q/k row permutation, or splitting a fused tensor)."""
+        index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
+        return GGUFWeight(self.ggml_type, (index.numel(), self.shape[1]), self.blocks.index_select(0, index))
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] -> x @ W^T (+ bias) [..., N] float32 (see the module docstring)."""
+        N, K = self.shape
+        if x.shape[-1] != K:
+            raise ValueError(f"linear: x has {x.shape[-1]} features, the {self.ggml_type.name} weight {K}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, K).to(torch.float32).contiguous()
+        b = None if bias is None else bias.to(torch.float32).contiguous()
+        kernels = load_cpu_kernels()
+        if kernels is not None and x2.device.type == "cpu":
+            out = kernels.gguf_linear(x2, self.blocks, int(self.ggml_type), N, K, b)
+        else:
+            out = self._torch_linear(x2, b)
+        return out.reshape(*lead, N)
+
+    def _torch_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The path without compiled kernels: slabs of rows dequantized one at a time."""
+        N, K = self.shape
+        step = max(1, _SLAB_VALUES // K)
+        parts = [F.linear(x, self._dequantize_rows(self.blocks[n:n + step]).reshape(-1, K))
+                 for n in range(0, N, step)]
+        out = torch.cat(parts, dim=-1)
+        return out if bias is None else out + bias

@@ -1,0 +1,92 @@
+// gguf_linear: y = x @ W^T (+ bias) for a GGUF weight in its own block format (blocks.h),
+// computed on the blocks as stored: the activations are quantized once per call (the quantized
+// types) or rounded to bf16 (BF16 weights on the avx512bf16 tier), then the threads split the
+// output columns (at::parallel_for, so torch.set_num_threads applies) and each runs its
+// family's GEMM (gemm.h) over its columns for every row.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+#include "../ops.h"
+#include "blocks.h"
+#include "gemm.h"
+
+namespace cadence_kernels {
+
+at::Tensor gguf_linear(at::Tensor x, at::Tensor blocks, int64_t type, int64_t N, int64_t K,
+                       c10::optional<at::Tensor> bias) {
+  const gguf::BlockSize size = gguf::block_size(static_cast<int>(type));
+  TORCH_CHECK(size.elements > 0, "gguf_linear: unsupported ggml type ", type);
+  TORCH_CHECK(K > 0 && N > 0 && K % size.elements == 0, "gguf_linear: K = ", K, " is not a multiple of the type's ",
+              size.elements, "-weight blocks");
+  const int64_t row_bytes = K / size.elements * size.bytes;
+  TORCH_CHECK(blocks.device().is_cpu() && blocks.is_contiguous() && blocks.scalar_type() == at::kByte &&
+                  blocks.numel() == N * row_bytes,
+              "gguf_linear: blocks must be contiguous uint8 of N * ", row_bytes, " bytes");
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
+                  x.size(1) == K,
+              "gguf_linear: x [M, ", K, "] float32 contiguous");
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N,
+                "gguf_linear: bias [N] float32");
+    bp = bias->data_ptr<float>();
+  }
+#if CADENCE_HAVE_AVX2
+  const int64_t M = x.size(0);
+  auto out = at::empty({M, N}, x.options());
+  if (M == 0) return out;
+  const bool is_float = type == gguf::F32 || type == gguf::F16 || type == gguf::BF16;
+  gguf::GemmArgs g{static_cast<int>(type), blocks.data_ptr<uint8_t>(), row_bytes, N, K, M,
+                   x.data_ptr<float>(), nullptr, nullptr, out.data_ptr<float>()};
+  // Prepared once per call, read by every thread.
+  avx2::QuantizedRows xq;
+  std::vector<uint16_t> x_bf16;
+  if (!is_float) {
+    const int64_t groups = K / avx2::Q8_GROUP;
+    xq.K = K;
+    xq.q.resize(static_cast<size_t>(M * K));
+    xq.mag.resize(static_cast<size_t>(M * K));
+    xq.scale.resize(static_cast<size_t>(M * groups));
+    xq.sum.resize(static_cast<size_t>(M * groups));
+    at::parallel_for(0, M, M * K >= (1 << 16) ? 16 : M, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m)
+        avx2::quantize_row_q8(g.x + m * K, K, xq.q.data() + m * K, xq.mag.data() + m * K,
+                              xq.scale.data() + m * groups, xq.sum.data() + m * groups);
+    });
+    g.xq = &xq;
+  }
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  if (type == gguf::BF16) {
+    x_bf16.resize(static_cast<size_t>(M * K));
+    for (int64_t i = 0; i < M * K; ++i) x_bf16[i] = c10::BFloat16(g.x[i]).x;  // round to nearest even
+    g.x_bf16 = x_bf16.data();
+  }
+#endif
+  // Threads take ranges of 8-column groups. One thread streams a small weight whole: a second
+  // adds less than waking it costs.
+  constexpr int64_t COLS = 8;
+  const int64_t groups = (N + COLS - 1) / COLS;
+  const bool parallel = N * row_bytes >= (2 << 20) || M * N * K >= (1 << 22);
+  at::parallel_for(0, groups, parallel ? 1 : groups, [&](int64_t begin, int64_t end) {
+    const avx2::FlushDenormals ftz;
+    const int64_t n0 = begin * COLS, n1 = std::min(N, end * COLS);
+    const bool done = gguf::gemm_blocks32_columns(g, n0, n1) || gguf::gemm_kquant_columns(g, n0, n1) ||
+                      gguf::gemm_float_columns(g, n0, n1);
+    TORCH_CHECK(done, "gguf_linear: no kernel for ggml type ", type);
+    if (bp != nullptr)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = n0; n < n1; ++n) g.out[m * N + n] += bp[n];
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "gguf_linear: built without AVX2/FMA");
+  return x;
+#endif
+}
+
+}  // namespace cadence_kernels

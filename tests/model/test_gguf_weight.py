@@ -1,0 +1,168 @@
+"""GGUFWeight: every supported GGUF type computed from its own blocks, against gguf-py's reference
+dequantization of the same blocks, on the kernel tier that runs (the Makefile runs this file a
+second time with CADENCE_ISA=avx2 on AVX-512 CPUs) and on the torch path.
+
+Weights come from gguf.quants.quantize where gguf-py quantizes the type, else from random valid
+blocks (finite fp16 scales, random quant bytes: every bit pattern of the quants is valid). Shapes
+have an odd N and, for the 32-weight block types, a K that is not a multiple of 256."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import quants as gguf_quants
+
+from cadence.model.gguf_weight import SUPPORTED_TYPES, GGUFWeight
+from cadence.model.kernels.cpu_ops import load_cpu_kernels
+
+Q = GGMLQuantizationType
+KERNELS = load_cpu_kernels()
+TIER = KERNELS.kernel_tier() if KERNELS is not None else "torch"
+QUANTIZED_BY_GGUF = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
+FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
+# Byte offsets of the fp16 scales in each block (the rest of a block is quant bytes / 6-bit
+# scales, any value valid).
+HALF_OFFSETS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.IQ4_NL: (0,),
+                Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+N_ROWS = 37
+
+
+def k_for(qtype: GGMLQuantizationType) -> int:
+    block = GGML_QUANT_SIZES[qtype][0]
+    if block == 1:
+        return 203  # the float types take any K: tails of every vector width
+    return 512 if block == 256 else 352  # 352 = 11 blocks of 32, not a multiple of 256
+
+
+def random_blocks(qtype: GGMLQuantizationType, N: int, K: int, seed: int) -> np.ndarray:
+    """[N, row bytes] uint8 of valid random blocks: random bytes with finite fp16 scales."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=(N, K // block, size), dtype=np.uint8)
+    for offset in HALF_OFFSETS[qtype]:
+        scale = (rng.uniform(0.002, 0.02, size=(N, K // block)) * rng.choice([-1, 1], size=(N, K // block)))
+        data[:, :, offset:offset + 2] = scale.astype(np.float16).view(np.uint8).reshape(N, K // block, 2)
+    return data.reshape(N, -1)
+
+
+def make_weight(qtype: GGMLQuantizationType, seed: int = 0, random: bool = False) -> GGUFWeight:
+    K = k_for(qtype)
+    if random or qtype not in QUANTIZED_BY_GGUF + FLOAT_TYPES:
+        return GGUFWeight.from_data(qtype, (N_ROWS, K), random_blocks(qtype, N_ROWS, K, seed))
+    w = torch.randn(N_ROWS, K, generator=torch.Generator().manual_seed(seed)) * 0.05
+    return GGUFWeight.quantize(w, qtype)
+
+
+CASES = [(t, False) for t in SUPPORTED_TYPES] + [(Q.Q8_0, True), (Q.Q4_0, True), (Q.Q5_1, True)]
+CASE_IDS = [f"{t.name}-{'random' if r else 'auto'}" for t, r in CASES]
+
+
+def reference_dequantize(weight: GGUFWeight) -> torch.Tensor:
+    return torch.from_numpy(np.array(gguf_quants.dequantize(weight.blocks.numpy(), weight.ggml_type)))
+
+
+@pytest.mark.parametrize(("qtype", "random"), CASES, ids=CASE_IDS)
+def test_dequantize_and_embedding_are_gguf_exact(qtype, random):
+    weight = make_weight(qtype, seed=1, random=random)
+    reference = reference_dequantize(weight).reshape(weight.shape)
+    assert torch.equal(weight.dequantize(), reference)
+    ids = torch.tensor([5, 0, 36, 5])
+    assert torch.equal(weight.embedding(ids), reference[ids])
+    assert weight.nbytes == weight.blocks.numel() == N_ROWS * weight.blocks.shape[1]
+
+
+@pytest.mark.parametrize(("qtype", "random"), CASES, ids=CASE_IDS)
+def test_linear_matches_reference_dequantization(qtype, random):
+    weight = make_weight(qtype, seed=2, random=random)
+    N, K = weight.shape
+    w_ref = reference_dequantize(weight).reshape(N, K).double()
+    gen = torch.Generator().manual_seed(3)
+    bias = torch.randn(N, generator=gen)
+    for T in (1, 3, 17, 64):
+        x = torch.randn(T, K, generator=gen)
+        y = weight.linear(x, bias if T == 3 else None)
+        expected_bias = bias.double() if T == 3 else 0.0
+        assert y.shape == (T, N) and y.dtype == torch.float32
+        if T > 1:  # batch-invariant: each row as it comes out alone
+            torch.testing.assert_close(y[1:2], weight.linear(x[1:2], bias if T == 3 else None), rtol=0, atol=0)
+        exact = (x.double() @ w_ref.T + expected_bias)
+        scale = float(exact.abs().max())
+        if qtype in FLOAT_TYPES:
+            if qtype == Q.BF16 and TIER == "avx512bf16":
+                # bf16 dot products: x is rounded to bf16, then exact products with float32 sums.
+                seen = x.to(torch.bfloat16).double()
+                torch.testing.assert_close(y.double(), seen @ w_ref.T + expected_bias, rtol=0, atol=1e-5 * scale)
+            else:
+                torch.testing.assert_close(y.double(), exact, rtol=0, atol=1e-5 * scale)
+            continue
+        # What the integer kernels multiply: x quantized per row and 32 k (int8, amax / 127).
+        if KERNELS is not None:
+            x_q = KERNELS.quantize_activations_q8(x).double()
+            torch.testing.assert_close(y.double(), x_q @ w_ref.T + expected_bias, rtol=0, atol=2e-5 * scale)
+            # Against float activations: 8-bit activations' error (~0.6% of the output's norm).
+            assert float((y.double() - exact).norm() / exact.norm()) < 0.015
+        else:
+            torch.testing.assert_close(y.double(), exact, rtol=0, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.BF16, Q.Q8_0])
+def test_torch_path_matches_reference(qtype):
+    """The path without compiled kernels dequantizes slabs of rows and uses F.linear."""
+    weight = make_weight(qtype, seed=4)
+    x = torch.randn(5, weight.in_features, generator=torch.Generator().manual_seed(5))
+    expected = x @ reference_dequantize(weight).reshape(weight.shape).T
+    torch.testing.assert_close(weight._torch_linear(x, None), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_leading_dimensions_and_take_rows():
+    weight = make_weight(Q.Q4_K, seed=6)
+    x = torch.randn(2, 3, weight.in_features, generator=torch.Generator().manual_seed(7))
+    y = weight.linear(x)
+    assert y.shape == (2, 3, N_ROWS)
+    torch.testing.assert_close(y.reshape(6, -1), weight.linear(x.reshape(6, -1)), rtol=0, atol=0)
+    order = torch.tensor([3, 1, 36, 0])
+    picked = weight.take_rows(order)
+    assert picked.shape == (4, weight.in_features) and picked.ggml_type == Q.Q4_K
+    assert torch.equal(picked.dequantize(), weight.dequantize()[order])
+    torch.testing.assert_close(picked.linear(x.reshape(6, -1)), y.reshape(6, -1)[:, order], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.IQ2_XXS, Q.IQ4_XS, Q.Q8_1])
+def test_unsupported_types_raise_naming_the_type(qtype):
+    with pytest.raises(ValueError, match=rf"{qtype.name} is not supported.*Q4_K.*Q6_K"):
+        GGUFWeight.from_data(qtype, (4, 256), np.zeros(4 * GGML_QUANT_SIZES[qtype][1], dtype=np.uint8))
+
+
+def test_bad_shapes_raise():
+    with pytest.raises(ValueError, match="not a whole number"):
+        GGUFWeight.from_data(Q.Q4_K, (2, 288), np.zeros(2 * 144, dtype=np.uint8))
+    weight = make_weight(Q.Q8_0)
+    with pytest.raises(ValueError, match="features"):
+        weight.linear(torch.zeros(1, weight.in_features + 32))
+
+
+def test_memory_mapped_file_is_used_in_place(tmp_path):
+    """A GGUF file's tensors are computed on in its memory map: no copy of the blocks."""
+    path = tmp_path / "w.gguf"
+    q4k = random_blocks(Q.Q4_K, 64, 512, seed=8)
+    q8 = gguf_quants.quantize(np.random.default_rng(9).standard_normal((48, 256)).astype(np.float32), Q.Q8_0)
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("a.weight", q4k, raw_dtype=Q.Q4_K)
+    writer.add_tensor("b.weight", q8, raw_dtype=Q.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = GGUFReader(str(path))
+    start = reader.data.ctypes.data
+    end = start + reader.data.nbytes
+    tensors = {t.name: t for t in reader.tensors}
+    for name, raw, qtype, shape in (("a.weight", q4k, Q.Q4_K, (64, 512)), ("b.weight", q8, Q.Q8_0, (48, 256))):
+        weight = GGUFWeight.from_reader_tensor(tensors[name])
+        assert weight.ggml_type == qtype and weight.shape == shape
+        assert start <= weight.blocks.data_ptr() and weight.blocks.data_ptr() + weight.nbytes <= end
+        copy = GGUFWeight.from_data(qtype, shape, np.array(raw))
+        x = torch.randn(2, shape[1])
+        torch.testing.assert_close(weight.linear(x), copy.linear(x), rtol=0, atol=0)
