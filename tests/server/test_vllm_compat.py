@@ -78,7 +78,7 @@ CHAT_FIELDS = {
     "echo": (True, "ok"), "add_generation_prompt": (False, "ok"),
     "continue_final_message": (True, "400"),  # needs add_generation_prompt=false
     "documents": ([{"text": "x"}], "400"), "chat_template": ("{{ messages[0]['content'] }}", "ok"),
-    "chat_template_kwargs": ({"x": 1}, "400"), "mm_processor_kwargs": ({"x": 1}, "400"),
+    "chat_template_kwargs": ({"x": 1}, "ok"), "mm_processor_kwargs": ({"x": 1}, "400"),
     "structural_tag": ("{}", "400"),
 }
 
@@ -273,3 +273,15 @@ def test_grafana_dashboard_queries_find_their_series(http, model, tiny_server):
     # Every cadence series carries the label, as vLLM's do.
     unlabelled = {n for n, models in labelled.items() if n.startswith("cadence:") and None in models}
     assert not unlabelled, unlabelled
+
+
+def test_chat_template_kwargs_reach_the_template(http, model, tiny_tokenizer):
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 1,
+            "chat_template": "{{ greeting }} {{ messages[0]['content'] }}",
+            "chat_template_kwargs": {"greeting": "Hi"}}
+    reply = http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["prompt_tokens"] == len(
+        tiny_tokenizer.encode("Hi hello", add_special_tokens=False))
+    bad = http.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"messages": []}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs", bad.text

@@ -89,9 +89,11 @@ def prompt_token_ids(engine: EngineCore, msg: AddRequest) -> list[int]:
     if msg.chat_messages is not None:
         try:
             extra = {}
-            if msg.chat_template is not None or msg.continue_final_message:
+            if (msg.chat_template is not None or msg.continue_final_message
+                    or msg.chat_template_kwargs):
                 extra = {"chat_template": msg.chat_template,
-                         "continue_final_message": msg.continue_final_message}
+                         "continue_final_message": msg.continue_final_message,
+                         "chat_template_kwargs": msg.chat_template_kwargs}
             text = engine.render_chat(msg.chat_messages, msg.add_generation_prompt, **extra)
         except Exception as exc:  # jinja errors, bad roles, budgets: the client's fault
             raise AdmissionError(400, f"chat template failed: {exc}", param="messages",

@@ -254,6 +254,7 @@ class AsyncEngineClient:
         kv_transfer_params: Mapping[str, Any] | None = None,
         chat_template: str | None = None,
         continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> RequestStream:
         """Send one request and wait until the engine admits it (EngineRejected if not)."""
         if not self.is_healthy:
@@ -269,7 +270,9 @@ class AsyncEngineClient:
                          want_prompt_text=want_prompt_text,
                          kv_transfer_params=None if kv_transfer_params is None
                          else dict(kv_transfer_params), chat_template=chat_template,
-                         continue_final_message=continue_final_message)
+                         continue_final_message=continue_final_message,
+                         chat_template_kwargs=None if chat_template_kwargs is None
+                         else dict(chat_template_kwargs))
         try:
             await self._in.send(encode_message(msg))
             accepted = await state.accepted

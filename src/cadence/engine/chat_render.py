@@ -7,11 +7,26 @@ from __future__ import annotations
 from typing import Any
 
 
+def chat_template_kwargs_problem(kwargs: Any) -> str | None:
+    """Why `chat_template_kwargs` cannot be used (None when it can), for request validation."""
+    from cadence.model.chat_template import check_template_kwargs
+
+    try:
+        check_template_kwargs(kwargs)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None,
                 add_generation_prompt: bool, continue_final_message: bool,
-                templates: Any = None) -> str:
+                templates: Any = None, template_kwargs: dict[str, Any] | None = None) -> str:
     """The prompt text of a conversation. `continue_final_message` (vLLM's): the last
-    (assistant) message is left open so the model continues it."""
+    (assistant) message is left open so the model continues it. `template_kwargs` (vLLM's
+    chat_template_kwargs): extra variables the template reads, e.g. Qwen3's enable_thinking."""
+    from cadence.model.chat_template import check_template_kwargs
+
+    kwargs = check_template_kwargs(template_kwargs)
     if continue_final_message:
         if add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be set")
@@ -22,14 +37,15 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: s
         if source is None:
             raise ValueError("this model has no chat template; use a plain completion prompt")
         text = templates.render(source, tokenizer.bos_token, tokenizer.eos_token, messages,
-                                add_generation_prompt)
+                                add_generation_prompt, **kwargs)
     elif chat_template is not None:
         from cadence.model.chat_template import ChatTemplate
 
         template = ChatTemplate(chat_template, tokenizer.bos_token, tokenizer.eos_token)
-        text = template.render(messages, add_generation_prompt=add_generation_prompt)
+        text = template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
     else:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                             **kwargs)
     if continue_final_message:
         final = messages[-1].get("content") or ""
         cut = text.rfind(final)

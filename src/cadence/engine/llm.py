@@ -146,9 +146,11 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Reply to one conversation (a list of {"role", "content"} dicts) or a list of them,
-        formatted with the model's chat template (or `chat_template`)."""
+        formatted with the model's chat template (or `chat_template`); `chat_template_kwargs`
+        are extra template variables (vLLM's, e.g. {"enable_thinking": False} for Qwen3)."""
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer with a chat template")
         if not isinstance(messages, Sequence) or not messages:
@@ -157,7 +159,8 @@ class LLM:
         items = []
         for conv in conversations:
             text = render_chat(self.tokenizer, list(conv), chat_template,
-                               add_generation_prompt, continue_final_message)
+                               add_generation_prompt, continue_final_message,
+                               template_kwargs=chat_template_kwargs)
             # The template already spells out special tokens such as BOS.
             items.append((text, tuple(self.tokenizer.encode(text, add_special_tokens=False))))
         return self._run(items, sampling_params, use_tqdm)

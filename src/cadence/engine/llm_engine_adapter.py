@@ -79,9 +79,11 @@ class LLMEngineAdapter:
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                     chat_template: str | None = None,
-                    continue_final_message: bool = False) -> str:
+                    continue_final_message: bool = False,
+                    chat_template_kwargs: dict[str, Any] | None = None) -> str:
         return render_chat(self.tokenizer, messages, chat_template, add_generation_prompt,
-                           continue_final_message, templates=self.templates)
+                           continue_final_message, templates=self.templates,
+                           template_kwargs=chat_template_kwargs)
 
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)

@@ -52,6 +52,8 @@ class AddRequest:
     # Per-request chat formatting (vLLM's chat_template / continue_final_message fields).
     chat_template: str | None = None
     continue_final_message: bool = False
+    # Extra template variables (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

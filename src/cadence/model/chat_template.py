@@ -9,6 +9,7 @@ iterations `range` hands out, and wall time. Past one, rendering stops with a Va
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -123,6 +124,34 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    # transformers' tojson (plain json.dumps, non-ASCII kept), not jinja's HTML-safe one that
+    # escapes <, >, & and ': tool schemas in Llama 3.1 / Qwen prompts must match token for token.
+    try:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"chat template: tojson cannot encode a {type(value).__name__}") from exc
+
+
+# Variables the renderer sets itself; chat_template_kwargs cannot replace them.
+RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "range"})
+
+
+def check_template_kwargs(kwargs: Any) -> dict[str, Any]:
+    """chat_template_kwargs as a dict of extra template variables; ValueError if it is not a
+    mapping of names or sets a variable the renderer owns."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError("chat_template_kwargs must map variable names to values")
+    clash = sorted(RESERVED_VARIABLES & kwargs.keys())
+    if clash:
+        raise ValueError(f"chat_template_kwargs cannot set {', '.join(clash)} (set by the server)")
+    return dict(kwargs)
+
+
 class ChatTemplate:
     """A compiled chat template, rendered the way Hugging Face transformers renders it.
 
@@ -134,6 +163,7 @@ class ChatTemplate:
         env = BoundedSandbox(
             trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
         )
+        env.filters["tojson"] = _tojson
         env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
@@ -153,6 +183,7 @@ class ChatTemplate:
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message:
                 raise ValueError(f"message {i} must be a dict with a 'role' key, got {message!r}")
+        kwargs = check_template_kwargs(kwargs)
         budget = _Budget()
         parts: list[str] = []
         size = 0

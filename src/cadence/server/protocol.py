@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from cadence.engine.chat_render import chat_template_kwargs_problem
+
 # OpenAI caps logprobs alternatives at 20 (as does SamplingParams).
 MAX_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 16
@@ -122,7 +124,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
                                       "spaces_between_special_tokens=false is not supported"),
     "add_special_tokens": ((None,), "add_special_tokens is not supported (cadence adds the "
                            "tokenizer's special tokens to text prompts, none to chats)"),
-    "chat_template_kwargs": ((None, {}), "chat_template_kwargs is not supported"),
     "cache_salt": ((None,), "cache_salt is not supported"),
     "guided_decoding_backend": ((None, "llguidance", "auto"),
                                 "only the llguidance grammar backend is available"),
@@ -277,6 +278,8 @@ class ChatCompletionRequest(SamplingRequestFields):
     continue_final_message: bool = False
     echo: bool = False
     chat_template: str | None = None
+    # Extra variables for the chat template (vLLM's), e.g. {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def effective_max_tokens(self) -> int | None:
         # max_completion_tokens is OpenAI's newer name; it wins when both are given.
@@ -288,6 +291,8 @@ class ChatCompletionRequest(SamplingRequestFields):
         problems = self.common_unsupported()
         if self.top_logprobs is not None and not self.logprobs:
             problems.append(("top_logprobs", "top_logprobs requires logprobs=true"))
+        if (why := chat_template_kwargs_problem(self.chat_template_kwargs)) is not None:
+            problems.append(("chat_template_kwargs", why))
         if self.continue_final_message:
             if self.add_generation_prompt:
                 problems.append(("continue_final_message", "continue_final_message needs "

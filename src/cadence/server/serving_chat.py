@@ -72,5 +72,6 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         renderer=ChatRenderer,
         submit_kwargs={"add_generation_prompt": body.add_generation_prompt,
                        "chat_template": body.chat_template,
-                       "continue_final_message": body.continue_final_message},
+                       "continue_final_message": body.continue_final_message,
+                       "chat_template_kwargs": body.chat_template_kwargs},
         echo=(lambda mux: {i: echo_text for i in range(body.n)}) if echo_text else None)
