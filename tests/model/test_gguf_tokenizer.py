@@ -14,7 +14,7 @@ import gguf
 import pytest
 
 from cadence.model.gguf_fields import GGUFFile
-from cadence.model.gguf_pretokenizers import SUPPORTED_PRE_TOKENIZERS
+from cadence.model.gguf_pretokenizers import SUPPORTED_PRE_TOKENIZERS, pre_tokenizer_spec
 from cadence.model.gguf_tokenizer import tokenizer_from_gguf
 from cadence.model.tokenizer import TokenizerError
 
@@ -137,8 +137,98 @@ def test_bpe_pre_tokenizers_split_like_llama_cpp(tiny_llama_dir, tmp_path, pre, 
     assert pre in SUPPORTED_PRE_TOKENIZERS
 
 
-GEMMA3_FILE = "/work/cache/gemma/gemma-3-270m-q4_k_m.gguf"
 LLAMA_TOKENIZE = "/work/cache/llamacpp/build/bin/llama-tokenize"
+BPE_TEXTS = [
+    "Hello world 12345!", "I'm sure they'LL say DON'T", "  two  spaces\n\n\tand tabs  ",
+    "naïve café ñandú", "日本語のテキスト, 中文。", "emoji 😀👍🏽 done", "camelCaseWord HTTPServer",
+    "x = [1, 2, 3]; y == 3.14159!!!", "line\r\nbreaks\n\n\n", "    indented\n        more", "$100 + <tag>|~^",
+]
+
+
+def llama_cpp_ids(path: str, text: str) -> list[int]:
+    """llama.cpp's own tokenization of `text` with the vocabulary in `path` (special tokens parsed,
+    BOS as the file says)."""
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(LLAMA_TOKENIZE))
+    run = subprocess.run([LLAMA_TOKENIZE, "-m", path, "--stdin", "--ids", "--log-disable"],
+                         input=text.encode(), capture_output=True, env=env, timeout=120, check=True)
+    return ast.literal_eval(run.stdout.decode().strip().splitlines()[-1])
+
+
+def _needs_llama_tokenize() -> None:
+    if not os.access(LLAMA_TOKENIZE, os.X_OK):
+        pytest.skip("llama.cpp's llama-tokenize is not built here")
+
+
+def _vocab_only_file(path: str, fill) -> str:
+    """A GGUF that llama.cpp loads vocab-only: a llama architecture's required keys, no tensors."""
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(64)
+    writer.add_head_count(4)
+    writer.add_layer_norm_rms_eps(1e-5)
+    fill(writer)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("add_space_prefix", [False, True])
+def test_spm_vocab_encodes_as_llama_cpp_itself(tmp_path, add_space_prefix):
+    _needs_llama_tokenize()
+    tokens, scores, types = _tiny_spm_vocab()
+
+    def fill(writer):
+        writer.add_tokenizer_model("llama")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_bos_token_id(2)
+        writer.add_eos_token_id(1)
+        writer.add_unk_token_id(3)
+        writer.add_add_space_prefix(add_space_prefix)
+
+    path = _vocab_only_file(str(tmp_path / "spm.gguf"), fill)
+    tok = tokenizer_from_gguf(GGUFFile(path))
+    for text in TEXTS + BPE_TEXTS:
+        if text:  # llama-tokenize reads an empty stdin as no prompt
+            assert tok.encode(text) == llama_cpp_ids(path, text), text
+
+
+def _one_name_per_spec() -> list[str]:
+    # llama.cpp's names (not cadence's "gpt2" alias), one per distinct regex chain and defaults.
+    seen, names = set(), []
+    for name in SUPPORTED_PRE_TOKENIZERS:
+        spec = pre_tokenizer_spec(name)
+        if name != "gpt2" and spec not in seen:
+            seen.add(spec)
+            names.append(name)
+    return names
+
+
+LLAMA_CPP_PRE_NAMES = _one_name_per_spec()
+
+
+@pytest.mark.parametrize("pre", LLAMA_CPP_PRE_NAMES)
+def test_bpe_pre_tokenizers_encode_as_llama_cpp_itself(tiny_llama_dir, tmp_path, pre):
+    _needs_llama_tokenize()
+    from .gguf_helpers import _write_bpe_vocab
+
+    def fill(writer):
+        _write_bpe_vocab(writer, tiny_llama_dir, pre)
+        writer.add_bos_token_id(0)  # llama.cpp adds BOS by default for some names (llama-bpe, tekken)
+
+    path = _vocab_only_file(str(tmp_path / f"{pre}.gguf"), fill)
+    tok = tokenizer_from_gguf(GGUFFile(path))
+    for text in BPE_TEXTS + ["<|im_start|>user\nhi<|im_end|>"]:
+        assert tok.encode(text) == llama_cpp_ids(path, text), (pre, text)
+
+
+GEMMA3_FILE = "/work/cache/gemma/gemma-3-270m-q4_k_m.gguf"
 # llama-tokenize -m gemma-3-270m-q4_k_m.gguf --stdin --ids (llama.cpp 0.3.36's vendored build).
 GEMMA3_EXPECTED = {
     "Hello world! How are you?": [2, 9259, 1902, 236888, 2088, 659, 611, 236881],
@@ -170,12 +260,8 @@ def test_gemma3_file_tokenizer_matches_recorded_llama_cpp_ids(gemma3_tokenizer):
 
 
 def test_gemma3_file_tokenizer_matches_llama_tokenize(gemma3_tokenizer):
-    if not os.access(LLAMA_TOKENIZE, os.X_OK):
-        pytest.skip("llama.cpp's llama-tokenize is not built here")
-    env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(LLAMA_TOKENIZE))
-    for text in GEMMA3_TEXTS:
-        run = subprocess.run([LLAMA_TOKENIZE, "-m", GEMMA3_FILE, "--stdin", "--ids", "--log-disable"],
-                             input=text.encode(), capture_output=True, env=env, timeout=120, check=True)
-        expected = ast.literal_eval(run.stdout.decode().strip().splitlines()[-1])
+    _needs_llama_tokenize()
+    for text in GEMMA3_TEXTS + BPE_TEXTS[:4]:
+        expected = llama_cpp_ids(GEMMA3_FILE, text)
         assert gemma3_tokenizer.encode(text) == expected, text
         assert gemma3_tokenizer.decode(expected[1:], skip_special_tokens=False) == text, text
