@@ -130,6 +130,16 @@ def test_detokenize_ids_are_checked(server, tokens, param):
     assert err["param"] == param, err
 
 
+def test_long_stop_strings_are_400(server):
+    """The stop-string matcher's per-token work grows with the strings: they are bounded."""
+    resp = httpx.post(server.base_url + "/v1/completions", headers=AUTH, timeout=30,
+                      json={"prompt": "hi", "max_tokens": 2, "stop": ["a" * 257]})
+    assert _error(resp, 400)["param"] == "stop"
+    resp = httpx.post(server.base_url + "/v1/completions", headers=AUTH, timeout=30,
+                      json={"prompt": "hi", "max_tokens": 2, "stop": ["a" * 256]})
+    assert resp.status_code == 200, resp.text
+
+
 # ---- the API key before any body, on every route -----------------------------------------------
 
 PUBLIC = {"/health", "/version", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"}

@@ -145,3 +145,26 @@ def test_ten_3mb_tokenize_calls_are_refused_without_stalling(server):
     watch.assert_smooth()
     ok = httpx.post(server.base_url + "/tokenize", json={"prompt": "hello"}, timeout=30)
     assert ok.status_code == 200 and ok.json()["count"] > 0
+
+
+def test_pathological_regex_is_refused_or_ends_by_length(server):
+    """a{10000}{10000} compiles for seconds: at admission (off the loop), where past its
+    budget it is a 400; a matcher that fails later ends by "length", never "stop" (its output
+    does not match the regex)."""
+    body = {"prompt": "go", "max_tokens": 4, "guided_regex": "a{10000}{10000}"}
+    with Watch(server) as watch, ThreadPoolExecutor(6) as pool:
+        replies = list(pool.map(lambda _: httpx.post(
+            server.base_url + "/v1/completions", json=body, timeout=120), range(6)))
+    for resp in replies:
+        if resp.status_code == 400:
+            err = resp.json()["error"]
+            assert err["param"] == "guided_regex" and err["code"] == "invalid_structured_output"
+            assert "budget" in err["message"], err
+        else:
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["choices"][0]["finish_reason"] == "length", resp.text
+    watch.assert_smooth()
+    ok = httpx.post(server.base_url + "/v1/completions", timeout=60,
+                    json={"prompt": "go", "max_tokens": 8, "guided_regex": "(yes|no)"})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"] in ("yes", "no"), ok.text
+    assert ok.json()["choices"][0]["finish_reason"] == "stop"

@@ -1,7 +1,8 @@
 """Admission of one request by the engine process: its prompt ids, its limits, back-pressure.
 
-    prepare(engine, msg)      prompt ids (chat template, tokenizer) and sampling checks; runs
-                              in the loop's admission threads, never inside the step loop
+    prepare(engine, msg)      prompt ids (chat template, tokenizer), sampling checks and the
+                              grammar's compilation; runs in the loop's admission threads,
+                              never inside the step loop
     answer_tokenize(...)      /tokenize and /detokenize, in the same threads
     check_queue_limits(...)   back-pressure, on the loop thread when the request is added
 
@@ -194,6 +195,12 @@ def prepare(engine: EngineCore, msg: AddRequest) -> AdmittedRequest:
             f"has {n} tokens, which leaves no room for a completion.", param=param,
             code="context_length_exceeded")
     params = _sampling_params(engine, msg, n)
+    compile_grammar = getattr(engine, "prepare_structured", None)
+    if compile_grammar is not None and params.structured_outputs is not None:
+        try:
+            compile_grammar(msg.req_id, params)
+        except ValueError as exc:  # does not compile, or past its compile budget
+            raise AdmissionError(400, str(exc), code="invalid_structured_output") from exc
     return AdmittedRequest(ids, params, param)
 
 

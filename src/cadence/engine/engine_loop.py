@@ -74,8 +74,9 @@ class EngineCoreLoop:
     IDLE_POLL_MS = 1000
     # While idle with requests being tokenized: how long one turn waits for the tokenizer.
     PREPARE_WAIT_S = 0.005
-    # Admission threads: requests prepared at once (one slow request holds only its own).
-    ADMISSION_THREADS = 4
+    # Admission threads: requests prepared at once (a slow one holds only its own thread;
+    # threads start on demand). Grammar compiles and template renders can each take seconds.
+    ADMISSION_THREADS = 16
     # Seconds a request's preparation (or a /tokenize call) may take before its client is
     # answered 503; the bounded sizes and the template's own budget keep real work far below.
     ADMISSION_DEADLINE_S = 20.0

@@ -496,6 +496,11 @@ class LLMEngine:
         elif (finished and reason == "stop" and u.new_token_ids
               and u.new_token_ids[-1] in text.stop_token_ids):
             stop_reason = u.new_token_ids[-1]
+            unfinished = getattr(self.executor, "grammar_unfinished", None)
+            if unfinished is not None and unfinished(u.req_id):
+                # The grammar mask forced this EOS (its matcher failed, or nothing else was
+                # allowed): the output does not match the grammar, so it is not a "stop".
+                reason, stop_reason = "length", None
         logprobs = None
         sampled = out.sampled.get(u.req_id)
         if u.new_token_ids and sampled is not None and sampled.logprob is not None:

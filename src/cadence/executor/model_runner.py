@@ -92,6 +92,16 @@ class ModelExecutor:
         if params.structured_outputs is not None:
             self.structured.check(params.structured_outputs)
 
+    def prepare_request(self, req_id: str, params) -> None:
+        """Compile the request's grammar before it joins the loop (admission threads; see
+        structured_output.StructuredOutputs.prepare). ValueError when it does not compile."""
+        if params.structured_outputs is not None:
+            self.structured.prepare(req_id, params.structured_outputs)
+
+    def grammar_unfinished(self, req_id: str) -> bool:
+        """Whether the request's grammar is incomplete: an EOS now was forced, not allowed."""
+        return self.structured.unfinished(req_id)
+
     def release_request(self, req_id: str) -> None:
         """The request finished: drop its per-request state (grammar matcher)."""
         self.structured.release(req_id)

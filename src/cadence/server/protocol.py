@@ -20,6 +20,9 @@ from cadence.engine.chat_render import chat_template_kwargs_problem
 # OpenAI caps logprobs alternatives at 20 (as does SamplingParams).
 MAX_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 16
+# The stop-string matcher checks every held tail against every stop string on each token:
+# its per-token work grows with the strings' lengths, so they are bounded.
+MAX_STOP_CHARS = 256
 
 
 def unencodable_string_path(value: Any, path: str = "") -> str | None:
@@ -197,6 +200,9 @@ class SamplingRequestFields(APIRequest):
             problems.append(("stop", f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed"))
         if any(s == "" for s in stops):
             problems.append(("stop", "stop sequences must be non-empty strings"))
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            problems.append(("stop", f"stop sequences must be at most {MAX_STOP_CHARS} "
+                             "characters"))
         if self.logit_bias and not all(TOKEN_ID_KEY.fullmatch(k) for k in self.logit_bias):
             problems.append(("logit_bias", "logit_bias keys must be token ids (decimal "
                              "integers)"))
