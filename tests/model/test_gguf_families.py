@@ -112,3 +112,31 @@ def test_real_gemma3_file_config():
     assert config.qk_norm and config.sandwich_norms and config.tie_word_embeddings
     assert config.hidden_act == "gelu_pytorch_tanh" and config.rms_norm_eps == 1e-6
     assert config.rope_scaling is None and config.final_logit_softcapping is None
+
+
+LLAMA_COMPLETION = "/work/cache/llamacpp/build/bin/llama-completion"
+
+
+def test_real_gemma3_file_greedy_text_matches_llama_cpp():
+    """Gemma 3 270M (Q4_K_M: Q8_0, Q5_0, Q4_K, Q6_K tensors) decoded to float32 continues a
+    prompt greedily with llama.cpp's words."""
+    import subprocess
+
+    if not os.path.isfile(GEMMA3_FILE) or not os.access(LLAMA_COMPLETION, os.X_OK):
+        pytest.skip("the Gemma 3 file and llama.cpp's llama-completion are only on the development machine")
+    try:
+        ours = load_model(GEMMA3_FILE, dtype="float32", device="cpu")
+    except ModelLoadError as exc:
+        if "unexpected tensor" in str(exc):
+            pytest.skip(f"this checkout's decoder has no gemma3 pieces yet: {exc}")
+        raise
+    prompt, steps = "The capital of France is", 8
+    ids = ours.tokenizer.encode(prompt)
+    for _ in range(steps):
+        ids.append(int(paged_logits(ours, ids, chunk_size=64, pool_size=64)[-1].argmax()))
+    text = ours.tokenizer.decode(ids[-steps:])
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(LLAMA_COMPLETION))
+    run = subprocess.run([LLAMA_COMPLETION, "-m", GEMMA3_FILE, "-p", prompt, "-n", str(steps), "--temp", "0",
+                          "-no-cnv", "--no-display-prompt", "-t", "2"],
+                         capture_output=True, env=env, timeout=300, check=True)
+    assert text.rstrip("\n") == run.stdout.decode().rstrip("\n")

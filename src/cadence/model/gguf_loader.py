@@ -49,8 +49,9 @@ def dequantize(data: np.ndarray, tensor_type: gguf.GGMLQuantizationType) -> np.n
         # block: f16 scale d, 32 int8 values.
         blocks = np.ascontiguousarray(data).reshape(-1, 34)
         d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
-        values = blocks[:, 2:].copy().view(np.int8).astype(np.float32)
-        return (values * d).reshape(*data.shape[:-1], -1)
+        values = blocks[:, 2:].view(np.int8).astype(np.float32)  # one temporary, then in place
+        values *= d
+        return values.reshape(*data.shape[:-1], -1)
     if tensor_type == gguf.GGMLQuantizationType.F64:
         return np.asarray(data, dtype=np.float32)
     return gguf.quants.dequantize(data, tensor_type)
@@ -94,8 +95,9 @@ def _float_array(tensor, source: str) -> np.ndarray:
     shape = tuple(int(d) for d in reversed(tensor.shape))
     try:
         array = dequantize(tensor.data, tensor.tensor_type)
-        # Copy: float tensors come back as read-only views of the memory-mapped file.
-        return np.array(array, dtype=np.float32, order="C", copy=True).reshape(shape)
+        # Float tensors come back as read-only views of the memory-mapped file: those are
+        # copied; a decoded array is already a fresh one (no second copy of a 670 MB table).
+        return np.require(array, dtype=np.float32, requirements=["C", "W"]).reshape(shape)
     except (ValueError, NotImplementedError) as exc:
         raise ModelLoadError(f"{source}: cannot decode tensor {tensor.name!r}: {exc}") from exc
 
