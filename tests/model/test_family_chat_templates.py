@@ -141,3 +141,24 @@ def test_kwargs_reach_the_worker_pool_and_llm_chat(tiny_llama_dir):
     (out,) = llm.chat(one, SamplingParams(max_tokens=1), use_tqdm=False, chat_template=source,
                       chat_template_kwargs={"enable_thinking": False})
     assert out.prompt == expected
+
+
+def test_hf_folder_template_from_chat_template_json(tiny_llama_dir, tmp_path):
+    """Processor-style repos (Gemma 3) keep the template in chat_template.json only."""
+    import shutil
+
+    from cadence.model.tokenizer import Tokenizer
+
+    folder = tmp_path / "gemma_like"
+    shutil.copytree(tiny_llama_dir, folder)
+    config_file = folder / "tokenizer_config.json"
+    cfg = json.loads(config_file.read_text())
+    cfg.pop("chat_template")
+    config_file.write_text(json.dumps(cfg))
+    with open(os.path.join(HERE, "gemma3.jinja"), encoding="utf-8") as f:
+        source = f.read()
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": source}))
+    tok = Tokenizer.from_hf_dir(str(folder))
+    assert tok.chat_template == source
+    assert tok.apply_chat_template([{"role": "user", "content": "Hi"}]) == (
+        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")

@@ -17,8 +17,8 @@ from cadence.model.chat_template import ChatTemplate
 
 # Special tokens that end an assistant turn in common chat formats; they stop generation in
 # addition to the model's EOS when the vocabulary has them.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                      "</s>", "<|end_of_text|>")
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
+                      "<|endoftext|>", "</s>", "<|end_of_text|>")
 
 
 # Texts longer than this are encoded without holding the GIL (see Tokenizer.encode).
@@ -137,6 +137,8 @@ class Tokenizer:
         if template is None and os.path.isfile(jinja_file):
             with open(jinja_file, encoding="utf-8") as f:
                 template = f.read()
+        if template is None:  # processor-style repos (Gemma 3): {"chat_template": "..."}
+            template = _read_json(os.path.join(path, "chat_template.json")).get("chat_template")
         bos_id = _special_id(backend, cfg.get("bos_token"))
         eos_id = _special_id(backend, cfg.get("eos_token"))
         if eos_id is None:
