@@ -116,6 +116,14 @@ def test_logit_bias_ids_outside_the_vocabulary_are_400(server, bias, code):
         assert "Error" not in err["message"]  # no Python exception text
 
 
+def test_logit_bias_entries_are_bounded(server):
+    bias = {str(t): -1 for t in range(3, 259)} | {str(t): 1 for t in range(10**6, 10**6 + 800)}
+    resp = httpx.post(server.base_url + "/v1/completions", headers=AUTH, timeout=30,
+                      json={"prompt": "hi", "max_tokens": 2, "logit_bias": bias})
+    err = _error(resp, 400)
+    assert err["param"] == "logit_bias" and "1024" in err["message"], err
+
+
 def test_logit_bias_inside_the_vocabulary_is_served(server):
     resp = httpx.post(server.base_url + "/v1/completions", headers=AUTH, timeout=30,
                       json={"prompt": "hi", "max_tokens": 2, "logit_bias": {"258": 5}})
@@ -215,3 +223,33 @@ def test_header_limits_are_431_in_openai_format(server, extra):
 def test_ordinary_headers_are_served(server):
     reply = _raw_request(server, _headers_request(b"X-Some: " + b"b" * 4000 + b"\r\n"))
     assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
+
+
+def test_cheap_refusals_leave_a_stream_alone(server):
+    """Every refusal above, one after another, while a stream runs: its largest gap."""
+    with StreamWatch(server) as watch:
+        for path, body, param in KEYED_SURROGATES:
+            test_lone_surrogate_keys_are_400_and_the_connection_survives(server, path, body,
+                                                                          param)
+        test_logit_bias_ids_outside_the_vocabulary_are_400(server, {"259": 1},
+                                                           "invalid_token_id")
+        test_logit_bias_entries_are_bounded(server)
+        test_every_route_checks_the_key_before_the_body(server)
+    assert watch.max_gap() < 1.0
+
+
+def test_a_slow_admission_holds_only_its_own_request(server):
+    """Admission runs in several threads: a prompt whose tokenizing takes 3 s does not delay
+    the requests that arrive after it (one tokenizer thread made them wait the 3 s)."""
+    slow = threading.Thread(target=lambda: httpx.post(
+        server.base_url + "/v1/completions", headers=AUTH, timeout=30,
+        json={"prompt": "SLOW TOKENIZER", "max_tokens": 2}))
+    slow.start()
+    time.sleep(0.3)  # the slow one is being tokenized
+    start = time.monotonic()
+    resp = httpx.post(server.base_url + "/v1/completions", headers=AUTH, timeout=30,
+                      json={"prompt": "quick", "max_tokens": 2})
+    elapsed = time.monotonic() - start
+    assert slow.is_alive()  # it really was still tokenizing
+    slow.join(30)
+    assert resp.status_code == 200 and elapsed < 1.0, elapsed

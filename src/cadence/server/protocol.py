@@ -23,6 +23,9 @@ MAX_STOP_SEQUENCES = 16
 # The stop-string matcher checks every held tail against every stop string on each token:
 # its per-token work grows with the strings' lengths, so they are bounded.
 MAX_STOP_CHARS = 256
+# The sampler adds a request's logit_bias to its row on every step (work per entry), so the
+# entries are bounded (OpenAI allows 300).
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
 
 def unencodable_string_path(value: Any, path: str = "") -> str | None:
@@ -203,7 +206,10 @@ class SamplingRequestFields(APIRequest):
         if any(len(s) > MAX_STOP_CHARS for s in stops):
             problems.append(("stop", f"stop sequences must be at most {MAX_STOP_CHARS} "
                              "characters"))
-        if self.logit_bias and not all(TOKEN_ID_KEY.fullmatch(k) for k in self.logit_bias):
+        if self.logit_bias and len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            problems.append(("logit_bias", f"logit_bias takes at most {MAX_LOGIT_BIAS_ENTRIES} "
+                             "entries"))
+        elif self.logit_bias and not all(TOKEN_ID_KEY.fullmatch(k) for k in self.logit_bias):
             problems.append(("logit_bias", "logit_bias keys must be token ids (decimal "
                              "integers)"))
         rf = self.response_format
