@@ -32,7 +32,7 @@ a Q4_K_M file) in place of a float weight and calls `linear` on each.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -91,7 +91,7 @@ class GGUFWeight:
 
     ggml_type: GGMLQuantizationType
     shape: tuple[int, int]  # (N, K): out_features, in_features
-    blocks: torch.Tensor  # [N, row_bytes(ggml_type, K)] uint8, possibly a view of a memory map
+    blocks: torch.Tensor = field(repr=False)  # [N, row_bytes(ggml_type, K)] uint8, possibly a view of a memory map
 
     def __post_init__(self) -> None:
         qtype = check_supported(self.ggml_type)

@@ -8,8 +8,10 @@
 // memory-mapped tensor is computed on in place, with no copy at all.
 //
 // A codec C describes w[k] for the 32 k of group j of a block at `blk` as
-//   w = a_j * q[k] + b_j   (C::HALF_SCALES: a per 16 k, a[2j] for k < 16, a[2j + 1] after)
-// with q[k] the bytes C::quants(blk, j) returns: int8 when C::SIGNED, else unsigned (0..63).
+//   w = a_j * (u[k] - C::OFFSET) + b_j   (C::HALF_SCALES: a per 16 k, a[2j] for k < 16, a[2j + 1] after)
+// with u[k] the unsigned bytes C::quants(blk, j) returns (a signed type's values shifted up by
+// OFFSET: unsigned x signed bytes is what maddubs and vpdpbusd multiply, and the OFFSET * sum(x)
+// term is the same for every column, so a kernel computes it once per row and group).
 // C::scales(blk, a, b) fills a[GROUPS] (a[2 * GROUPS] with HALF_SCALES) and, with C::HAS_MIN,
 // b[GROUPS]. All groups are 32 k, so one activation scale per 32 k serves every type.
 #pragma once
@@ -85,25 +87,28 @@ inline uint32_t u32_at(const uint8_t* p) {
 // Q8_0: fp16 d, 32 int8: w = d * q.
 struct CodecQ8_0 {
   static constexpr int64_t QK = 32, BYTES = 34, GROUPS = 1;
-  static constexpr bool SIGNED = true, HAS_MIN = false, HALF_SCALES = false;
+  static constexpr int OFFSET = 128;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = false;
   static void scales(const uint8_t* blk, float* a, float*) { a[0] = half_at(blk); }
-  static __m256i quants(const uint8_t* blk, int) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)); }
+  static __m256i quants(const uint8_t* blk, int) {  // q + 128 = q with its top bit flipped
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)), _mm256_set1_epi8(-128));
+  }
 };
 
 // Q4_0: fp16 d, 16 bytes of nibbles: w = d * (nibble - 8).
 struct CodecQ4_0 {
   static constexpr int64_t QK = 32, BYTES = 18, GROUPS = 1;
-  static constexpr bool SIGNED = true, HAS_MIN = false, HALF_SCALES = false;
+  static constexpr int OFFSET = 8;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = false;
   static void scales(const uint8_t* blk, float* a, float*) { a[0] = half_at(blk); }
-  static __m256i quants(const uint8_t* blk, int) {
-    return _mm256_sub_epi8(split_nibbles16(blk + 2), _mm256_set1_epi8(8));
-  }
+  static __m256i quants(const uint8_t* blk, int) { return split_nibbles16(blk + 2); }
 };
 
 // Q4_1: fp16 d, fp16 m, 16 bytes of nibbles: w = d * nibble + m.
 struct CodecQ4_1 {
   static constexpr int64_t QK = 32, BYTES = 20, GROUPS = 1;
-  static constexpr bool SIGNED = false, HAS_MIN = true, HALF_SCALES = false;
+  static constexpr int OFFSET = 0;
+  static constexpr bool HAS_MIN = true, HALF_SCALES = false;
   static void scales(const uint8_t* blk, float* a, float* b) { a[0] = half_at(blk), b[0] = half_at(blk + 2); }
   static __m256i quants(const uint8_t* blk, int) { return split_nibbles16(blk + 4); }
 };
@@ -111,18 +116,20 @@ struct CodecQ4_1 {
 // Q5_0: fp16 d, 32 high bits (uint32 qh, bit k), 16 bytes of low nibbles: w = d * (q5 - 16).
 struct CodecQ5_0 {
   static constexpr int64_t QK = 32, BYTES = 22, GROUPS = 1;
-  static constexpr bool SIGNED = true, HAS_MIN = false, HALF_SCALES = false;
+  static constexpr int OFFSET = 16;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = false;
   static void scales(const uint8_t* blk, float* a, float*) { a[0] = half_at(blk); }
   static __m256i quants(const uint8_t* blk, int) {
     const __m256i high = _mm256_and_si256(bits_to_bytes(u32_at(blk + 2)), _mm256_set1_epi8(0x10));
-    return _mm256_sub_epi8(_mm256_or_si256(split_nibbles16(blk + 6), high), _mm256_set1_epi8(16));
+    return _mm256_or_si256(split_nibbles16(blk + 6), high);
   }
 };
 
 // Q5_1: fp16 d, fp16 m, uint32 qh, 16 bytes of low nibbles: w = d * q5 + m.
 struct CodecQ5_1 {
   static constexpr int64_t QK = 32, BYTES = 24, GROUPS = 1;
-  static constexpr bool SIGNED = false, HAS_MIN = true, HALF_SCALES = false;
+  static constexpr int OFFSET = 0;
+  static constexpr bool HAS_MIN = true, HALF_SCALES = false;
   static void scales(const uint8_t* blk, float* a, float* b) { a[0] = half_at(blk), b[0] = half_at(blk + 2); }
   static __m256i quants(const uint8_t* blk, int) {
     const __m256i high = _mm256_and_si256(bits_to_bytes(u32_at(blk + 4)), _mm256_set1_epi8(0x10));
@@ -133,40 +140,40 @@ struct CodecQ5_1 {
 // IQ4_NL: fp16 d, 16 bytes of nibbles indexing a fixed non-linear table: w = d * table[nibble].
 struct CodecIQ4_NL {
   static constexpr int64_t QK = 32, BYTES = 18, GROUPS = 1;
-  static constexpr bool SIGNED = true, HAS_MIN = false, HALF_SCALES = false;
+  static constexpr int OFFSET = 128;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = false;
   static void scales(const uint8_t* blk, float* a, float*) { a[0] = half_at(blk); }
   static __m256i quants(const uint8_t* blk, int) {
-    const __m256i table = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-                                           -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    // The table {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113} + 128.
+    const __m256i table = _mm256_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15,
+                                           1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15);
     return _mm256_shuffle_epi8(table, split_nibbles16(blk + 2));
   }
 };
 
-// The 6-bit scale and minimum of sub-block j (0..7) of a Q4_K / Q5_K block's 12 scale bytes.
-inline void kquant_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
-  if (j < 4) {
-    sc = s[j] & 63, mn = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
+// The 8 6-bit scales and 8 minimums of a Q4_K / Q5_K block's 12 scale bytes s, as floats times
+// d and -dmin. Sub-block j < 4: scale s[j] & 63, min s[j + 4] & 63; j >= 4: the low 4 bits of
+// s[j + 4] (scale) and its high 4 (min), with 2 more high bits each from the top of s[j - 4]
+// (scale) and s[j] (min): unpacked 4 bytes at a time in 32-bit words.
+inline void kquant_scales(const uint8_t* s, float d, float dmin, float* a, float* b) {
+  const uint32_t w0 = u32_at(s), w1 = u32_at(s + 4), w2 = u32_at(s + 8);
+  const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+  const uint64_t scales = (w0 & low6) | static_cast<uint64_t>((w2 & low4) | (((w0 >> 6) & low2) << 4)) << 32;
+  const uint64_t mins = (w1 & low6) | static_cast<uint64_t>(((w2 >> 4) & low4) | (((w1 >> 6) & low2) << 4)) << 32;
+  const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(scales))));
+  const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(mins))));
+  _mm256_storeu_ps(a, _mm256_mul_ps(_mm256_set1_ps(d), sc));
+  _mm256_storeu_ps(b, _mm256_mul_ps(_mm256_set1_ps(-dmin), mn));
 }
 
 // Q4_K: 256 weights in 8 groups of 32: fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs,
 // 128 bytes of nibbles (bytes [32i, 32i + 32): group 2i in the low nibbles, 2i + 1 in the high):
-// w = (d * scale_j) * q - (dmin * min_j).
+// w = (d * scale_j) * q - (dmin * min_j) (b_j = -(dmin * min_j)).
 struct CodecQ4_K {
   static constexpr int64_t QK = 256, BYTES = 144, GROUPS = 8;
-  static constexpr bool SIGNED = false, HAS_MIN = true, HALF_SCALES = false;
-  static void scales(const uint8_t* blk, float* a, float* b) {
-    const float d = half_at(blk), dmin = half_at(blk + 2);
-    for (int j = 0; j < 8; ++j) {
-      int sc, mn;
-      kquant_scale_min(blk + 4, j, sc, mn);
-      a[j] = d * static_cast<float>(sc);
-      b[j] = -(dmin * static_cast<float>(mn));
-    }
-  }
+  static constexpr int OFFSET = 0;
+  static constexpr bool HAS_MIN = true, HALF_SCALES = false;
+  static void scales(const uint8_t* blk, float* a, float* b) { kquant_scales(blk + 4, half_at(blk), half_at(blk + 2), a, b); }
   static __m256i quants(const uint8_t* blk, int j) {
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * (j / 2)));
     return _mm256_and_si256(j % 2 ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));
@@ -177,7 +184,8 @@ struct CodecQ4_K {
 // group j), nibbles after them: w = (d * scale_j) * q5 - (dmin * min_j).
 struct CodecQ5_K {
   static constexpr int64_t QK = 256, BYTES = 176, GROUPS = 8;
-  static constexpr bool SIGNED = false, HAS_MIN = true, HALF_SCALES = false;
+  static constexpr int OFFSET = 0;
+  static constexpr bool HAS_MIN = true, HALF_SCALES = false;
   static void scales(const uint8_t* blk, float* a, float* b) { CodecQ4_K::scales(blk, a, b); }
   static __m256i quants(const uint8_t* blk, int j) {
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 48 + 32 * (j / 2)));
@@ -195,11 +203,13 @@ struct CodecQ5_K {
 // qh[32h + l] >> 2t; w = (d * scale[2j + (l >= 16)]) * (q6 - 32).
 struct CodecQ6_K {
   static constexpr int64_t QK = 256, BYTES = 210, GROUPS = 8;
-  static constexpr bool SIGNED = true, HAS_MIN = false, HALF_SCALES = true;
+  static constexpr int OFFSET = 32;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = true;
   static void scales(const uint8_t* blk, float* a, float*) {
-    const float d = half_at(blk + 208);
-    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-    for (int i = 0; i < 16; ++i) a[i] = d * static_cast<float>(sc[i]);
+    const __m256 d = _mm256_set1_ps(half_at(blk + 208));
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    _mm256_storeu_ps(a, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_storeu_ps(a + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
   }
   static __m256i quants(const uint8_t* blk, int j) {
     const int h = j / 4, t = j % 4;
@@ -208,7 +218,7 @@ struct CodecQ6_K {
     const __m256i low = _mm256_and_si256(t >= 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0F));
     const __m256i high = _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), 4),
                                           _mm256_set1_epi8(0x30));
-    return _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+    return _mm256_or_si256(low, high);
   }
 };
 

@@ -10,6 +10,9 @@
 // per row. Weights are read row by row of W (the file's layout); each (row, column) pair keeps a
 // vector of partial sums, reduced once at the end.
 //
+// Signed types are stored shifted to unsigned bytes with the shift's term subtracted per row
+// (blocks.h: OFFSET); K-quants' minimum terms are added 8 groups at a time as vectors.
+//
 // Every (row, column) pair runs the same instructions in the same order whatever the tile, the
 // batch or the thread split (the minimum term with an explicit fma: no contraction left to the
 // compiler), so a row's result does not depend on the rows or columns beside it.
@@ -36,17 +39,27 @@ using avx2::QuantizedRows;
 // One column per 256-bit register.
 struct Lanes256 {
   static constexpr int COLS = 1;
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  static constexpr bool WIDE_U8 = true;  // vpdpbusd: unsigned bytes up to 255, no int16 step
+#else
+  static constexpr bool WIDE_U8 = false;
+#endif
   using ivec = __m256i;
   using fvec = __m256;
   static ivec join(const __m256i* w) { return w[0]; }
   static fvec join(const __m256* s) { return s[0]; }
   static ivec row(__m256i x) { return x; }
+  static fvec row(__m256 x) { return x; }
+  static ivec set1_8(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
   static fvec set1(float v) { return _mm256_set1_ps(v); }
   static fvec zero() { return _mm256_setzero_ps(); }
+  static ivec sub8(ivec a, ivec b) { return _mm256_sub_epi8(a, b); }
+  static ivec sub32(ivec a, ivec b) { return _mm256_sub_epi32(a, b); }
   static ivec abs8(ivec w) { return _mm256_abs_epi8(w); }
   // x with the sign of w (0 where w is 0): |w| * sign(x, w) = w * x.
   static ivec sign8(ivec x, ivec w) { return _mm256_sign_epi8(x, w); }
-  // Exact int32 sums of u * s over each 4 bytes (u unsigned, s signed; pairs within int16).
+  // Exact int32 sums of u * s over each 4 bytes (u unsigned, s signed; without VNNI each pair's
+  // sum must fit int16: u <= 128 with |s| <= 127).
   static ivec dot4(ivec u, ivec s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
@@ -55,6 +68,7 @@ struct Lanes256 {
 #endif
   }
   static fvec fma_int(ivec isum, fvec scale, fvec acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc); }
+  static fvec fma(fvec a, fvec b, fvec acc) { return _mm256_fmadd_ps(a, b, acc); }
   static fvec mul(fvec a, fvec b) { return _mm256_mul_ps(a, b); }
   static float hsum(fvec v, int) { return avx2::hsum(v); }
 };
@@ -63,13 +77,22 @@ struct Lanes256 {
 // Two columns per 512-bit register (column 2v in the low half, 2v + 1 in the high one).
 struct Lanes512 {
   static constexpr int COLS = 2;
+#if defined(__AVX512VNNI__)
+  static constexpr bool WIDE_U8 = true;
+#else
+  static constexpr bool WIDE_U8 = false;
+#endif
   using ivec = __m512i;
   using fvec = __m512;
   static ivec join(const __m256i* w) { return _mm512_inserti64x4(_mm512_castsi256_si512(w[0]), w[1], 1); }
   static fvec join(const __m256* s) { return _mm512_insertf32x8(_mm512_castps256_ps512(s[0]), s[1], 1); }
   static ivec row(__m256i x) { return _mm512_broadcast_i64x4(x); }
+  static fvec row(__m256 x) { return _mm512_broadcast_f32x8(x); }
+  static ivec set1_8(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
   static fvec set1(float v) { return _mm512_set1_ps(v); }
   static fvec zero() { return _mm512_setzero_ps(); }
+  static ivec sub8(ivec a, ivec b) { return _mm512_sub_epi8(a, b); }
+  static ivec sub32(ivec a, ivec b) { return _mm512_sub_epi32(a, b); }
   static ivec abs8(ivec w) { return _mm512_abs_epi8(w); }
   static ivec sign8(ivec x, ivec w) {  // no vpsignb at 512 bits: negate x where w < 0, zero where w == 0
     const __mmask64 negative = _mm512_movepi8_mask(w);
@@ -84,6 +107,7 @@ struct Lanes512 {
 #endif
   }
   static fvec fma_int(ivec isum, fvec scale, fvec acc) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc); }
+  static fvec fma(fvec a, fvec b, fvec acc) { return _mm512_fmadd_ps(a, b, acc); }
   static fvec mul(fvec a, fvec b) { return _mm512_mul_ps(a, b); }
   static float hsum(fvec v, int half) {
     return avx2::hsum(half == 0 ? _mm512_castps512_ps256(v) : _mm512_extractf32x8_ps(v, 1));
@@ -99,6 +123,14 @@ inline __m256 group_scale(const float* a, int j) {
   else return _mm256_set1_ps(a[j]);
 }
 
+// How a codec's bytes u (= q + OFFSET) meet the activations x:
+//   unsigned:  sum u x exactly (maddubs, or vpdpbusd), then - OFFSET * sum x, one integer
+//              subtraction of a per-row term shared by every column (no OFFSET: nothing);
+//   sign:      u up to 255 overflows maddubs' int16 pairs without VNNI: q = u - OFFSET signed,
+//              |q| times x with q's sign (Q8_0, IQ4_NL on the tiers without VNNI).
+template <class C, class L>
+constexpr bool unsigned_dot() { return C::OFFSET <= 64 || L::WIDE_U8; }
+
 // out[(m0 + r) * ldo + n0 + c] = row m0 + r of x . column n0 + c of W, r < R, c < NC.
 // w: column n0's first block; row_bytes: bytes per column (K / C::QK blocks).
 template <class C, class L, int R, int NC>
@@ -107,15 +139,19 @@ void int_tile(const QuantizedRows& xq, int64_t m0, const uint8_t* w, int64_t row
   static_assert(NC % L::COLS == 0, "whole registers of columns");
   constexpr int NV = NC / L::COLS;
   constexpr int NA = C::HALF_SCALES ? 2 * C::GROUPS : C::GROUPS;
+  constexpr bool UNSIGNED = unsigned_dot<C, L>();
+  // The minimum terms b_j * (xs * sum x_q): 8 groups at a time in vectors (K-quants), else scalars.
+  constexpr bool VECTOR_MIN = C::HAS_MIN && C::GROUPS == 8;
   typename L::fvec acc[R][NV];
   float min_acc[R][NC];
   for (int r = 0; r < R; ++r) {
     for (int v = 0; v < NV; ++v) acc[r][v] = L::zero();
     for (int c = 0; c < NC; ++c) min_acc[r][c] = 0.0f;
   }
-  const int64_t blocks = K / C::QK;
+  const int64_t blocks = K / C::QK, groups = K / avx2::Q8_GROUP;
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    float a[NC][NA], b[NC][C::GROUPS];
+    alignas(32) float a[NC][NA];
+    alignas(32) float b[NC][C::GROUPS];
     const uint8_t* col_blk[NC];
     for (int c = 0; c < NC; ++c) {
       col_blk[c] = w + c * row_bytes + blk * C::BYTES;
@@ -134,21 +170,40 @@ void int_tile(const QuantizedRows& xq, int64_t m0, const uint8_t* w, int64_t row
         }
         wq[v] = L::join(q);
         ws[v] = L::join(s);
-        if constexpr (C::SIGNED) wmag[v] = L::abs8(wq[v]);
+        if constexpr (!UNSIGNED) {
+          wq[v] = L::sub8(wq[v], L::set1_8(C::OFFSET));
+          wmag[v] = L::abs8(wq[v]);
+        }
       }
       for (int r = 0; r < R; ++r) {
         const typename L::ivec x = L::row(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q_at(m0 + r, k))));
         const typename L::fvec xs = L::set1(xq.scale_at(m0 + r, g));
+        typename L::ivec x_offset;
+        if constexpr (UNSIGNED && C::OFFSET != 0) x_offset = L::dot4(L::set1_8(C::OFFSET), x);
         for (int v = 0; v < NV; ++v) {
           typename L::ivec isum;
-          if constexpr (C::SIGNED) isum = L::dot4(wmag[v], L::sign8(x, wq[v]));
+          if constexpr (!UNSIGNED) isum = L::dot4(wmag[v], L::sign8(x, wq[v]));
+          else if constexpr (C::OFFSET != 0) isum = L::sub32(L::dot4(wq[v], x), x_offset);
           else isum = L::dot4(wq[v], x);
           acc[r][v] = L::fma_int(isum, L::mul(ws[v], xs), acc[r][v]);
         }
-        if constexpr (C::HAS_MIN) {
+        if constexpr (C::HAS_MIN && !VECTOR_MIN) {
           const float xsum = xq.sum_at(m0 + r, g);
           for (int c = 0; c < NC; ++c) min_acc[r][c] = std::fma(b[c][j], xsum, min_acc[r][c]);
         }
+      }
+    }
+    if constexpr (VECTOR_MIN) {
+      // Lane j: b_j * (xs_j * sum x_q over group j), added into the column's partial sums.
+      typename L::fvec bv[NV];
+      for (int v = 0; v < NV; ++v) {
+        __m256 parts[L::COLS];
+        for (int h = 0; h < L::COLS; ++h) parts[h] = _mm256_load_ps(b[v * L::COLS + h]);
+        bv[v] = L::join(parts);
+      }
+      for (int r = 0; r < R; ++r) {
+        const typename L::fvec xsum = L::row(_mm256_loadu_ps(xq.sum.data() + (m0 + r) * groups + blk * 8));
+        for (int v = 0; v < NV; ++v) acc[r][v] = L::fma(bv[v], xsum, acc[r][v]);
       }
     }
   }
