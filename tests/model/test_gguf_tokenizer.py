@@ -265,3 +265,17 @@ def test_gemma3_file_tokenizer_matches_llama_tokenize(gemma3_tokenizer):
         expected = llama_cpp_ids(GEMMA3_FILE, text)
         assert gemma3_tokenizer.encode(text) == expected, text
         assert gemma3_tokenizer.decode(expected[1:], skip_special_tokens=False) == text, text
+
+
+def test_merges_of_unknown_tokens_are_a_tokenizer_error(tmp_path):
+    writer = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(["a", "ab"])
+    writer.add_token_merges(["a b"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(TokenizerError, match="inconsistent.*`b` out of vocabulary"):
+        tokenizer_from_gguf(GGUFFile(str(tmp_path / "bad.gguf")))

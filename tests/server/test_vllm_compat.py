@@ -285,3 +285,8 @@ def test_chat_template_kwargs_reach_the_template(http, model, tiny_tokenizer):
         tiny_tokenizer.encode("Hi hello", add_special_tokens=False))
     bad = http.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"messages": []}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs", bad.text
+    counted = http.post("/tokenize", json={"messages": body["messages"],
+                                           "chat_template_kwargs": {"enable_thinking": False}})
+    assert counted.status_code == 200, counted.text
+    assert http.post("/tokenize", json={"messages": body["messages"],
+                                        "chat_template_kwargs": {"range": 1}}).status_code == 400

@@ -231,7 +231,9 @@ def answer_tokenize(engine: EngineCore, msg: Tokenize) -> dict[str, Any]:
         return {"text": text}
     if msg.messages is not None:
         try:
-            text = engine.render_chat(msg.messages, msg.add_generation_prompt)
+            extra = ({"chat_template_kwargs": msg.chat_template_kwargs}
+                     if msg.chat_template_kwargs else {})
+            text = engine.render_chat(msg.messages, msg.add_generation_prompt, **extra)
         except Exception as exc:  # jinja errors, bad roles, budgets: the client's fault
             raise AdmissionError(400, f"chat template failed: {exc}", param="messages",
                                  code=getattr(exc, "code", None) or "invalid_messages") from exc

@@ -84,6 +84,7 @@ class Tokenize:
     token_ids: list[int] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # for `messages`, as AddRequest's
 
 
 @dataclass(frozen=True)

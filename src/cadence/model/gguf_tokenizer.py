@@ -47,8 +47,11 @@ def _bpe_backend(reader: GGUFFile | gguf.GGUFReader, tokens: list[str],
     vocab = {}
     for index, token in enumerate(tokens):
         vocab.setdefault(token, index)
-    backend = BackendTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False,
-                                          ignore_merges=spec.ignore_merges))
+    try:
+        model = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=spec.ignore_merges)
+    except Exception as exc:  # the Rust library raises a bare Exception (a merge of unknown tokens)
+        raise TokenizerError(f"GGUF BPE vocabulary is inconsistent: {exc}") from exc
+    backend = BackendTokenizer(model)
     backend.pre_tokenizer = build_pre_tokenizer(spec)
     backend.decoder = decoders.ByteLevel()
     # Control tokens (<|im_start|> ...) must be matched whole in text and skipped when decoding;

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from cadence import __version__
 from cadence.engine.async_client import EngineDeadError, EngineRejected
+from cadence.engine.chat_render import chat_template_kwargs_problem
 from cadence.server.errors import APIError
 from cadence.server.protocol import APIRequest, ChatMessage
 from cadence.server.request_mapping import EnginePrompt, check_model, check_prompt_size
@@ -30,11 +31,15 @@ class TokenizeRequest(APIRequest):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    # Extra chat-template variables (vLLM's), so a chat counts as its completion renders it.
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' and 'messages'")
+        if (why := chat_template_kwargs_problem(self.chat_template_kwargs)) is not None:
+            raise ValueError(why)
         return self
 
 
@@ -69,7 +74,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
         check_prompt_size(EnginePrompt(chat_messages=messages), server.max_model_len,
                           server.max_token_chars)
         reply = await _ask_engine(request, messages=messages,
-                                  add_generation_prompt=body.add_generation_prompt)
+                                  add_generation_prompt=body.add_generation_prompt,
+                                  chat_template_kwargs=body.chat_template_kwargs)
     else:
         check_prompt_size(EnginePrompt(text=body.prompt), server.max_model_len,
                           server.max_token_chars)
