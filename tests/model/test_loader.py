@@ -114,8 +114,8 @@ def test_unknown_hf_architecture(tiny_llama_dir, tmp_path):
 
 def test_unsupported_rope_scaling(tiny_llama_dir, tmp_path):
     path = copy_dir(tiny_llama_dir, tmp_path)
-    edit_config(path, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0})
-    with pytest.raises(ModelLoadError, match="rope scaling 'yarn'"):
+    edit_config(path, rope_parameters={"rope_type": "mrope", "rope_theta": 10000.0, "factor": 4.0})
+    with pytest.raises(ModelLoadError, match="rope scaling 'mrope' is not supported.*yarn, longrope"):
         load_model(path)
 
 

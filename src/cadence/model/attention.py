@@ -5,6 +5,12 @@ the chunk starts after position 0). Single-token decodes are batched into one pa
 attention over all of them, written as two batched matmuls: a decode step of many sequences would
 otherwise be one tiny call per sequence per layer, and torch's CPU SDPA kernel is many times
 slower than plain matmuls for one query row with a mask.
+
+Two per-layer pieces of some families live here too (the compiled CPU kernels lack them, so the
+kernel path sends such layers here): a sliding window (a query at position p sees keys at
+positions > p - window, HF's sliding_window_overlay) and tanh soft-capping of the scaled scores
+(Gemma 2: cap * tanh(s / cap) before the mask, as HF's eager attention). Soft-capped prefill
+chunks compute their scores explicitly (SDPA has no hook for it); softmax runs in float32.
 """
 
 from __future__ import annotations
@@ -35,23 +41,47 @@ def _gather_context(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole cached context.
 
     q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] (this step's new tokens, written
-    into the cache first); returns [T, num_heads, head_dim].
+    into the cache first); returns [T, num_heads, head_dim]. window: keys at positions
+    > p - window only (None: all); softcap: scores become softcap * tanh(scores / softcap).
     """
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    return cached_attention(q, k_cache, v_cache, meta, scale, window, softcap)
+
+
+def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     meta: AttentionMetadata, scale: float, window: int | None = None,
+                     softcap: float | None = None) -> torch.Tensor:
+    """paged_attention once this step's K/V are in the caches: q [T, Hq, D] -> [T, Hq, D]."""
     out = torch.empty_like(q)
     if meta.decode_seqs:
-        _decode_batch(q, k_cache, v_cache, meta, scale, out)
+        _decode_batch(q, k_cache, v_cache, meta, scale, out, window, softcap)
     for i in meta.prefill_seqs:
-        _prefill_one(q, k_cache, v_cache, meta, i, scale, out)
+        _prefill_one(q, k_cache, v_cache, meta, i, scale, out, window, softcap)
     return out
 
 
+def _capped_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor, scale: float, softcap: float) -> torch.Tensor:
+    """query [1, Hq, n, D], keys/values [1, Hkv, L, D], mask [n, L] bool -> [1, Hq, n, D]:
+    HF's eager attention with soft-capped scores."""
+    group = query.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1)
+    values = values.repeat_interleave(group, dim=1)
+    scores = torch.matmul(query, keys.transpose(-1, -2)) * scale  # [1, Hq, n, L]
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    return torch.matmul(probs, values)
+
+
 def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 meta: AttentionMetadata, i: int, scale: float, out: torch.Tensor) -> None:
+                 meta: AttentionMetadata, i: int, scale: float, out: torch.Tensor,
+                 window: int | None = None, softcap: float | None = None) -> None:
     q_start, q_end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
     start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
     blocks = meta.block_tables[i, : meta.num_blocks_host[i]]
@@ -60,7 +90,18 @@ def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     values = _gather_context(v_cache, blocks)[:seq_len].transpose(0, 1).unsqueeze(0)
     query = q[q_start:q_end].transpose(0, 1).unsqueeze(0)  # [1, heads, n_new, head_dim]
     n_new = q_end - q_start
-    if start_pos == 0:
+    if window is not None or softcap is not None:
+        q_pos = torch.arange(start_pos, seq_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        mask = k_pos[None, :] <= q_pos[:, None]  # [n_new, seq_len]
+        if window is not None:
+            mask &= k_pos[None, :] > q_pos[:, None] - window
+        if softcap is not None:
+            attn = _capped_attention(query, keys, values, mask, scale, softcap)
+        else:
+            attn = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale,
+                                                  enable_gqa=True)
+    elif start_pos == 0:
         # The chunk is the whole context: plain causal (top-left aligned == bottom-right here).
         attn = F.scaled_dot_product_attention(query, keys, values, is_causal=n_new > 1,
                                               scale=scale, enable_gqa=True)
@@ -75,7 +116,8 @@ def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+                  meta: AttentionMetadata, scale: float, out: torch.Tensor,
+                  window: int | None = None, softcap: float | None = None) -> None:
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads  # query heads per KV head: head h reads KV head h // group
@@ -85,8 +127,15 @@ def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     values = _gather_context(v_cache, meta.decode_blocks).transpose(1, 2)
     query = q[meta.decode_rows].view(batch, num_kv_heads, group, head_dim)  # [B, kv_heads, G, D]
     scores = torch.matmul(query, keys).float() * scale  # [B, kv_heads, G, L]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     # Padding blocks (and the tail of the last block) are masked out.
-    scores = scores.masked_fill(~meta.decode_valid[:, None, None, :], float("-inf"))
+    valid = meta.decode_valid  # [B, L]
+    if window is not None:
+        # The decode token sits at position ctx_len - 1 and sees keys > ctx_len - 1 - window.
+        k_pos = torch.arange(valid.shape[1], device=valid.device)
+        valid = valid & (k_pos[None, :] >= meta.decode_ctx_lens[:, None] - window)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     attn = torch.matmul(probs, values)  # [B, kv_heads, G, D]
     out[meta.decode_rows] = attn.reshape(batch, num_heads, head_dim)

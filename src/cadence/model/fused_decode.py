@@ -122,8 +122,10 @@ def round_weights_to_format(model: "LlamaForCausalLM", fmt: str) -> None:
 
 def build_decode_stack(model: "LlamaForCausalLM", kernels: ModuleType):
     """The fused stack for the model's dtype over its current weights, or None when the model's
-    shapes (head_dim, sizes) or the kernel build do not allow it."""
-    if not stack_enabled():
+    shapes (head_dim, sizes) or the kernel build do not allow it, or when its layers are not the
+    plain Llama shape the C++ stack computes (config.is_plain_llama: other families run the
+    per-op path, whose pieces read every family field)."""
+    if not stack_enabled() or not model.config.is_plain_llama:
         return None
     dtype = model.lm_head.weight.dtype
     if dtype == torch.bfloat16 and kernels.has_avx512bf16():

@@ -1,4 +1,11 @@
-"""LlamaForCausalLM over a paged KV cache: Llama, Mistral (same shape) and Qwen2 (q/k/v bias).
+"""LlamaForCausalLM over a paged KV cache: the one configurable decoder of every family.
+
+The plain Llama layer (Llama, Mistral without a window, Qwen2 with its q/k/v bias) plus the
+per-family pieces ModelConfig names (see its docstring and docs/ARCHITECTURE.md "Model
+families"): rope variants and per-layer rope (model/rope.py), q/k RMS norms, sandwich norms,
+GeGLU, an embedding multiplier, a query_pre_attn_scalar attention scale, attention and final
+logit soft-capping, sliding-window layers, MLP biases. The layers read config fields, never
+the family name.
 
 Parameter names match Hugging Face's (`model.layers.0.self_attn.q_proj.weight` ...) so an HF
 safetensors state dict loads as is. The forward takes a flat batch of new tokens from any number
@@ -25,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cadence.model.attention import paged_attention
+from cadence.model.attention import cached_attention, paged_attention, write_kv
 from cadence.model.attention_cpu import paged_attention_cpu
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.config import ModelConfig
@@ -34,7 +41,7 @@ from cadence.model.fused_decode import (INTEGER_FORMATS, WEIGHT_FORMATS, build_d
                                         takes_stack)
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 from cadence.model.kv_cache import KVCache
-from cadence.model.rope import apply_rope, rope_cos_sin
+from cadence.model.rope import RotaryEmbedding, apply_rope
 
 # bf16 GEMMs with at most this many rows use the AVX512-BF16 kernel (memory-bound decode); larger
 # ones (prefill, big batches) use torch's GEMM, which wins once the weights are reused enough.
@@ -168,12 +175,19 @@ class LlamaAttention(_FusedProjections):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        self.scale = config.head_dim ** -0.5
+        self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+        self.window = config.layer_window(layer_idx)  # None = full attention
+        self.softcap = config.attn_logit_softcapping
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        # Qwen3, Gemma 3: RMS norm of each head's q and k (over head_dim) before rope.
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        # The kernel's fused rope + cache write rotates whole heads of the raw projections.
+        self.kernel_rope = not config.qk_norm and config.rotary_dim == config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.quantize_inputs = False  # set_decode_weight_format: int8 weights quantize GEMM inputs
         # (qkv, o) as PackedInteger while an int8 model's fused stack exists (attach_packed_int8).
@@ -189,23 +203,34 @@ class LlamaAttention(_FusedProjections):
             return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         return fused_linear(x, self.fused_weight, self.fused_bias, kernels, self.quantize_inputs)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
-        """The pure-torch path (any device): x [T, H] -> [T, H]."""
-        num_tokens = x.shape[0]
-        qkv = self._qkv(x, None)
+    def _heads(self, qkv: torch.Tensor, cos: torch.Tensor | None,
+               sin: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv [T, Hq*D + 2*Hkv*D] -> q [T, Hq, D], k, v [T, Hkv, D]: q/k norms, then rope
+        (cos, sin [T, rotary_dim]; None on a layer without rope)."""
+        num_tokens = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
-        attn = paged_attention(q, k, v, kv.k[self.layer_idx], kv.v[self.layer_idx], meta, self.scale)
-        return self.o_proj(attn.reshape(num_tokens, -1))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if cos is not None:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q, k, v
 
-    def forward_cpu(self, x: torch.Tensor, cos32: torch.Tensor, sin32: torch.Tensor,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
+        """The pure-torch path (any device): x [T, H] -> [T, H]."""
+        q, k, v = self._heads(self._qkv(x, None), cos, sin)
+        attn = paged_attention(q, k, v, kv.k[self.layer_idx], kv.v[self.layer_idx], meta, self.scale,
+                               self.window, self.softcap)
+        return self.o_proj(attn.reshape(x.shape[0], -1))
+
+    def forward_cpu(self, x: torch.Tensor, cos32: torch.Tensor | None, sin32: torch.Tensor | None,
                     meta: AttentionMetadata, kv: KVCache, kernels: ModuleType) -> torch.Tensor:
-        """The compiled-kernel path: x [T, H]; cos32, sin32: [T, D] float32 -> [T, H]."""
+        """The compiled-kernel path: x [T, H]; cos32, sin32: [T, rotary_dim] float32 (None on a
+        layer without rope) -> [T, H]. Pieces the kernels lack run in torch: q/k norms and
+        partial rope (then the cache write too), and attention with a window or soft-capping."""
         num_tokens = x.shape[0]
         k_cache, v_cache = kv.k[self.layer_idx], kv.v[self.layer_idx]
         packed = self.packed if _uses_packed(self.packed, x) else None
@@ -213,26 +238,43 @@ class LlamaAttention(_FusedProjections):
             qkv = packed[0].linear(x, self.fused_bias, kernels)  # [T, Hq*D + 2*Hkv*D]
         else:
             qkv = self._qkv(x, kernels).contiguous()  # [T, Hq*D + 2*Hkv*D]
-        # Rotates q and k in place and stores k, v at their slots.
-        kernels.rope_write_kv(qkv, cos32, sin32, self.num_heads, self.num_kv_heads,
-                              k_cache, v_cache, meta.slot_mapping)
-        q = qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim).contiguous()
-        kv_new = qkv[:, self.q_size:].view(num_tokens, 2, self.num_kv_heads, self.head_dim)
-        attn = paged_attention_cpu(kernels, q, kv_new[:, 0], kv_new[:, 1], k_cache,
-                                           v_cache, meta, self.scale)  # [T, Hq, D]
+        if self.kernel_rope:
+            if cos32 is None:  # no rope on this layer: the identity rotation
+                cos32 = torch.ones(num_tokens, self.head_dim)
+                sin32 = torch.zeros(num_tokens, self.head_dim)
+            # Rotates q and k in place and stores k, v at their slots.
+            kernels.rope_write_kv(qkv, cos32, sin32, self.num_heads, self.num_kv_heads,
+                                  k_cache, v_cache, meta.slot_mapping)
+            q = qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim).contiguous()
+            kv_new = qkv[:, self.q_size:].view(num_tokens, 2, self.num_kv_heads, self.head_dim)
+            k_new, v_new = kv_new[:, 0], kv_new[:, 1]
+        else:
+            cos = None if cos32 is None else cos32.to(qkv.dtype)
+            sin = None if sin32 is None else sin32.to(qkv.dtype)
+            q, k_new, v_new = self._heads(qkv, cos, sin)
+            q = q.contiguous()
+            write_kv(k_cache, v_cache, k_new, v_new, meta.slot_mapping)
+        if self.window is not None or self.softcap is not None:
+            attn = cached_attention(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap)
+        else:
+            attn = paged_attention_cpu(kernels, q, k_new, v_new, k_cache, v_cache, meta,
+                                       self.scale)  # [T, Hq, D]
         if packed is not None:
             return packed[1].linear(attn.reshape(num_tokens, -1), None, kernels)
         return fused_linear(attn.reshape(num_tokens, -1), self.o_proj.weight, None, kernels, self.quantize_inputs)
 
 
 class LlamaMLP(_FusedProjections):
-    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one fused GEMM."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one fused GEMM; GeGLU (Gemma) with
+    gelu's tanh approximation in place of silu."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        bias = config.mlp_bias
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.gelu = config.hidden_act == "gelu_pytorch_tanh"
         self.quantize_inputs = False  # set_decode_weight_format: int8 weights quantize GEMM inputs
         # (gate_up with halves interleaved by 16 columns, down) while an int8 stack exists.
         self.packed: tuple[PackedInteger, PackedInteger] | None = None
@@ -241,12 +283,15 @@ class LlamaMLP(_FusedProjections):
     def _fused_children(self) -> list[nn.Linear]:
         return [self.gate_proj, self.up_proj]
 
+    def _act(self, gate: torch.Tensor) -> torch.Tensor:
+        return F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The pure-torch path: x [T, H] -> [T, H]."""
         if self.fused_weight is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, self.fused_weight).chunk(2, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+            return self.down_proj(self._act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.fused_weight, self.fused_bias).chunk(2, dim=-1)  # [T, I] each
+        return self.down_proj(self._act(gate) * up)
 
     def forward_cpu(self, x: torch.Tensor, kernels: ModuleType) -> torch.Tensor:
         """The compiled-kernel path: x [T, H] -> [T, H]."""
@@ -257,37 +302,86 @@ class LlamaMLP(_FusedProjections):
             interleaved = gate_up_packed.linear(x, None, kernels)
             gate_up = interleaved.view(t, -1, 2, 16).transpose(1, 2).reshape(t, -1)
             return down.linear(kernels.silu_mul(gate_up), None, kernels)
-        gate_up = fused_linear(x, self.fused_weight, None, kernels, self.quantize_inputs)  # [T, 2I]
-        return fused_linear(kernels.silu_mul(gate_up.contiguous()), self.down_proj.weight, None, kernels,
-                            self.quantize_inputs)
+        gate_up = fused_linear(x, self.fused_weight, self.fused_bias, kernels, self.quantize_inputs)  # [T, 2I]
+        if self.gelu:
+            gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
+            hidden = (F.gelu(gate, approximate="tanh") * up).contiguous()
+        else:
+            hidden = kernels.silu_mul(gate_up.contiguous())
+        return fused_linear(hidden, self.down_proj.weight, self.down_proj.bias, kernels, self.quantize_inputs)
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks. With sandwich norms (Gemma 2/3) the attention output
+    is normed by post_attention_layernorm before the residual add, the MLP input by
+    pre_feedforward_layernorm and its output by post_feedforward_layernorm (HF's names);
+    without, post_attention_layernorm is the MLP's pre-norm (Llama)."""
+
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = LlamaAttention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.sandwich = config.sandwich_norms
         self.mlp = LlamaMLP(config)
+        # Which of the model's rope tables this layer rotates with (None: no rope).
+        self.rope_key = rope_key(config, layer_idx)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
                 meta: AttentionMetadata, kv: KVCache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, meta, kv)
+        if not self.sandwich:
+            x = x + attn
+            return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.post_attention_layernorm(attn)
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
     def forward_cpu(self, normed: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm,
-                    cos32: torch.Tensor, sin32: torch.Tensor, meta: AttentionMetadata, kv: KVCache,
-                    kernels: ModuleType, between: BetweenLayers | None = None) -> torch.Tensor:
+                    cos32: torch.Tensor | None, sin32: torch.Tensor | None, meta: AttentionMetadata,
+                    kv: KVCache, kernels: ModuleType, between: BetweenLayers | None = None) -> torch.Tensor:
         """Compiled-kernel path. normed = input_layernorm(residual); residual [T, H] is updated in
         place (+= attention, += MLP); returns next_norm(residual), the next layer's input.
         `between` is called once between the attention and the MLP (see LlamaForCausalLM.forward)."""
         attn = self.self_attn.forward_cpu(normed, cos32, sin32, meta, kv, kernels)
-        normed = kernels.add_rms_norm(residual, attn, self.post_attention_layernorm.weight,
-                                      self.post_attention_layernorm.eps)
+        mlp_norm = self.post_attention_layernorm
+        if self.sandwich:
+            attn = kernels.rms_norm(attn.contiguous(), mlp_norm.weight, mlp_norm.eps)
+            mlp_norm = self.pre_feedforward_layernorm
+        normed = kernels.add_rms_norm(residual, attn.contiguous(), mlp_norm.weight, mlp_norm.eps)
         if between is not None:
             between()
         mlp = self.mlp.forward_cpu(normed, kernels)
+        if self.sandwich:
+            post = self.post_feedforward_layernorm
+            mlp = kernels.rms_norm(mlp.contiguous(), post.weight, post.eps)
         return kernels.add_rms_norm(residual, mlp, next_norm.weight, next_norm.eps)
+
+
+GLOBAL_ROPE, LOCAL_ROPE = "global", "local"
+
+
+def rope_key(config: ModelConfig, layer: int) -> str | None:
+    """The rope table a layer uses: LOCAL_ROPE on sliding-window layers of a model with its own
+    local base (Gemma 3), GLOBAL_ROPE elsewhere, None on layers without rope (SmolLM3)."""
+    if not config.layer_has_rope(layer):
+        return None
+    if config.rope_local_theta is not None and config.layer_window(layer) is not None:
+        return LOCAL_ROPE
+    return GLOBAL_ROPE
+
+
+def rotary_embeddings(config: ModelConfig) -> dict[str, RotaryEmbedding]:
+    """The model's rope variants by rope_key: global (rope_theta with the config's scaling) and,
+    where the config has one, local (rope_local_theta, unscaled)."""
+    tables = {GLOBAL_ROPE: RotaryEmbedding(config.rope_theta, config.rotary_dim,
+                                           config.max_position_embeddings, config.rope_scaling)}
+    if config.rope_local_theta is not None:
+        tables[LOCAL_ROPE] = RotaryEmbedding(config.rope_local_theta, config.rotary_dim,
+                                             config.max_position_embeddings)
+    return tables
 
 
 class LlamaModel(nn.Module):
@@ -307,6 +401,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        self.rotary = rotary_embeddings(config)
         # The fused decode stack and packed LM head (CPU bf16 fast path) hold packed copies of
         # the weights: built on first use, dropped when weights are loaded again.
         self._decode_stack = None
@@ -442,25 +537,36 @@ class LlamaForCausalLM(nn.Module):
         own state lives in its local tensors, and the other one writes other KV blocks.
         """
         x = self.model.embed_tokens(input_ids)  # [T, H]
+        if self.config.embedding_multiplier is not None:
+            # HF Gemma: times sqrt(hidden) as a tensor of the hidden dtype (rounded to it).
+            x = x * torch.tensor(self.config.embedding_multiplier, dtype=x.dtype)
         kernels = cpu_kernels_for(x) if use_kernels and kv.dtype == x.dtype else None
         if kernels is not None:
             return self._forward_cpu(x, positions, meta, kv, kernels, between_layers)
         self._check_float_weights("the pure-torch forward")
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        tables = self._rope_tables(positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
             if i and between_layers is not None:
                 between_layers()
-            x = layer(x, cos, sin, meta, kv)
+            x = layer(x, *tables[layer.rope_key], meta, kv)
         return self.model.norm(x)
+
+    def _rope_tables(self, positions: torch.Tensor,
+                     dtype: torch.dtype) -> dict[str | None, tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """(cos, sin) [T, rotary_dim] of each rope variant for this step's positions, and
+        (None, None) under the key of layers without rope."""
+        tables = {key: rope.cos_sin(positions, dtype) for key, rope in self.rotary.items()}
+        tables[None] = (None, None)
+        return tables
 
     def _forward_cpu(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                      kv: KVCache, kernels: ModuleType,
                      between_layers: BetweenLayers | None = None) -> torch.Tensor:
-        cos32, sin32 = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
-                                    torch.float32)  # [T, D] each
+        tables = self._rope_tables(positions, torch.float32)  # float32 cos, sin [T, rotary_dim]
         # Built on the first step of any shape: an int8 model's per-op GEMMs use its weights.
         stack = self._stack_for(kernels)
         if stack and takes_stack(x, meta):
+            cos32, sin32 = tables[GLOBAL_ROPE]  # a plain Llama: one rope over whole heads
             return stack.forward(x.contiguous(), cos32, sin32, kv.storage, meta.slot_mapping,
                                  meta.block_tables, meta.row_seq_index, meta.row_ctx_lens,
                                  self.config.head_dim ** -0.5)
@@ -472,8 +578,8 @@ class LlamaForCausalLM(nn.Module):
             if i and between_layers is not None:
                 between_layers()
             next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
-            normed = layer.forward_cpu(normed, residual, next_norm, cos32, sin32, meta, kv, kernels,
-                                       between_layers)
+            normed = layer.forward_cpu(normed, residual, next_norm, *tables[layer.rope_key], meta, kv,
+                                       kernels, between_layers)
         return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -484,6 +590,14 @@ class LlamaForCausalLM(nn.Module):
         """(logits [S, vocab_size] float32, their argmax [S] int64 or None): the CPU bf16 path
         takes the argmax (greedy sampling's answer) inside the LM head's GEMM, other paths
         leave it to the sampler (None)."""
+        logits, argmax = self._logits_and_argmax(hidden)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            # Gemma 2: cap * tanh(logits / cap); the sampler takes the argmax of these.
+            return torch.tanh(logits / cap) * cap, None
+        return logits, argmax
+
+    def _logits_and_argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         kernels = cpu_kernels_for(hidden)
         packed = self._lm_head_for(kernels) if kernels is not None and hidden.dtype == self.lm_head.weight.dtype else None
         if isinstance(packed, tuple):
