@@ -39,6 +39,9 @@ _GEMMA_DEFAULT_WINDOW = {"gemma2": 4096}
 _GEMMA3_LOCAL_ROPE_BASE = 10000.0
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 _SMOLLM3_NO_ROPE_EVERY = 4
+# Archs whose attention.sliding_window key means a window (Gemma's every-few-layers ones, and
+# one window on every layer for Mistral (as "llama") and Phi-3).
+_WINDOWED_ARCHS = ("gemma2", "gemma3", "llama", "phi3")
 # Llama 3.x's llama3 rope parameters (all published checkpoints): tried first when recovering
 # them from the factors.
 _LLAMA3_ORIGINAL_CONTEXT = 8192
@@ -173,7 +176,9 @@ def _layer_types(arch: str, key, num_layers: int,
                  context: int) -> tuple[int | None, tuple[str, ...] | None]:
     """(sliding_window, layer_types) as HF spells them, from llama.cpp's rules per arch."""
     window = key("attention.sliding_window", _GEMMA_DEFAULT_WINDOW.get(arch))
-    if not window:
+    if not window or arch not in _WINDOWED_ARCHS:
+        # Qwen2/3 and SmolLM3 configs carry a window they do not use (use_sliding_window
+        # false); llama.cpp reads none for them either.
         return None, None
     window = int(window)
     if arch not in _GEMMA_GLOBAL_EVERY:
