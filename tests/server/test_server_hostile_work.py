@@ -8,6 +8,7 @@ environment the engine's TemplatePool reads."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -134,10 +135,12 @@ def test_template_errors_are_still_400(server):
 
 
 def test_ten_3mb_tokenize_calls_are_refused_without_stalling(server):
-    text = "hello world " * 262_144  # 3 MiB
+    # 3 MiB, encoded once: the client's own JSON work must not delay the watching thread.
+    body = json.dumps({"prompt": "hello world " * 262_144}).encode()
     with Watch(server) as watch, ThreadPoolExecutor(10) as pool:
         replies = list(pool.map(lambda _: httpx.post(
-            server.base_url + "/tokenize", json={"prompt": text}, timeout=60), range(10)))
+            server.base_url + "/tokenize", content=body, timeout=60,
+            headers={"content-type": "application/json"}), range(10)))
     for resp in replies:
         assert resp.status_code == 400, resp.text
         err = resp.json()["error"]
