@@ -81,6 +81,24 @@ def test_logits_match_transformers(family, chunk, use_kernels):
     assert diff < TOLERANCE, f"{name}: max abs diff {diff} (chunk {chunk}, kernels {use_kernels})"
 
 
+def test_contexts_within_the_window_match_transformers(family, monkeypatch):
+    """Sequences no longer than the window take the compiled attention on windowed layers (the
+    torch attention only serves soft-capped layers then)."""
+    import cadence.model.llama as llama
+
+    name, _, ours, theirs = family
+    torch_calls = []
+    real = llama.cached_attention
+    monkeypatch.setattr(llama, "cached_attention", lambda *a: torch_calls.append(1) or real(*a))
+    prompt = random_prompt(ours.config.vocab_size, WINDOW, seed=11)
+    expected = hf_logits(theirs, prompt)
+    for chunk in (WINDOW, 3, 1):
+        diff = (paged_logits(ours, prompt, chunk, True) - expected).abs().max().item()
+        assert diff < TOLERANCE, f"{name}: max abs diff {diff} (chunk {chunk})"
+    if load_cpu_kernels() is not None:
+        assert bool(torch_calls) == (ours.config.attn_logit_softcapping is not None)
+
+
 @pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "torch"])
 def test_mixed_batch_matches_transformers(family, use_kernels):
     """One forward of two prefill chunks (one continuing past the window) and three decodes."""

@@ -226,11 +226,21 @@ class LlamaAttention(_FusedProjections):
                                self.window, self.softcap)
         return self.o_proj(attn.reshape(x.shape[0], -1))
 
+    def _kernel_attends(self, meta: AttentionMetadata) -> bool:
+        """Whether the compiled attention kernels (no window, no soft-cap) compute this layer's
+        attention for this step exactly: no soft-cap, and no window or one that excludes no key
+        of any sequence (every context within it, the common case for Mistral's 4096 or
+        Gemma's 512-4096 windows: a query at position p < window sees every key)."""
+        if self.softcap is not None:
+            return False
+        return self.window is None or max(meta.seq_lens_host) <= self.window
+
     def forward_cpu(self, x: torch.Tensor, cos32: torch.Tensor | None, sin32: torch.Tensor | None,
                     meta: AttentionMetadata, kv: KVCache, kernels: ModuleType) -> torch.Tensor:
         """The compiled-kernel path: x [T, H]; cos32, sin32: [T, rotary_dim] float32 (None on a
         layer without rope) -> [T, H]. Pieces the kernels lack run in torch: q/k norms and
-        partial rope (then the cache write too), and attention with a window or soft-capping."""
+        partial rope (then the cache write too), and attention with soft-capping or a window
+        that excludes keys this step (_kernel_attends)."""
         num_tokens = x.shape[0]
         k_cache, v_cache = kv.k[self.layer_idx], kv.v[self.layer_idx]
         packed = self.packed if _uses_packed(self.packed, x) else None
@@ -254,7 +264,7 @@ class LlamaAttention(_FusedProjections):
             q, k_new, v_new = self._heads(qkv, cos, sin)
             q = q.contiguous()
             write_kv(k_cache, v_cache, k_new, v_new, meta.slot_mapping)
-        if self.window is not None or self.softcap is not None:
+        if not self._kernel_attends(meta):
             attn = cached_attention(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap)
         else:
             attn = paged_attention_cpu(kernels, q, k_new, v_new, k_cache, v_cache, meta,
