@@ -8,6 +8,8 @@ have an odd N and, for the 32-weight block types, a K that is not a multiple of 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -166,3 +168,33 @@ def test_memory_mapped_file_is_used_in_place(tmp_path):
         copy = GGUFWeight.from_data(qtype, shape, np.array(raw))
         x = torch.randn(2, shape[1])
         torch.testing.assert_close(weight.linear(x), copy.linear(x), rtol=0, atol=0)
+
+
+GEMMA3_FILE = "/work/cache/gemma/gemma-3-270m-q4_k_m.gguf"
+
+
+@pytest.mark.slow  # gguf-py parses the 262144-token vocabulary: ~15 s
+@pytest.mark.skipif(not os.path.isfile(GEMMA3_FILE), reason=f"{GEMMA3_FILE} is only on the development machine")
+def test_real_q4_k_m_file_each_type_in_place():
+    """A published Q4_K_M file (Q5_0, Q4_K, Q6_K, Q8_0 tensors, a 262144 x 640 Q8_0 vocabulary):
+    each type's first tensor computed in the memory map against gguf-py's dequantization."""
+    reader = GGUFReader(GEMMA3_FILE)
+    first: dict[GGMLQuantizationType, object] = {}
+    for tensor in reader.tensors:
+        if len(tensor.shape) == 2 and tensor.name != "token_embd.weight":
+            first.setdefault(tensor.tensor_type, tensor)
+    assert {Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.Q8_0} <= set(first)
+    gen = torch.Generator().manual_seed(10)
+    for qtype, tensor in first.items():
+        weight = GGUFWeight.from_reader_tensor(tensor)
+        assert weight.ggml_type == qtype
+        x = torch.randn(3, weight.in_features, generator=gen)
+        w_ref = reference_dequantize(weight).reshape(weight.shape).double()
+        seen = KERNELS.quantize_activations_q8(x).double() if KERNELS is not None else x.double()
+        expected = seen @ w_ref.T
+        torch.testing.assert_close(weight.linear(x).double(), expected, rtol=0, atol=2e-5 * float(expected.abs().max()))
+    vocab = GGUFWeight.from_reader_tensor(next(t for t in reader.tensors if t.name == "token_embd.weight"))
+    assert vocab.shape == (262144, 640) and vocab.ggml_type == Q.Q8_0
+    ids = torch.tensor([2, 262143, 1000])
+    rows = gguf_quants.dequantize(vocab.blocks[ids].numpy(), Q.Q8_0)
+    assert torch.equal(vocab.embedding(ids), torch.from_numpy(rows))

@@ -62,10 +62,11 @@ inline float half_at(const uint8_t* p) {
 
 // 16 bytes -> 32 nibbles: the low nibbles (k 0..15), then the high ones (k 16..31): the layout
 // of every 32-block type (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL).
+// One load into both 128-bit halves, the upper half shifted down 4 bits (64-bit lanes: the bits
+// that cross a byte boundary are masked off), one mask.
 inline __m256i split_nibbles16(const uint8_t* qs) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4), _mm_and_si128(bytes, low4));
+  const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
 // Bit i of `bits` -> byte i (0xFF where set, 0 elsewhere), i in [0, 32).

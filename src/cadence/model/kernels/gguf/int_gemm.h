@@ -123,6 +123,8 @@ inline __m256 group_scale(const float* a, int j) {
   else return _mm256_set1_ps(a[j]);
 }
 
+constexpr int64_t PREFETCH_BYTES = 2048;
+
 // How a codec's bytes u (= q + OFFSET) meet the activations x:
 //   unsigned:  sum u x exactly (maddubs, or vpdpbusd), then - OFFSET * sum x, one integer
 //              subtraction of a per-row term shared by every column (no OFFSET: nothing);
@@ -155,6 +157,10 @@ void int_tile(const QuantizedRows& xq, int64_t m0, const uint8_t* w, int64_t row
     const uint8_t* col_blk[NC];
     for (int c = 0; c < NC; ++c) {
       col_blk[c] = w + c * row_bytes + blk * C::BYTES;
+      // Each column's row is a short stream (a 4096-wide Q4_K row: 36 lines) that the hardware
+      // prefetchers hardly ramp up on: ask for the lines PREFETCH_BYTES ahead (past a row's end,
+      // the next column's row: the next tile's).
+      for (int64_t line = 0; line < C::BYTES; line += 64) _mm_prefetch(reinterpret_cast<const char*>(col_blk[c] + PREFETCH_BYTES + line), _MM_HINT_T0);
       C::scales(col_blk[c], a[c], b[c]);
     }
     for (int j = 0; j < C::GROUPS; ++j) {
