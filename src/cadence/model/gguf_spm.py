@@ -31,17 +31,20 @@ def spm_merges(tokens: Sequence[str], scores: Sequence[float],
     """Every (left, right) pair of tokens that concatenates to a normal token, best merged
     score first (ties by id, which is the order SentencePiece writes pieces of equal score)."""
     vocab = set(tokens)
-    ranked = []
-    for token_id, (token, kind) in enumerate(zip(tokens, token_types)):
-        if kind != NORMAL or len(token) < 2:
-            continue
-        score = scores[token_id]
+    # Pieces in rank order first, so the merges come out ranked without sorting ~2 per piece.
+    order = sorted((i for i, kind in enumerate(token_types) if kind == NORMAL and len(tokens[i]) > 1),
+                   key=lambda i: (-scores[i], i))
+    merges: list[tuple[str, str]] = []
+    append = merges.append
+    for token_id in order:
+        token = tokens[token_id]
         for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in vocab and right in vocab:
-                ranked.append((-score, token_id, left, right))
-    ranked.sort()
-    return [(left, right) for _, _, left, right in ranked]
+            left = token[:cut]
+            if left in vocab:
+                right = token[cut:]
+                if right in vocab:
+                    append((left, right))
+    return merges
 
 
 def spm_backend(tokens: Sequence[str], scores: Sequence[float], token_types: Sequence[int],
