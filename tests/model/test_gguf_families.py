@@ -120,3 +120,19 @@ def test_real_gemma3_file_greedy_text_matches_llama_cpp():
                           "-no-cnv", "--no-display-prompt", "-t", "2"],
                          capture_output=True, env=env, timeout=300, check=True)
     assert text.rstrip("\n") == run.stdout.decode().rstrip("\n")
+
+
+@pytest.mark.parametrize("keys, expected", [
+    ({"rope.scale_linear": 2.0}, RopeScaling(rope_type="linear", factor=2.0)),  # older files
+    ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0},  # original context: the model's
+     RopeScaling(rope_type="yarn", factor=4.0, original_max_position_embeddings=512)),
+    ({"rope.scaling.type": "none"}, None),
+])
+def test_rope_scaling_key_spellings(tiny_llama_dir, tmp_path, keys, expected):
+    path = write_tiny_gguf(tiny_llama_dir, str(tmp_path / "base.gguf"))
+    reader = GGUFFile(path)
+    reader.fields.update({f"llama.{k}": v for k, v in keys.items()})
+    assert config_from_gguf(reader).rope_scaling == expected
+    reader.fields["llama.rope.scaling.type"] = "longrope-ish"
+    with pytest.raises(ModelLoadError, match=r"rope scaling 'longrope-ish' is not supported \(supported: "):
+        config_from_gguf(reader)

@@ -154,12 +154,16 @@ def _rope_scaling(reader, key, tensor_names: set[str], base: float, rotary_dim: 
         raise ModelLoadError(
             f"GGUF rope scaling {scaling!r} is not supported (supported: {list(ROPE_SCALING_TYPES)}, "
             "llama3 as rope_freqs.weight, longrope as rope_factors_long/short.weight)")
-    factor = key("rope.scaling.factor", None)
+    # Older files spell a linear factor rope.scale_linear (with no scaling type).
+    factor = key("rope.scaling.factor", key("rope.scale_linear", None))
+    if scaling == "none" and key("rope.scale_linear", None) is not None:
+        scaling = "linear"
     if scaling == "none" or factor is None or float(factor) == 1.0:
         return None
     if scaling == "linear":
         return RopeScaling(rope_type="linear", factor=_f32(factor))
-    original = key("rope.scaling.original_context_length", None)
+    # HF's default original context of yarn is the model's own.
+    original = key("rope.scaling.original_context_length", context)
     fields: dict[str, Any] = {}
     for gguf_key, field in (("rope.scaling.yarn_beta_fast", "beta_fast"),
                             ("rope.scaling.yarn_beta_slow", "beta_slow"),
@@ -168,8 +172,7 @@ def _rope_scaling(reader, key, tensor_names: set[str], base: float, rotary_dim: 
         if value is not None:
             fields[field] = _f32(value)
     return RopeScaling(rope_type="yarn", factor=_f32(factor),
-                       original_max_position_embeddings=None if original is None else int(original),
-                       **fields)
+                       original_max_position_embeddings=int(original), **fields)
 
 
 def _layer_types(arch: str, key, num_layers: int,
