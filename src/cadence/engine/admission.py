@@ -71,6 +71,15 @@ def check_text_length(engine: EngineCore, num_chars: int, param: str) -> None:
             code="context_length_exceeded")
 
 
+def template_error(exc: Exception) -> AdmissionError:
+    """The answer to a chat template that failed: a 400 naming `messages` (jinja errors, bad
+    roles, a broken budget), or the status the renderer gives (503: no worker to render)."""
+    status = getattr(exc, "status", 400)
+    prefix = "chat template failed: " if status == 400 else ""
+    return AdmissionError(status, f"{prefix}{exc}", param="messages" if status == 400 else None,
+                          code=getattr(exc, "code", None) or "invalid_messages")
+
+
 def prompt_token_ids(engine: EngineCore, msg: AddRequest) -> list[int]:
     """The prompt as token ids: given ids (checked against the vocabulary), rendered chat
     messages, or tokenized text."""
@@ -97,8 +106,7 @@ def prompt_token_ids(engine: EngineCore, msg: AddRequest) -> list[int]:
                          "chat_template_kwargs": msg.chat_template_kwargs}
             text = engine.render_chat(msg.chat_messages, msg.add_generation_prompt, **extra)
         except Exception as exc:  # jinja errors, bad roles, budgets: the client's fault
-            raise AdmissionError(400, f"chat template failed: {exc}", param="messages",
-                                 code=getattr(exc, "code", None) or "invalid_messages") from exc
+            raise template_error(exc) from exc
         check_text_length(engine, len(text), "messages")
         # The template already wrote the special tokens.
         return engine.tokenize(text, add_special_tokens=False)
@@ -235,8 +243,7 @@ def answer_tokenize(engine: EngineCore, msg: Tokenize) -> dict[str, Any]:
                      if msg.chat_template_kwargs else {})
             text = engine.render_chat(msg.messages, msg.add_generation_prompt, **extra)
         except Exception as exc:  # jinja errors, bad roles, budgets: the client's fault
-            raise AdmissionError(400, f"chat template failed: {exc}", param="messages",
-                                 code=getattr(exc, "code", None) or "invalid_messages") from exc
+            raise template_error(exc) from exc
         check_text_length(engine, len(text), "messages")
         return {"tokens": list(engine.tokenize(text, add_special_tokens=False))}
     check_text_length(engine, len(msg.text or ""), "prompt")

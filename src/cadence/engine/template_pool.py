@@ -59,7 +59,11 @@ class TemplateBudgetError(ValueError):
 
 
 class TemplateWorkerError(RuntimeError):
-    """The worker failed for a reason of its own (it could not start, it crashed)."""
+    """No worker could render (none could start, one crashed, all stayed busy): the server's
+    state, not the request's (a 503)."""
+
+    status = 503
+    code = "chat_template_unavailable"
 
 
 class _Worker:
@@ -154,9 +158,9 @@ class TemplatePool:
                     self._num_workers += 1
                     break
                 if not self._lock.wait(timeout=max(0.0, deadline - time.monotonic())):
-                    raise TemplateBudgetError(
+                    raise TemplateWorkerError(
                         f"every chat-template worker stayed busy for "
-                        f"{self.budget.wall_seconds:g}s")
+                        f"{self.budget.wall_seconds:g}s; retry later")
         try:
             return _Worker(self.budget)
         except OSError as exc:
@@ -183,13 +187,19 @@ class TemplatePool:
         deadline = time.monotonic() + budget.wall_seconds
         request = {"source": source, "bos": bos_token, "eos": eos_token, "messages": messages,
                    "add_generation_prompt": add_generation_prompt, "kwargs": kwargs}
-        worker = self._acquire(deadline)
+        for attempt in range(2):
+            worker = self._acquire(deadline)
+            try:
+                worker.send(request)
+                break
+            except OSError as exc:  # an idle worker that died: a fresh one takes the request
+                self._release(worker, healthy=False)
+                if attempt:
+                    raise TemplateWorkerError(f"the chat-template worker failed: {exc}") from exc
         try:
-            worker.send(request)
             reply = worker.receive(deadline)
-        except (OSError, ValueError) as exc:  # a worker that died between two renders
-            self._release(worker, healthy=False)
-            raise TemplateWorkerError(f"the chat-template worker failed: {exc}") from exc
+        except (OSError, ValueError):  # a broken reply: treated as a worker that died
+            reply = None
         if reply is None:
             timed_out = worker.proc.poll() is None
             self._release(worker, healthy=False)  # killed (if still running) and replaced
@@ -202,7 +212,11 @@ class TemplatePool:
                     f"the chat template ran past its CPU-time budget ({budget.cpu_seconds:g}s)")
             if status == -signal.SIGKILL:  # the kernel's OOM killer
                 raise TemplateBudgetError(self._memory_message())
-            raise TemplateWorkerError(f"the chat-template worker exited ({status})")
+            # Any other death happened while rendering this template (an allocation that
+            # failed where Python could not raise MemoryError aborts the interpreter).
+            raise TemplateBudgetError(
+                f"the chat template crashed its renderer (exit status {status}), likely past "
+                f"its memory budget ({self.budget.memory_bytes / 2**20:.0f} MiB)")
         if reply.get("budget") == "memory":
             self._release(worker, healthy=False)
             raise TemplateBudgetError(self._memory_message())
