@@ -44,7 +44,7 @@ class StreamWatch:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        body = {"prompt": "watch", "max_tokens": 400, "stream": True, "ignore_eos": True}
+        body = {"prompt": "watch", "max_tokens": 160, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", self._server.base_url + "/v1/completions", json=body,
                           headers=AUTH, timeout=120) as resp:
             for line in resp.iter_lines():

@@ -3,7 +3,7 @@ tiny random Llama. Each must end in a 4xx naming what it broke while other clien
 being served: a stream's largest gap between tokens, and the time to first token of streams
 started meanwhile, stay under a second.
 
-The template budgets are tightened for the test (1 s CPU, 3 s wall, 128 MiB) through the
+The template budgets are tightened for the test (1 s CPU, 2 s wall, 128 MiB) through the
 environment the engine's TemplatePool reads."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from server_harness import start_server, tiny_model_args
 
-BUDGET_ENV = {"CADENCE_TEMPLATE_CPU_S": "1", "CADENCE_TEMPLATE_WALL_S": "3",
+BUDGET_ENV = {"CADENCE_TEMPLATE_CPU_S": "1", "CADENCE_TEMPLATE_WALL_S": "2",
               "CADENCE_TEMPLATE_MEMORY_MB": "128"}
 
 
