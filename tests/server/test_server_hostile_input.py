@@ -98,6 +98,18 @@ def test_lone_surrogate_keys_are_400_and_the_connection_survives(server, path, b
         assert ok.status_code == 200  # same keep-alive connection
 
 
+@pytest.mark.parametrize("depth", [900, 5000])
+def test_deeply_nested_json_is_served_or_400(server, depth):
+    raw = ('{"prompt": "hi", "max_tokens": 2, "metadata": ' + "[" * depth + "]" * depth
+           + "}").encode()
+    resp = httpx.post(server.base_url + "/v1/completions", content=raw, headers={
+        **AUTH, "content-type": "application/json"}, timeout=30)
+    if depth < 950:
+        assert resp.status_code == 200, resp.text
+    else:
+        assert _error(resp, 400)["code"] == "invalid_json"
+
+
 # ---- ids against the vocabulary (259 tokens) ---------------------------------------------------
 
 @pytest.mark.parametrize("bias,code", [

@@ -150,8 +150,12 @@ def install_error_handlers(app: FastAPI) -> None:
         except ValueError:
             phrase = "Error"
         message = exc.detail if isinstance(exc.detail, str) else phrase
+        # Starlette's only 400 is a body it could not parse (e.g. JSON nested past the parser's
+        # depth), which the client should hear as malformed JSON.
+        code = "invalid_json" if exc.status_code == 400 else None
         # Keep Starlette's headers: 405 carries Allow.
-        return APIError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+        return APIError(exc.status_code, message, code=code,
+                        headers=dict(exc.headers or {})).response()
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         return APIError(500, f"Internal server error: {type(exc).__name__}: {exc}").response()
