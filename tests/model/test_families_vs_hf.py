@@ -16,7 +16,7 @@ from cadence.engine.config import EngineConfig
 from cadence.engine.llm import LLM
 from cadence.engine.llm_engine import LLMEngine
 from cadence.model.attention_metadata import AttentionMetadata
-from cadence.model.fused_decode import has_f32_stack
+from cadence.model.fused_decode import WEIGHT_FORMATS, has_f32_stack
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
 from cadence.model.kv_cache import KVCache
 from cadence.model.loader import load_model
@@ -170,6 +170,10 @@ def test_only_plain_llama_takes_the_fused_stack(family):
     stack = ours.model._stack_for(kernels)
     if not ours.config.is_plain_llama:
         assert stack is False, f"{name} must run the per-op path"
+        if has_f32_stack(kernels):  # its GEMMs packed for the float32 kernels instead
+            layer = ours.model.model.layers[0]
+            assert layer.self_attn.packed is not None and layer.mlp.packed is not None
+            assert not layer.mlp.packed_interleaved
     elif has_f32_stack(kernels):
         assert stack, f"{name} (plain Llama, head_dim {ours.config.head_dim}) should take the stack"
 
@@ -201,5 +205,9 @@ def test_int8_storage_runs_the_per_op_path(family):
         pytest.skip("two representative non-plain families")
     loaded = load_model(path, dtype="float32", device="cpu", quantization="int8")
     assert loaded.model.decode_weight_format == "int8"
+    kernels = load_cpu_kernels()
+    if kernels is not None and has_f32_stack(kernels):
+        loaded.model.prepare_fast_path()
+        assert loaded.model.model.layers[0].mlp.packed[0].format == WEIGHT_FORMATS["int8"]
     reference = engine_tokens(loaded, PROMPTS, "eager", 8192, 1, prefix=False)
     assert engine_tokens(loaded, PROMPTS, "chunked", 16, 4, prefix=True) == reference

@@ -81,10 +81,14 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(x, weight, bias)
 
 
+_INTEGER_FORMAT_IDS = tuple(WEIGHT_FORMATS[f] for f in INTEGER_FORMATS)
+
+
 @dataclass(frozen=True)
 class PackedInteger:
-    """A GEMM weight [N, K] as the fused stack packed it in an integer format (int8 or int4 in
-    blocks of 16 columns, scales per column and group of 32 k): what linear_packed_f32 takes."""
+    """A GEMM weight [N, K] packed for linear_packed_f32 in blocks of 16 columns: by the fused
+    stack in an integer format (int8 or int4, scales per column and group of 32 k), or by
+    LlamaForCausalLM._pack_per_op in any WEIGHT_FORMATS format (families without the stack)."""
 
     data: torch.Tensor  # int8: [N / 16, K, 16]; int4: [N / 16, K / 2, 16] uint8
     scales: torch.Tensor  # int8: [N / 16, K / 32, 16] float32; int4: [N / 16, K / 32, 2, 16] float16
@@ -97,8 +101,20 @@ class PackedInteger:
         return kernels.linear_packed_f32(x.contiguous(), self.data, self.scales, self.format, self.N, bias)
 
 
+# Families that do not take the fused stack (not config.is_plain_llama) pack their per-op GEMM
+# weights themselves on the float32 path (LlamaForCausalLM._pack_per_op): integer formats serve
+# every row count as above; float32 / bf16 storage serves steps up to the stack's row bound
+# (decode batches), where torch's float32 GEMM pays its near-fixed cost per call, and torch's
+# GEMM keeps the prompt chunks.
+PACKED_FLOAT_MAX_ROWS = 64
+
+
 def _uses_packed(packed: tuple | None, x: torch.Tensor) -> bool:
-    return packed is not None and (PACKED_GEMM_MAX_ROWS is None or x.shape[0] <= PACKED_GEMM_MAX_ROWS)
+    if packed is None:
+        return False
+    if packed[0].format not in _INTEGER_FORMAT_IDS:
+        return x.shape[0] <= PACKED_FLOAT_MAX_ROWS
+    return PACKED_GEMM_MAX_ROWS is None or x.shape[0] <= PACKED_GEMM_MAX_ROWS
 
 
 def _return_freed_memory() -> None:
@@ -285,6 +301,9 @@ class LlamaMLP(_FusedProjections):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.gelu = config.hidden_act == "gelu_pytorch_tanh"
+        # Whether packed[0] interleaves gate and up by blocks of 16 columns (the fused stack's
+        # layout) or holds [gate | up] (LlamaForCausalLM._pack_per_op).
+        self.packed_interleaved = True
         self.quantize_inputs = False  # set_decode_weight_format: int8 weights quantize GEMM inputs
         # (gate_up with halves interleaved by 16 columns, down) while an int8 stack exists.
         self.packed: tuple[PackedInteger, PackedInteger] | None = None
@@ -308,17 +327,21 @@ class LlamaMLP(_FusedProjections):
         if _uses_packed(self.packed, x):
             gate_up_packed, down = self.packed
             t = x.shape[0]
-            # [T, 2I] as blocks of 16 gate columns then the matching 16 up columns -> [gate | up]
-            interleaved = gate_up_packed.linear(x, None, kernels)
-            gate_up = interleaved.view(t, -1, 2, 16).transpose(1, 2).reshape(t, -1)
-            return down.linear(kernels.silu_mul(gate_up), None, kernels)
+            gate_up = gate_up_packed.linear(x, self.fused_bias, kernels)  # [T, 2I]
+            if self.packed_interleaved:
+                # blocks of 16 gate columns then the matching 16 up columns -> [gate | up]
+                gate_up = gate_up.view(t, -1, 2, 16).transpose(1, 2).reshape(t, -1)
+            return down.linear(self._activated(gate_up, kernels), self.down_proj.bias, kernels)
         gate_up = fused_linear(x, self.fused_weight, self.fused_bias, kernels, self.quantize_inputs)  # [T, 2I]
+        return fused_linear(self._activated(gate_up, kernels), self.down_proj.weight, self.down_proj.bias,
+                            kernels, self.quantize_inputs)
+
+    def _activated(self, gate_up: torch.Tensor, kernels: ModuleType) -> torch.Tensor:
+        """[gate | up] [T, 2I] -> act(gate) * up [T, I], contiguous."""
         if self.gelu:
             gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
-            hidden = (F.gelu(gate, approximate="tanh") * up).contiguous()
-        else:
-            hidden = kernels.silu_mul(gate_up.contiguous())
-        return fused_linear(hidden, self.down_proj.weight, self.down_proj.bias, kernels, self.quantize_inputs)
+            return (F.gelu(gate, approximate="tanh") * up).contiguous()
+        return kernels.silu_mul(gate_up.contiguous())
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -497,7 +520,29 @@ class LlamaForCausalLM(nn.Module):
         if self._decode_stack is None:
             self._decode_stack = build_decode_stack(self, kernels) or False
             self._attach_packed_int8(self._decode_stack)
+            if not self._decode_stack:
+                self._pack_per_op(kernels)
         return self._decode_stack
+
+    def _pack_per_op(self, kernels: ModuleType) -> None:
+        """Without the fused stack (families other than plain Llama), a float32 model on a CPU
+        with the float32 kernels packs its per-op GEMM weights in its storage format
+        (decode_weight_format) for linear_packed_f32: the stack's GEMMs, one call per projection
+        (PACKED_FLOAT_MAX_ROWS says which steps use them)."""
+        if (self.lm_head.weight.dtype != torch.float32 or not has_f32_stack(kernels)
+                or not self.model.layers or self.model.layers[0].self_attn.fused_weight is None):
+            return
+        fmt = WEIGHT_FORMATS[resolve_weight_format(self)]
+
+        def packed(weight: torch.Tensor) -> PackedInteger:
+            data, scales = kernels.pack_weight_f32(weight.detach(), fmt)
+            return PackedInteger(data, scales, weight.shape[0], fmt)
+
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.packed = (packed(attn.fused_weight), packed(attn.o_proj.weight))
+            mlp.packed = (packed(mlp.fused_weight), packed(mlp.down_proj.weight))
+            mlp.packed_interleaved = False
 
     def _attach_packed_int8(self, stack) -> None:
         """Point the per-op path's GEMMs of an int8 model at the stack's packed weights
@@ -508,6 +553,7 @@ class LlamaForCausalLM(nn.Module):
         c = self.config
         qkv_n, gate_up_n = c.q_size + 2 * c.kv_size, 2 * c.intermediate_size
         for i, layer in enumerate(self.model.layers):
+            layer.mlp.packed_interleaved = True
             t = stack.packed_layer(i)
             layer.self_attn.packed = (PackedInteger(t[0], t[1], qkv_n, fmt),
                                       PackedInteger(t[2], t[3], c.hidden_size, fmt))
