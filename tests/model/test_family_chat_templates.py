@@ -162,3 +162,13 @@ def test_hf_folder_template_from_chat_template_json(tiny_llama_dir, tmp_path):
     assert tok.chat_template == source
     assert tok.apply_chat_template([{"role": "user", "content": "Hi"}]) == (
         "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")
+
+
+def test_generation_blocks_render_their_body():
+    """Training-style templates wrap assistant turns in transformers' {% generation %} tag."""
+    source = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}"
+              "<a>{{ m['content'] }}</a>{% endgeneration %}{% else %}<u>{{ m['content'] }}</u>"
+              "{% endif %}{% endfor %}")
+    got = ChatTemplate(source, None, None).render(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}], False)
+    assert got == "<u>q</u><a>r</a>"

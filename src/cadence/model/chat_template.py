@@ -17,6 +17,8 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 # Budgets of one render. Real chat templates stay orders of magnitude below them.
@@ -135,6 +137,18 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
         raise ValueError(f"chat template: tojson cannot encode a {type(value).__name__}") from exc
 
 
+class _GenerationBlock(Extension):
+    """transformers' {% generation %} ... {% endgeneration %} (marks the assistant's text for
+    training masks): rendering is the block's body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
 # Variables the renderer sets itself; chat_template_kwargs cannot replace them.
 RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "range"})
 
@@ -161,7 +175,8 @@ class ChatTemplate:
 
     def __init__(self, source: str, bos_token: str | None, eos_token: str | None):
         env = BoundedSandbox(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            trim_blocks=True, lstrip_blocks=True,
+            extensions=["jinja2.ext.loopcontrols", _GenerationBlock]
         )
         env.filters["tojson"] = _tojson
         env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
