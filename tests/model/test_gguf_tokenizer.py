@@ -96,6 +96,16 @@ def test_spm_bos_as_the_file_says(tmp_path):
     assert tokenizer_from_gguf(GGUFFile(path)).encode("the")[0] != 2
 
 
+def test_end_of_turn_ids_from_the_file_stop_generation(tmp_path):
+    tokens, scores, types = _tiny_spm_vocab()
+    path = _write_vocab(str(tmp_path / "v.gguf"), tokens, scores, types)
+    reader = GGUFFile(path)
+    assert tokenizer_from_gguf(reader).stop_token_ids == (1, 5)  # <eos>, <end_of_turn> by name
+    reader.fields["tokenizer.ggml.eot_token_id"] = 4  # a file naming <start_of_turn> (odd, but said)
+    reader.fields["tokenizer.ggml.eom_token_id"] = 10**6  # outside the vocabulary: ignored
+    assert tokenizer_from_gguf(reader).stop_token_ids == (1, 4, 5)
+
+
 def test_unknown_vocabulary_model_or_pre_tokenizer_is_an_error(tmp_path):
     writer = gguf.GGUFWriter(str(tmp_path / "t5.gguf"), "llama")
     writer.add_tokenizer_model("t5")

@@ -112,10 +112,12 @@ def tokenizer_from_gguf(reader: GGUFFile | gguf.GGUFReader) -> Tokenizer:
         pair = f"{single} {single.replace('$A', '$B')}"
         backend.post_processor = processors.TemplateProcessing(
             single=single, pair=pair, special_tokens=list(dict(specials).items()))
+    ends = [gguf_value(reader, f"tokenizer.ggml.{name}_token_id", None) for name in ("eot", "eom")]
     return Tokenizer(
         backend,
         eos_token_id=eos_id,
         bos_token_id=bos_id,
         chat_template=gguf_value(reader, "tokenizer.chat_template", None),
         vocab_size=len(tokens),
+        end_of_turn_ids=[t for t in ends if t is not None and 0 <= t < len(tokens)],
     )

@@ -34,7 +34,7 @@ class Tokenizer:
 
     def __init__(self, backend: BackendTokenizer, *, eos_token_id: int | None,
                  bos_token_id: int | None = None, chat_template: str | None = None,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, end_of_turn_ids: Sequence[int] = ()):
         self.backend = backend
         self.vocab_size = vocab_size or backend.get_vocab_size(with_added_tokens=True)
         self.eos_token_id = eos_token_id
@@ -44,7 +44,9 @@ class Tokenizer:
         self._chat_template = (
             ChatTemplate(chat_template, self.bos_token, self.eos_token) if chat_template else None
         )
+        # EOS, the ids the checkpoint names as ends of turns (GGUF eot/eom), then known names.
         stop = [] if eos_token_id is None else [eos_token_id]
+        stop += [t for t in dict.fromkeys(end_of_turn_ids) if t not in stop]
         special = {tok.content for tok in backend.get_added_tokens_decoder().values() if tok.special}
         for name in END_OF_TURN_TOKENS:
             token_id = backend.token_to_id(name)
