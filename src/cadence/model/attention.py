@@ -84,16 +84,19 @@ def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  window: int | None = None, softcap: float | None = None) -> None:
     q_start, q_end = meta.query_start_loc_host[i], meta.query_start_loc_host[i + 1]
     start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
-    blocks = meta.block_tables[i, : meta.num_blocks_host[i]]
-    # keys/values: [seq_len, kv_heads, head_dim] -> [1, kv_heads, seq_len, head_dim]
-    keys = _gather_context(k_cache, blocks)[:seq_len].transpose(0, 1).unsqueeze(0)
-    values = _gather_context(v_cache, blocks)[:seq_len].transpose(0, 1).unsqueeze(0)
+    # With a window, blocks wholly before the first query's window are never read.
+    first = max(0, start_pos - window + 1) // meta.block_size if window is not None else 0
+    blocks = meta.block_tables[i, first: meta.num_blocks_host[i]]
+    offset = first * meta.block_size  # position of the first gathered key
+    # keys/values: [seq_len - offset, kv_heads, head_dim] -> [1, kv_heads, seq_len - offset, head_dim]
+    keys = _gather_context(k_cache, blocks)[:seq_len - offset].transpose(0, 1).unsqueeze(0)
+    values = _gather_context(v_cache, blocks)[:seq_len - offset].transpose(0, 1).unsqueeze(0)
     query = q[q_start:q_end].transpose(0, 1).unsqueeze(0)  # [1, heads, n_new, head_dim]
     n_new = q_end - q_start
     if window is not None or softcap is not None:
         q_pos = torch.arange(start_pos, seq_len, device=q.device)
-        k_pos = torch.arange(seq_len, device=q.device)
-        mask = k_pos[None, :] <= q_pos[:, None]  # [n_new, seq_len]
+        k_pos = torch.arange(offset, seq_len, device=q.device)
+        mask = k_pos[None, :] <= q_pos[:, None]  # [n_new, seq_len - offset]
         if window is not None:
             mask &= k_pos[None, :] > q_pos[:, None] - window
         if softcap is not None:
@@ -122,20 +125,37 @@ def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads  # query heads per KV head: head h reads KV head h // group
     batch = len(meta.decode_seqs)
+    if window is not None:
+        blocks, valid = _window_blocks(meta, window)
+    else:
+        # Padding blocks (and the tail of the last block) are masked out.
+        blocks, valid = meta.decode_blocks, meta.decode_valid  # [B, n_blocks], [B, L]
     # keys: [B, L, kv_heads, D] -> [B, kv_heads, D, L]; values -> [B, kv_heads, L, D]
-    keys = _gather_context(k_cache, meta.decode_blocks).permute(0, 2, 3, 1)
-    values = _gather_context(v_cache, meta.decode_blocks).transpose(1, 2)
+    keys = _gather_context(k_cache, blocks).permute(0, 2, 3, 1)
+    values = _gather_context(v_cache, blocks).transpose(1, 2)
     query = q[meta.decode_rows].view(batch, num_kv_heads, group, head_dim)  # [B, kv_heads, G, D]
     scores = torch.matmul(query, keys).float() * scale  # [B, kv_heads, G, L]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    # Padding blocks (and the tail of the last block) are masked out.
-    valid = meta.decode_valid  # [B, L]
-    if window is not None:
-        # The decode token sits at position ctx_len - 1 and sees keys > ctx_len - 1 - window.
-        k_pos = torch.arange(valid.shape[1], device=valid.device)
-        valid = valid & (k_pos[None, :] >= meta.decode_ctx_lens[:, None] - window)
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     attn = torch.matmul(probs, values)  # [B, kv_heads, G, D]
     out[meta.decode_rows] = attn.reshape(batch, num_heads, head_dim)
+
+
+def _window_blocks(meta: AttentionMetadata, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decodes' blocks from the first one their window reaches ([B, W] int64, padded by
+    repeating a row's last block) and which gathered positions they see ([B, W * block_size]
+    bool): the decode at position ctx - 1 sees keys in [ctx - window, ctx). Only the window's
+    blocks are read, however long the context."""
+    bs = meta.block_size
+    ctx = meta.decode_ctx_lens  # [B]
+    first = (ctx - window).clamp(min=0) // bs  # [B] first block holding a visible key
+    last = (ctx - 1) // bs  # [B] block of the decode's own key
+    width = int((last - first).max().item()) + 1
+    idx = torch.minimum(first[:, None] + torch.arange(width, device=ctx.device)[None, :], last[:, None])
+    tables = meta.block_tables[meta.decode_seq_index].to(torch.int64)  # [B, max_blocks]
+    blocks = torch.gather(tables, 1, idx)  # [B, W]
+    pos = first[:, None] * bs + torch.arange(width * bs, device=ctx.device)[None, :]  # [B, W * bs]
+    valid = (pos < ctx[:, None]) & (pos >= ctx[:, None] - window)
+    return blocks, valid
