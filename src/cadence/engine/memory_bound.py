@@ -56,7 +56,11 @@ def model_bytes(model: Any) -> int:
     for t in [*model.parameters(), *model.buffers()]:
         storage = t.untyped_storage()
         storages[(str(t.device), storage.data_ptr())] = storage.nbytes()
-    return sum(storages.values())
+    # GGUF-native matrices (gguf_modules): the file's blocks, each weight once (a tied head
+    # is the embedding); they are neither parameters nor buffers.
+    gguf_weights = {id(m.gguf_weight): m.gguf_weight.nbytes for m in model.modules()
+                    if hasattr(m, "gguf_weight")}
+    return sum(storages.values()) + sum(gguf_weights.values())
 
 
 def available_bytes(device: Any) -> int | None:

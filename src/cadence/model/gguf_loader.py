@@ -132,9 +132,10 @@ def gguf_weight_format(path: str) -> str | None:
     return best if best != "other" and counts[best] * 2 > sum(counts.values()) else None
 
 
-def load_gguf(path: str, dtype: torch.dtype,
-              device: torch.device) -> tuple[LlamaForCausalLM, ModelConfig, Tokenizer]:
-    """Model, config and tokenizer from a GGUF file; ModelLoadError on anything unexpected."""
+def load_gguf(path: str, dtype: torch.dtype, device: torch.device,
+              native: bool = False) -> tuple[LlamaForCausalLM, ModelConfig, Tokenizer]:
+    """Model, config and tokenizer from a GGUF file; ModelLoadError on anything unexpected.
+    native: the matrices stay in their GGUF blocks (gguf_native; float32 compute on CPU)."""
     try:
         # Our one-pass reader: gguf.GGUFReader takes seconds on a large vocabulary's metadata.
         reader = GGUFFile(path)
@@ -142,7 +143,14 @@ def load_gguf(path: str, dtype: torch.dtype,
         raise ModelLoadError(f"{path}: not a readable GGUF file: {exc}") from exc
     config = config_from_gguf(reader)
     arch = gguf_value(reader, "general.architecture")
-    model = build_model(config, _tensors(reader, arch, config, path), dtype, device, path)
+    if native:
+        from cadence.model.gguf_native import build_native_model
+
+        if device.type != "cpu":
+            raise ModelLoadError(f"{path}: GGUF-native weights compute on the CPU (got device {device})")
+        model = build_native_model(reader, arch, config, path)
+    else:
+        model = build_model(config, _tensors(reader, arch, config, path), dtype, device, path)
     try:
         tokenizer = tokenizer_from_gguf(reader)
     except TokenizerError as exc:

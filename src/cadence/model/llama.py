@@ -161,8 +161,16 @@ class _FusedProjections(nn.Module):
         if self._fused_children()[0].weight.device.type != "meta":
             self.refuse()
 
+    def _fusable(self) -> bool:
+        """Float nn.Linear children only: GGUF-native children (GGUFLinear) keep their own
+        blocks, each in its own type, and are called one by one."""
+        return all(isinstance(child, nn.Linear) for child in self._fused_children())
+
     def refuse(self) -> None:
         """Rebuild the fused weight from the children (call after replacing a child's weight)."""
+        if not self._fusable():
+            self.fused_weight = self.fused_bias = None
+            return
         if self._fused_children()[0].weight.device.type == "meta":
             return
         with torch.no_grad():
@@ -287,6 +295,8 @@ class LlamaAttention(_FusedProjections):
                                        self.scale)  # [T, Hq, D]
         if packed is not None:
             return packed[1].linear(attn.reshape(num_tokens, -1), None, kernels)
+        if not isinstance(self.o_proj, nn.Linear):  # GGUF-native: its own blocks
+            return self.o_proj(attn.reshape(num_tokens, -1))
         return fused_linear(attn.reshape(num_tokens, -1), self.o_proj.weight, None, kernels, self.quantize_inputs)
 
 
@@ -332,6 +342,9 @@ class LlamaMLP(_FusedProjections):
                 # blocks of 16 gate columns then the matching 16 up columns -> [gate | up]
                 gate_up = gate_up.view(t, -1, 2, 16).transpose(1, 2).reshape(t, -1)
             return down.linear(self._activated(gate_up, kernels), self.down_proj.bias, kernels)
+        if self.fused_weight is None:  # GGUF-native projections, each in its own blocks
+            gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)  # [T, 2I]
+            return self.down_proj(self._activated(gate_up, kernels))
         gate_up = fused_linear(x, self.fused_weight, self.fused_bias, kernels, self.quantize_inputs)  # [T, 2I]
         return fused_linear(self._activated(gate_up, kernels), self.down_proj.weight, self.down_proj.bias,
                             kernels, self.quantize_inputs)
@@ -504,6 +517,8 @@ class LlamaForCausalLM(nn.Module):
     def prepare_fast_path(self) -> None:
         """Pack the CPU bf16 fast path's weights now (~0.4 s for SmolLM2), so that the first
         decode step does not pay for it. A no-op where that path does not apply."""
+        if self.native_gguf:
+            return
         kernels = cpu_kernels_for(self.lm_head.weight)
         if kernels is not None:
             self._stack_for(kernels)
@@ -515,8 +530,20 @@ class LlamaForCausalLM(nn.Module):
         stack = self._decode_stack
         return (stack.last_team or None) if stack else None
 
+    def mark_native_gguf(self) -> None:
+        """This model's matrices are GGUF blocks (gguf_native.build_native_model): every path
+        calls the GGUFLinear modules; no fused stack, no packed copies."""
+        self.decode_weight_format = "gguf"
+        self.drop_packed_weights()
+
+    @property
+    def native_gguf(self) -> bool:
+        return self.decode_weight_format == "gguf"
+
     def _stack_for(self, kernels: ModuleType):
         """The fused decode stack (built once), or False where the model's shapes rule it out."""
+        if self.native_gguf:
+            return False
         if self._decode_stack is None:
             self._decode_stack = build_decode_stack(self, kernels) or False
             self._attach_packed_int8(self._decode_stack)
@@ -564,6 +591,8 @@ class LlamaForCausalLM(nn.Module):
         """The LM head packed once for the fast path of the model's dtype: for
         kernels.linear_packed_bf16 (bf16, AVX512-BF16) or a (data, scales, format) triple for
         kernels.linear_packed_f32 (float32, AVX2); None where neither applies."""
+        if not isinstance(self.lm_head, nn.Linear):
+            return None  # GGUF-native head: its own blocks
         if self._packed_lm_head is None:
             weight = self.lm_head.weight.detach()
             if weight.dtype == torch.bfloat16 and kernels.has_avx512bf16():
@@ -575,7 +604,7 @@ class LlamaForCausalLM(nn.Module):
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with the LM head when the config says so (call after load)."""
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and isinstance(self.model.embed_tokens, nn.Embedding):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -654,6 +683,8 @@ class LlamaForCausalLM(nn.Module):
         return logits, argmax
 
     def _logits_and_argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not isinstance(self.lm_head, nn.Linear):  # GGUF-native head
+            return self.lm_head(hidden).float(), None
         kernels = cpu_kernels_for(hidden)
         packed = self._lm_head_for(kernels) if kernels is not None and hidden.dtype == self.lm_head.weight.dtype else None
         if isinstance(packed, tuple):

@@ -36,11 +36,14 @@ class LoadedModel:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.model.embed_tokens.weight.dtype
+        """The compute dtype (a GGUF-native model computes in float32)."""
+        embed = self.model.model.embed_tokens
+        return embed.weight.dtype if isinstance(embed, torch.nn.Embedding) else embed.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.model.model.embed_tokens.weight.device
+        embed = self.model.model.embed_tokens
+        return embed.weight.device if isinstance(embed, torch.nn.Embedding) else embed.device
 
 
 def default_model_path() -> str:
@@ -87,7 +90,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
-QUANTIZATIONS = ("auto", "none", "bf16", "int8", "int4")
+# gguf: a GGUF file's matrices computed from their own blocks (gguf_native), float32 compute.
+QUANTIZATIONS = ("auto", "none", "bf16", "int8", "int4", "gguf")
 
 
 def resolve_weight_storage(quantization: str | None, dtype: str | torch.dtype, torch_dtype: torch.dtype,
@@ -99,6 +103,8 @@ def resolve_weight_storage(quantization: str | None, dtype: str | torch.dtype, t
     quant = (quantization or "auto").lower()
     if quant not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}; use one of {', '.join(QUANTIZATIONS)}")
+    if quant == "gguf":
+        return "float32"  # the blocks are the storage: nothing to repack
     if quant in ("int8", "int4", "bf16"):
         if torch_dtype != torch.float32:
             raise ValueError(f"--quantization {quant} stores weights for float32 compute; "
@@ -128,7 +134,11 @@ def file_weight_format(path: str, device: torch.device) -> str | None:
 
     fmt = gguf_weight_format(path)
     if fmt is None:
-        return None
+        # Other quantized types (K-quants, Q5, IQ4_NL; Q4_K_M files): computed from their own
+        # blocks, never dequantized and quantized again. Float files: --dtype auto decides.
+        from cadence.model.gguf_native import has_quantized_matrices
+
+        return "gguf" if has_quantized_matrices(path) else None
     kernels = load_cpu_kernels()
     return fmt if kernels is not None and has_f32_stack(kernels) else None
 
@@ -136,7 +146,8 @@ def file_weight_format(path: str, device: torch.device) -> str | None:
 def load_model(path: str | None = None, dtype: str | torch.dtype = "auto",
                device: str | torch.device = "auto", quantization: str | None = None) -> LoadedModel:
     """Load a GGUF file or an HF folder (default: the bundled SmolLM2 GGUF). `quantization`
-    (auto, none, bf16, int8, int4): how the CPU float32 fast path stores the weights
+    (auto, none, bf16, int8, int4, gguf): how the CPU float32 fast path stores the weights, or
+    (gguf) a GGUF file's matrices computed from their own blocks (gguf_native)
     (resolve_weight_storage); int8, int4 and bf16 with `dtype` auto compute in float32. With both
     auto, a GGUF file stored in 4 or 8 bits keeps its format (file_weight_format)."""
     path = default_model_path() if path is None else os.path.expanduser(path)
@@ -145,6 +156,14 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto",
         quantization = file_weight_format(path, torch_device) or quantization
     if dtype == "auto" and (quantization or "").lower() in ("int8", "int4", "bf16"):
         dtype = "float32" if torch_device.type == "cpu" else dtype
+    native = (quantization or "").lower() == "gguf"
+    if native:
+        if not (os.path.isfile(path) and path.endswith(".gguf")):
+            raise ModelLoadError(f"{path}: --quantization gguf computes a GGUF file's own blocks; "
+                                 "this is not a .gguf file")
+        if dtype not in ("auto", "float32", "fp32", torch.float32):
+            raise ValueError(f"--quantization gguf computes in float32 (got --dtype {dtype})")
+        dtype = "float32"
     torch_dtype = resolve_dtype(dtype, torch_device)
     storage = resolve_weight_storage(quantization, dtype, torch_dtype, torch_device)
     if os.path.isdir(path):
@@ -152,7 +171,7 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto",
     elif os.path.isfile(path):
         if not path.endswith(".gguf"):
             raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face model folder")
-        model, config, tokenizer = load_gguf(path, torch_dtype, torch_device)
+        model, config, tokenizer = load_gguf(path, torch_dtype, torch_device, native=native)
     else:
         raise ModelLoadError(f"model path does not exist: {path}")
     if storage != "float32":
