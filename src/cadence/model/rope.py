@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -117,15 +118,19 @@ class RotaryEmbedding:
         """cos, sin: [T, rotary_dim] for positions [T], computed in float32 (times the
         variant's amplitude) then cast, as HF does. Computed per forward from the positions
         (cheap: T x rotary_dim / 2), so no position cache can go stale."""
-        inv_freq, amplitude = inverse_frequencies(self.scaling, self.theta, self.rotary_dim, self.max_positions)
+        inv_freq, amplitude = self._base
         pos = positions.float()
-        if self._depends_on_position:
+        if self._depends_on_position and bool((positions + 1 > self._switch).any()):
             # [T, dim / 2]: each position's own frequencies (module docstring).
             inv = inv_freq.expand(positions.shape[0], -1).clone()
-            for p in sorted({int(v) for v in positions.tolist() if self._switches(int(v))}):
-                row, _ = inverse_frequencies(self.scaling, self.theta, self.rotary_dim,
-                                             self.max_positions, seq_len=p + 1)
-                inv[positions == p] = row
+            if self.scaling.rope_type == "longrope":
+                late = (positions + 1 > self._switch).cpu()
+                inv[late] = self._long
+            else:
+                for p in sorted({int(v) for v in positions.tolist() if v + 1 > self._switch}):
+                    row, _ = inverse_frequencies(self.scaling, self.theta, self.rotary_dim,
+                                                 self.max_positions, seq_len=p + 1)
+                    inv[(positions == p).cpu()] = row
             freqs = pos[:, None] * inv.to(positions.device)
         else:
             freqs = pos[:, None] * inv_freq.to(positions.device)[None, :]  # [T, dim / 2]
@@ -135,16 +140,28 @@ class RotaryEmbedding:
             cos, sin = cos * amplitude, sin * amplitude
         return cos.to(dtype), sin.to(dtype)
 
+    @cached_property
+    def _base(self) -> tuple[torch.Tensor, float]:
+        """(inv_freq [dim / 2], amplitude) HF starts from (computed once)."""
+        return inverse_frequencies(self.scaling, self.theta, self.rotary_dim, self.max_positions)
+
+    @cached_property
+    def _long(self) -> torch.Tensor:
+        """longrope: the inv_freq of positions past the original length."""
+        return inverse_frequencies(self.scaling, self.theta, self.rotary_dim, self.max_positions,
+                                   seq_len=self._switch + 1)[0]
+
     @property
     def _depends_on_position(self) -> bool:
         return self.scaling is not None and self.scaling.rope_type in ("dynamic", "longrope")
 
-    def _switches(self, position: int) -> bool:
-        """Whether this position's frequencies differ from the ones HF starts from."""
+    @property
+    def _switch(self) -> int:
+        """Sequence length past which a position's frequencies differ from the ones HF starts
+        from (dynamic: max_position_embeddings; longrope: original_max_position_embeddings)."""
         if self.scaling.rope_type == "dynamic":
-            return position + 1 > self.max_positions
-        original = self.scaling.original_max_position_embeddings or self.max_positions
-        return position + 1 > original
+            return self.max_positions
+        return self.scaling.original_max_position_embeddings or self.max_positions
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
