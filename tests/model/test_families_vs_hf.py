@@ -197,17 +197,30 @@ def test_windows_and_caps_matter(family):
     assert (hf_logits(plain, prompt) - hf_logits(theirs, prompt)).abs().max().item() > 1e-2
 
 
-def test_int8_storage_runs_the_per_op_path(family):
-    """--quantization int8 on a non-plain family: per-op GEMMs on int8-rounded weights with
-    quantized inputs; scheduling still does not change the greedy tokens."""
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_integer_storage_runs_the_per_op_path(family, quantization):
+    """--quantization int8 / int4 on a non-plain family: per-op GEMMs on the packed integer
+    weights with quantized inputs; scheduling still does not change the greedy tokens."""
     name, path, _, _ = family
     if name not in ("gemma2", "phi3"):
         pytest.skip("two representative non-plain families")
-    loaded = load_model(path, dtype="float32", device="cpu", quantization="int8")
-    assert loaded.model.decode_weight_format == "int8"
+    loaded = load_model(path, dtype="float32", device="cpu", quantization=quantization)
+    assert loaded.model.decode_weight_format == quantization
     kernels = load_cpu_kernels()
     if kernels is not None and has_f32_stack(kernels):
         loaded.model.prepare_fast_path()
-        assert loaded.model.model.layers[0].mlp.packed[0].format == WEIGHT_FORMATS["int8"]
+        assert loaded.model.model.layers[0].mlp.packed[0].format == WEIGHT_FORMATS[quantization]
     reference = engine_tokens(loaded, PROMPTS, "eager", 8192, 1, prefix=False)
     assert engine_tokens(loaded, PROMPTS, "chunked", 16, 4, prefix=True) == reference
+
+
+def test_bfloat16_stays_close_to_float32(family):
+    """bf16 compute (the default on CPUs with native bf16): the per-op pieces in bf16."""
+    name, path, ours, _ = family
+    bf16 = load_model(path, dtype="bfloat16", device="cpu")
+    prompt = random_prompt(ours.config.vocab_size, PROMPT_LEN, seed=5)
+    ref = paged_logits(ours, prompt, 7, True)
+    for use_kernels in (True, False):
+        got = paged_logits(bf16, prompt, 7, use_kernels)
+        rel = ((got - ref).abs().max() / ref.abs().max()).item()
+        assert rel < 0.05, f"{name} bf16 (kernels {use_kernels}): max relative logit error {rel:.4f}"
