@@ -193,15 +193,41 @@ def rss_mib() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def load_and_measure(path: Path, dtype: str) -> None:
+def load_and_measure(path: Path, dtype: str, quantization: str) -> None:
     """Load time, RSS, and one short greedy generation of the file."""
     from cadence.model.loader import load_model
 
     before = rss_mib()
     start = time.perf_counter()
-    loaded = load_model(str(path), dtype=dtype, device="cpu")
+    loaded = load_model(str(path), dtype=dtype, device="cpu", quantization=quantization)
     load_s = time.perf_counter() - start
-    print(f"load: {load_s:.1f} s; RSS {before:.0f} -> {rss_mib():.0f} MiB; file {path.stat().st_size / 2**20:.0f} MiB")
+    print(f"load: {load_s:.1f} s ({getattr(loaded.model, 'decode_weight_format', '?')} weights); "
+          f"RSS {before:.0f} -> {rss_mib():.0f} MiB; file {path.stat().st_size / 2**20:.0f} MiB")
+    import torch
+
+    from cadence.model.attention_metadata import AttentionMetadata
+    from cadence.model.kv_cache import KVCache
+
+    # A 32-token prompt, then 4 decode steps: every matrix is read (the file's pages come in).
+    block, blocks = 16, 4
+    kv = KVCache(loaded.config, blocks, block, loaded.dtype, "cpu")
+    table = list(range(blocks))
+    ids = list(range(100, 132))
+    with torch.inference_mode():
+        start = time.perf_counter()
+        meta = AttentionMetadata.build([(0, len(ids), table)], block, blocks)
+        hidden = loaded.model(torch.tensor(ids), meta.positions, meta, kv)
+        token = int(loaded.model.compute_logits(hidden[-1:]).argmax())
+        prefill_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for pos in range(len(ids), len(ids) + 4):
+            meta = AttentionMetadata.build([(pos, 1, table)], block, blocks)
+            hidden = loaded.model(torch.tensor([token]), meta.positions, meta, kv)
+            token = int(loaded.model.compute_logits(hidden).argmax())
+        decode_s = (time.perf_counter() - start) / 4
+    kv_mib = kv.storage.numel() * kv.storage.element_size() / 2**20
+    print(f"prefill 32 tokens {prefill_s:.2f} s, decode {decode_s * 1e3:.0f} ms/token; RSS {rss_mib():.0f} MiB "
+          f"(KV {kv_mib:.0f} MiB)")
     del loaded
 
 
@@ -211,13 +237,15 @@ def main() -> None:
     parser.add_argument("--type", choices=("Q4_K_M", "Q8_0"), default="Q4_K_M")
     parser.add_argument("--out", default=str(Path.home() / ".cache" / "cadence" / "shapes"))
     parser.add_argument("--load", action="store_true", help="load it with cadence and report time and RSS")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", default="auto",
+                        help="auto computes a Q4_K_M file from its own blocks (gguf)")
     args = parser.parse_args()
     start = time.perf_counter()
     path = write(args.shape, args.type, Path(args.out).expanduser())
     print(f"{path} ({path.stat().st_size / 2**30:.2f} GiB) ready in {time.perf_counter() - start:.0f} s")
     if args.load:
-        load_and_measure(path, args.dtype)
+        load_and_measure(path, args.dtype, args.quantization)
 
 
 if __name__ == "__main__":
