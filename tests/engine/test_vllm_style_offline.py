@@ -92,7 +92,8 @@ def test_chat_and_tokenizer(llm):
                 {"role": "user", "content": "Hello"}]
     outputs = llm.chat(messages, sampling_params=SamplingParams(temperature=0, max_tokens=4),
                        use_tqdm=False)
-    prompt = llm.get_tokenizer().apply_chat_template(messages, add_generation_prompt=True)
+    prompt = llm.get_tokenizer().apply_chat_template(messages, tokenize=False,
+                                                     add_generation_prompt=True)
     assert outputs[0].prompt == prompt
     assert len(outputs[0].outputs[0].token_ids) <= 4
     # continue_final_message: the assistant's partial reply is continued, not closed.

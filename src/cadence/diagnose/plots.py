@@ -54,16 +54,27 @@ def plot_gaps(d: Diagnosis, path: str, long_prompt: int = 256) -> str:
     return _save(fig, path)
 
 
+def bucket_order(label: str) -> int:
+    """Sort key of a prompt-length bucket label ('0', '1-64', ..., '>4096'): its lower bound,
+    so buckets read in length order (as strings '257-1024' sorted before '65-256')."""
+    digits = label.lstrip(">").split("-")[0]
+    return int(digits) + (1 if label.startswith(">") else 0)
+
+
 def plot_causes(d: Diagnosis, path: str) -> str:
+    return _save(causes_figure(d.caused_by_bucket), path)
+
+
+def causes_figure(caused_by_bucket: dict[str, float]) -> Figure:
     fig = Figure(figsize=(6.4, 3.6))
     ax = fig.add_subplot()
-    items = sorted(d.caused_by_bucket.items(), key=lambda x: x[0])
+    items = sorted(caused_by_bucket.items(), key=lambda x: bucket_order(x[0]))
     ax.bar([b for b, _ in items], [s * 1000 for _, s in items], color="tab:red")
     ax.set_xlabel("causing prompt length (tokens)")
     ax.set_ylabel("stream time lost (ms)")
     ax.set_title("interference caused, by prompt length")
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return fig
 
 
 def plot_ttft(d: Diagnosis, path: str) -> str:
@@ -95,16 +106,31 @@ def plot_ttft(d: Diagnosis, path: str) -> str:
 
 
 def plot_whatif(rec: Recommendation, path: str) -> str:
-    fig = Figure(figsize=(7, 4.6))
+    return _save(whatif_figure(rec), path)
+
+
+def whatif_figure(rec: Recommendation) -> Figure:
+    """Candidates' largest gap vs TTFT p99. Settings often land on nearly the same point, so
+    their names go in a column right of the plot, in the points' vertical order, each joined
+    to its point by a thin line: labels never overlap however close the points are."""
+    points = [o for o in rec.candidates
+              if o.metrics["ttft_p99_s"] is not None and o.metrics["max_gap_s"] is not None]
+    fig = Figure(figsize=(9, max(4.6, 0.16 * len(points) + 1.2)))
     ax = fig.add_subplot()
-    for o in rec.candidates:
+    fig.subplots_adjust(right=0.62)
+    for o in points:
         m = o.metrics
-        if m["ttft_p99_s"] is None or m["max_gap_s"] is None:
-            continue
         color = "tab:green" if o is rec.best else ("tab:blue" if o.meets_slo else "tab:gray")
         ax.scatter(m["max_gap_s"] * 1000, m["ttft_p99_s"] * 1000, color=color, s=30)
-        ax.annotate(o.setting.name, (m["max_gap_s"] * 1000, m["ttft_p99_s"] * 1000), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")
+    ranked = sorted(points, key=lambda o: o.metrics["ttft_p99_s"])
+    for k, o in enumerate(ranked):
+        m = o.metrics
+        y_label = (k + 0.5) / len(ranked)  # evenly spaced, bottom to top in the points' order
+        ax.annotate(o.setting.name, (m["max_gap_s"] * 1000, m["ttft_p99_s"] * 1000),
+                    xytext=(1.03, y_label), textcoords="axes fraction", fontsize=7,
+                    va="center", annotation_clip=False,
+                    color="tab:green" if o is rec.best else "black",
+                    arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "0.6"})
     mm = rec.measured.metrics
     if mm["max_gap_s"] is not None and mm["ttft_p99_s"] is not None:
         ax.scatter(mm["max_gap_s"] * 1000, mm["ttft_p99_s"] * 1000, marker="*", s=120,
@@ -119,7 +145,7 @@ def plot_whatif(rec: Recommendation, path: str) -> str:
     ax.set_title("simulated settings (green: recommended)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return fig
 
 
 def plot_all(d: Diagnosis, rec: Recommendation | None, out_dir: str) -> list[str]:

@@ -18,6 +18,26 @@ def chat_template_kwargs_problem(kwargs: Any) -> str | None:
     return None
 
 
+def text_messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI messages with `content` as a list of {"type": "text", "text": ...} parts joined
+    into one string (what chat templates read); ValueError for any other part type."""
+    if not isinstance(messages, list | tuple):
+        raise ValueError("messages must be a list of {'role', 'content'} dicts")
+    out = []
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if (not isinstance(part, dict) or part.get("type") != "text"
+                        or not isinstance(part.get("text"), str)):
+                    raise ValueError(f"message {i}: only text content parts are supported")
+                texts.append(part["text"])
+            message = {**message, "content": "".join(texts)}
+        out.append(message)
+    return out
+
+
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], chat_template: str | None,
                 add_generation_prompt: bool, continue_final_message: bool,
                 templates: Any = None, template_kwargs: dict[str, Any] | None = None) -> str:

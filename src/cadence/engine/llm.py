@@ -21,7 +21,7 @@ from typing import Any
 from cadence.core.config import CacheConfig, SchedulerConfig
 from cadence.core.plan import SampledToken
 from cadence.core.sampling_params import SamplingParams
-from cadence.engine.chat_render import render_chat
+from cadence.engine.chat_render import render_chat, text_messages
 from cadence.engine.config import EngineConfig
 from cadence.engine.llm_engine import LLMEngine
 from cadence.engine.llm_outputs import CompletionOutput, RequestOutput
@@ -105,8 +105,10 @@ class LLM:
         return self.engine.tokenizer
 
     def get_tokenizer(self):
-        """The model's tokenizer (encode, decode, apply_chat_template), as vLLM's."""
-        return self.engine.tokenizer
+        """The model's tokenizer with the transformers calls vLLM's hands out (`hf_tokenizer`)."""
+        from cadence.engine.hf_tokenizer import HFTokenizer
+
+        return None if self.engine.tokenizer is None else HFTokenizer(self.engine.tokenizer)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config defaults (vLLM's method)."""
@@ -158,7 +160,7 @@ class LLM:
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         items = []
         for conv in conversations:
-            text = render_chat(self.tokenizer, list(conv), chat_template,
+            text = render_chat(self.tokenizer, text_messages(list(conv)), chat_template,
                                add_generation_prompt, continue_final_message,
                                template_kwargs=chat_template_kwargs)
             # The template already spells out special tokens such as BOS.

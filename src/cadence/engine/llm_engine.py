@@ -487,7 +487,9 @@ class LLMEngine:
         return ids
 
     def _output_for(self, u: Any, text: RequestText, out: StepOutput) -> RequestOutput:
-        new_text = text.push(u.new_token_ids, finished=u.finished)
+        ended_by_stop_token = bool(u.finished and u.finish_reason == "stop" and u.new_token_ids
+                                   and u.new_token_ids[-1] in text.stop_token_ids)
+        new_text = text.push(u.new_token_ids, finished=u.finished, stop_token=ended_by_stop_token)
         finished, reason = u.finished, u.finish_reason
         stop_reason = None
         if text.stopped:

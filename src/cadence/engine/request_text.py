@@ -23,6 +23,13 @@ class RequestText:
         self._detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
         self._matcher = StopStringMatcher(params.stop, params.include_stop_str_in_output)
         self.stop_token_ids = frozenset(params.stop_token_ids)
+        # vLLM: a stop_token_ids token that ends the request leaves its text out of the output
+        # unless include_stop_str_in_output; EOS is a special token and decodes to nothing.
+        self._include_stop = params.include_stop_str_in_output
+        # vLLM checks no stop condition before min_tokens: stop strings in the first
+        # min_tokens tokens' text are plain text (emitted, never held back, never matched).
+        self._min_tokens = params.min_tokens
+        self._num_tokens = 0
 
     @property
     def stopped(self) -> bool:
@@ -34,15 +41,24 @@ class RequestText:
         """The stop string that ended the request, if one did."""
         return self._matcher.matched
 
-    def push(self, token_ids: Sequence[int], finished: bool) -> str:
-        """Text completed by these tokens; `finished` releases everything still held back."""
+    def push(self, token_ids: Sequence[int], finished: bool, stop_token: bool = False) -> str:
+        """Text completed by these tokens; `finished` releases everything still held back.
+        `stop_token`: the last token is the stop_token_ids entry that ended the request."""
         if self._detok is None:
             return ""
         pieces = []
-        for token_id in token_ids:
+        last = len(token_ids) - 1
+        for i, token_id in enumerate(token_ids):
             if self._matcher.stopped:
                 break
-            pieces.append(self._matcher.feed(self._detok.push(token_id)))
+            self._num_tokens += 1
+            if i == last and stop_token and not self._include_stop:
+                break  # the stop token's text is not output
+            piece = self._detok.push(token_id)
+            if self._num_tokens <= self._min_tokens:
+                pieces.append(piece)  # before min_tokens nothing is fed, so nothing is held
+            else:
+                pieces.append(self._matcher.feed(piece))
         if finished and not self._matcher.stopped:
             pieces.append(self._matcher.feed(self._detok.flush()))
             pieces.append(self._matcher.flush())

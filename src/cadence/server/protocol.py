@@ -87,9 +87,11 @@ TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,12}")
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     include_usage: bool = False
+    # vLLM's: every chunk carries the usage so far (prompt, completion and total tokens).
+    continuous_usage_stats: bool = False
 
 
 # Fields of OpenAI's and vLLM's request schemas that cadence does not implement: sending one
@@ -185,6 +187,9 @@ class SamplingRequestFields(APIRequest):
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     def unsupported_features(self) -> list[tuple[str, str]]:
         """(param, message) of each known OpenAI feature in the body that cadence lacks."""

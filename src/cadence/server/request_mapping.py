@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cadence.core.sampling_params import SamplingParams, StructuredOutputsParams
+from cadence.engine.chat_render import text_messages
 from cadence.engine.wire import sampling_to_wire
 from cadence.server.errors import APIError
 from cadence.server.protocol import (
@@ -166,13 +167,11 @@ def chat_prompt(body: ChatCompletionRequest) -> EnginePrompt:
     for i, m in enumerate(body.messages):
         content = m.content
         if isinstance(content, list):
-            texts = []
-            for part in content:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise APIError(400, "only text content parts are supported.",
-                                   param=f"messages.{i}.content", code="unsupported_parameter")
-                texts.append(part["text"])
-            content = "".join(texts)
+            try:
+                content = text_messages([{"content": content}])[0]["content"]
+            except ValueError:
+                raise APIError(400, "only text content parts are supported.",
+                               param=f"messages.{i}.content", code="unsupported_parameter") from None
         message: dict[str, Any] = {"role": m.role, "content": content or ""}
         if m.name is not None:
             message["name"] = m.name

@@ -68,6 +68,8 @@ class ResponseContext:
     want_logprobs: bool
     # Text put before each choice's output (completions echo=true), by choice index.
     echo: dict[int, str] = dataclasses.field(default_factory=dict)
+    # stream_options.continuous_usage_stats (vLLM's): every chunk carries the usage so far.
+    continuous_usage: bool = False
 
 
 class ResponseRenderer(Protocol):
@@ -237,7 +239,8 @@ async def serve_generation(
             exc.param = structured[0]  # the engine cannot know which request field it was
         raise
     ctx = ResponseContext(req_id, created_timestamp(), server.model_name, body.include_usage(),
-                          logprobs is not None, echo(mux) if echo else {})
+                          logprobs is not None, echo(mux) if echo else {},
+                          continuous_usage=body.continuous_usage())
     render = renderer(ctx)
     if body.stream:
         return AbortOnCloseStreamingResponse(
@@ -246,7 +249,7 @@ async def serve_generation(
     results = await collect_all(request, mux, plan.num_choices)
     usage = fmt.usage_dict(sum(mux.prompt_tokens.values()),
                            sum(r.num_output_tokens for r in results),
-                           sum(r.num_cached_tokens for r in results))
+                           cached_prompt_tokens(mux, plan, [r.num_cached_tokens for r in results]))
     response = render.whole_response(results, usage)
     if results[0].kv_transfer_params is not None:
         # A prefill worker's handoff (or a decode worker's transfer record), as vLLM answers.
@@ -254,15 +257,37 @@ async def serve_generation(
     return JSONResponse(response)
 
 
+def cached_prompt_tokens(mux: ChoiceMux, plan: ChoicePlan, per_choice: list[int]) -> int:
+    """usage.prompt_tokens_details.cached_tokens: prompt_tokens counts each prompt once (not
+    once per choice), so its cached tokens are counted once too: the most any of its n choices
+    found in the prefix cache, never more than the prompt."""
+    total = 0
+    for prompt_index, num_prompt in mux.prompt_tokens.items():
+        choices = per_choice[prompt_index * plan.n:(prompt_index + 1) * plan.n]
+        total += min(num_prompt, max(choices, default=0))
+    return total
+
+
 async def stream_events(mux: ChoiceMux, plan: ChoicePlan, ctx: ResponseContext,
                         render: ResponseRenderer) -> AsyncIterator[str]:
     """The SSE events of one streamed response, [DONE] last; closes the streams on any exit."""
     num_output: dict[int, int] = {}
     num_cached: dict[int, int] = {}
+
+    def usage_so_far() -> dict:
+        return fmt.usage_dict(sum(mux.prompt_tokens.values()), sum(num_output.values()),
+                              cached_prompt_tokens(mux, plan, [num_cached.get(i, 0) for i in
+                                                               range(plan.num_choices)]))
+
+    def event(chunk: dict) -> str:
+        if ctx.continuous_usage:
+            chunk["usage"] = usage_so_far()
+        return sse_event(chunk)
+
     try:
         for index in range(plan.num_choices):
             for chunk in render.opening_chunks(index):
-                yield sse_event(chunk)
+                yield event(chunk)
         async for index, out in mux.events():
             if isinstance(out, EngineDeadError):
                 # The engine died mid-stream: say so in the stream instead of cutting it.
@@ -279,12 +304,10 @@ async def stream_events(mux: ChoiceMux, plan: ChoicePlan, ctx: ResponseContext,
                 yield sse_event(stream_error_body(out))
                 break
             for chunk in render.output_chunks(out, index):
-                yield sse_event(chunk)
+                yield event(chunk)
         if ctx.include_usage:
-            usage = fmt.usage_dict(sum(mux.prompt_tokens.values()), sum(num_output.values()),
-                                   sum(num_cached.values()))
             yield sse_event(fmt.usage_chunk(ctx.req_id, ctx.created, ctx.model,
-                                            render.chunk_object, usage))
+                                            render.chunk_object, usage_so_far()))
         yield DONE_EVENT
     finally:
         mux.close()

@@ -1,0 +1,98 @@
+"""Results that differed from vLLM's for the same offline code (issue 32), one test each.
+
+Written the way vLLM's docs spell the calls; the tiny random Llama keeps it fast.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cadence import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    return LLM(model=tiny_llama_dir, dtype="float32", seed=0, max_model_len=256,
+               max_num_batched_tokens=64, max_num_seqs=8)
+
+
+def _greedy(llm, prompt, **kw):
+    params = SamplingParams(temperature=0, max_tokens=kw.pop("max_tokens", 10), ignore_eos=True, **kw)
+    (out,) = llm.generate(prompt, params, use_tqdm=False)
+    return out.outputs[0]
+
+
+def test_stop_token_ids_text_is_left_out_unless_asked(llm):
+    tok = llm.get_tokenizer()
+    plain = _greedy(llm, "The capital of France is")
+    ids = list(plain.token_ids)
+    # The first token whose id did not come earlier: generation stops exactly there.
+    k = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])
+    stopped = _greedy(llm, "The capital of France is", stop_token_ids=[ids[k]])
+    assert list(stopped.token_ids) == ids[:k + 1]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == ids[k]
+    assert stopped.text == tok.decode(ids[:k], skip_special_tokens=True)
+    kept = _greedy(llm, "The capital of France is", stop_token_ids=[ids[k]],
+                   include_stop_str_in_output=True)
+    assert kept.text == tok.decode(ids[:k + 1], skip_special_tokens=True)
+
+
+def test_min_tokens_holds_back_stop_strings(llm):
+    tok = llm.get_tokenizer()
+    plain = _greedy(llm, "The capital of France is")
+    first = tok.decode(plain.token_ids[:1], skip_special_tokens=True)
+    assert first.strip()
+    # Without min_tokens the first token's text stops it at once, with empty output.
+    early = _greedy(llm, "The capital of France is", stop=[first])
+    assert early.text == "" and len(early.token_ids) == 1
+    # min_tokens=3: no stop condition applies to the first 3 tokens (vLLM's rule).
+    held = _greedy(llm, "The capital of France is", stop=[first], min_tokens=3)
+    assert len(held.token_ids) >= 3
+    assert held.text.startswith(first)
+    assert held.text == plain.text[:len(held.text)]
+
+
+def test_apply_chat_template_tokenize_returns_ids(llm):
+    tok = llm.get_tokenizer()
+    messages = [{"role": "user", "content": "Hello"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert isinstance(text, str) and "Hello" in text
+    ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    assert ids == tok.encode(text, add_special_tokens=False)
+    # transformers' default is tokenize=True without the generation prompt.
+    assert tok.apply_chat_template(messages) == tok.encode(
+        tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)
+
+
+def test_tokenizer_behaves_like_a_transformers_tokenizer(llm):
+    tok = llm.get_tokenizer()
+    enc = tok("Hello world")
+    assert enc["input_ids"] == tok.encode("Hello world") == enc.input_ids
+    assert enc["attention_mask"] == [1] * len(enc["input_ids"])
+    assert tok(["a b", "c"])["input_ids"] == [tok.encode("a b"), tok.encode("c")]
+    tokens = tok.convert_ids_to_tokens(enc["input_ids"])
+    assert tok.convert_tokens_to_ids(tokens) == enc["input_ids"]
+    assert tok.convert_ids_to_tokens(enc["input_ids"][0]) == tokens[0]
+    assert tok.eos_token_id in tok.all_special_ids
+    assert tok.eos_token in tok.all_special_tokens
+    assert tok.pad_token_id is None or tok.pad_token_id in tok.all_special_ids
+    ids = enc["input_ids"]
+    # transformers' decode keeps special tokens unless told otherwise.
+    assert tok.decode(ids) != tok.decode(ids, skip_special_tokens=True) or tok.bos_token_id not in ids
+    assert tok.decode(ids, skip_special_tokens=True) == "Hello world"
+    assert tok.batch_decode([ids], skip_special_tokens=True) == ["Hello world"]
+    assert len(tok) >= tok.vocab_size - 1
+
+
+def test_chat_takes_openai_content_parts_and_template_kwargs(llm):
+    params = SamplingParams(temperature=0, max_tokens=3)
+    plain = llm.chat([{"role": "user", "content": "Hello there"}], params, use_tqdm=False)
+    parts = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Hello "},
+                                                    {"type": "text", "text": "there"}]}],
+                     params, use_tqdm=False, chat_template_kwargs={"enable_thinking": False})
+    assert parts[0].prompt == plain[0].prompt
+    assert parts[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="text content parts"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                 params, use_tqdm=False)
