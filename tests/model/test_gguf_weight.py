@@ -72,7 +72,9 @@ def test_dequantize_and_embedding_are_gguf_exact(qtype, random):
     assert torch.equal(weight.dequantize(), reference)
     ids = torch.tensor([5, 0, 36, 5])
     assert torch.equal(weight.embedding(ids), reference[ids])
-    assert weight.nbytes == weight.blocks.numel() == N_ROWS * weight.blocks.shape[1]
+    assert weight.blocks.numel() == N_ROWS * weight.blocks.shape[1]
+    if weight.packed is None:
+        assert weight.nbytes == weight.blocks.numel()
 
 
 @pytest.mark.parametrize(("qtype", "random"), CASES, ids=CASE_IDS)
@@ -128,7 +130,24 @@ def test_leading_dimensions_and_take_rows():
     picked = weight.take_rows(order)
     assert picked.shape == (4, weight.in_features) and picked.ggml_type == Q.Q4_K
     assert torch.equal(picked.dequantize(), weight.dequantize()[order])
-    torch.testing.assert_close(picked.linear(x.reshape(6, -1)), y.reshape(6, -1)[:, order], rtol=0, atol=0)
+    # 4 rows: no whole octet to repack, so the row-wise kernel (another summation order).
+    assert picked.packed is None and weight.packed is not None
+    torch.testing.assert_close(picked.linear(x.reshape(6, -1)), y.reshape(6, -1)[:, order], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(KERNELS is None, reason="the repack is a compiled kernel")
+@pytest.mark.parametrize(("qtype", "octet_block"), [(Q.Q4_K, 1216), (Q.Q6_K, 1696)])
+def test_k_quant_repacked_octets_match_row_wise_blocks(qtype, octet_block):
+    """Q4_K's and Q6_K's octets of columns repacked (8 interleaved) compute what the row-wise
+    blocks give."""
+    weight = make_weight(qtype, seed=11)
+    N, K = weight.shape
+    assert weight.packed is not None and tuple(weight.packed.shape) == (N // 8, K // 256 * octet_block)
+    assert weight.nbytes == weight.packed.numel() + (N % 8) * weight.blocks.shape[1]
+    for T in (1, 5):
+        x = torch.randn(T, K, generator=torch.Generator().manual_seed(12))
+        row_wise = KERNELS.gguf_linear(x, weight.blocks, int(qtype), N, K, None, None)
+        torch.testing.assert_close(weight.linear(x), row_wise, rtol=1e-5, atol=1e-5 * float(row_wise.abs().max()))
 
 
 @pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.IQ2_XXS, Q.IQ4_XS, Q.Q8_1])

@@ -2,11 +2,16 @@
 
 `GGUFWeight` holds one 2-D tensor of a GGUF file as the file stores it: its ggml type, its shape
 [N, K] (out x in features) and its raw bytes, [N, row_bytes] uint8 (row n's K / block_size
-blocks side by side, as ggml lays out every type). The bytes are read as stored by every kernel
-and never repacked: the kernels decode each block in registers (kernels/gguf/blocks.h), so a
-tensor of a memory-mapped file is used in place (zero copy: the process holds what the page
-cache holds) and `nbytes` is exactly the file's size of the tensor. No repack was worth its cost
-here: every format's rows are contiguous blocks that unaligned vector loads read directly.
+blocks side by side, as ggml lays out every type). Every type but Q4_K is read as stored by the
+kernels, which decode each block in registers (kernels/gguf/blocks.h): a tensor of a
+memory-mapped file is used in place (zero copy: the process holds what the page cache holds).
+Row-wise blocks cost a float convert, multiply and FMA per column and group of 32 weights; Q4_K
+and Q6_K (all of a Q4_K_M file's layers) are therefore also repacked once at construction,
+losslessly, with 8 columns interleaved (kernels/gguf/q4k_x8.h, q6k_x8.h: 1216 and 1696 bytes per
+2048 weights against the file's 1152 and 1680), which shares that work between 8 columns and
+makes a decode step several times cheaper: `packed`. A weight built from a GGUF file's memory
+map then hands the file's pages of its raw blocks back to the page cache (they are read again
+only by `dequantize` / `embedding`), so the process holds the packed copy, not both.
 
   linear(x, bias)   x [..., K] float32 -> [..., N]: x @ W^T on the compiled kernels (threads split
                     the N columns). Quantized types multiply int8-quantized activations (per row
@@ -47,6 +52,8 @@ Q = GGMLQuantizationType
 SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (
     Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL,
 )
+# Repacked at construction with 8 columns interleaved (kernels/gguf/q4k_x8.h, q6k_x8.h).
+_REPACKED_TYPES = (Q.Q4_K, Q.Q6_K)
 _FLOAT_DTYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 # Float32 values dequantized at once on the torch path (64 MiB).
 _SLAB_VALUES = 1 << 24
@@ -85,6 +92,22 @@ def _as_byte_rows(data: np.ndarray | torch.Tensor, N: int) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
+def _release_file_pages(blocks: torch.Tensor) -> None:
+    """Drop this process's mapping of the whole pages inside `blocks`, a read-only view of a
+    file's memory map (MADV_DONTNEED on a shared file mapping: the pages stay in the page
+    cache and are mapped again on the next read). Never call it on anonymous memory: there it
+    would zero the pages."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    start = (blocks.data_ptr() + page - 1) // page * page
+    end = (blocks.data_ptr() + blocks.numel()) // page * page
+    if end > start:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 4)  # MADV_DONTNEED
+
+
 @dataclass(frozen=True, eq=False)
 class GGUFWeight:
     """One [N, K] GGUF weight in its ggml type's own blocks (see the module docstring)."""
@@ -92,6 +115,9 @@ class GGUFWeight:
     ggml_type: GGMLQuantizationType
     shape: tuple[int, int]  # (N, K): out_features, in_features
     blocks: torch.Tensor = field(repr=False)  # [N, row_bytes(ggml_type, K)] uint8, possibly a view of a memory map
+    # Q4_K / Q6_K with compiled kernels: the whole octets of columns repacked,
+    # [N // 8, K / 256 * (1216 | 1696)] uint8 (made in __post_init__); None otherwise.
+    packed: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         qtype = check_supported(self.ggml_type)
@@ -101,6 +127,9 @@ class GGUFWeight:
         if self.blocks.dtype != torch.uint8 or tuple(self.blocks.shape) != expected or not self.blocks.is_contiguous():
             raise ValueError(f"GGUFWeight {qtype.name} [{N}, {K}]: blocks must be contiguous uint8 {list(expected)}, "
                              f"got {self.blocks.dtype} {list(self.blocks.shape)}")
+        kernels = load_cpu_kernels()
+        if self.packed is None and qtype in _REPACKED_TYPES and N >= 8 and kernels is not None:
+            object.__setattr__(self, "packed", kernels.gguf_repack(self.blocks, int(qtype), N, K))
 
     @classmethod
     def from_data(cls, ggml_type: GGMLQuantizationType | int, shape: tuple[int, int],
@@ -116,7 +145,10 @@ class GGUFWeight:
         if len(tensor.shape) != 2:
             raise ValueError(f"{tensor.name}: a GGUFWeight is 2-D, this tensor has shape {list(tensor.shape)}")
         K, N = (int(v) for v in tensor.shape)  # ggml lists the fastest dimension first
-        return cls.from_data(tensor.tensor_type, (N, K), tensor.data)
+        weight = cls.from_data(tensor.tensor_type, (N, K), tensor.data)
+        if weight.packed is not None:
+            _release_file_pages(weight.blocks)
+        return weight
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, ggml_type: GGMLQuantizationType | int) -> GGUFWeight:
@@ -142,8 +174,11 @@ class GGUFWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes this weight holds (the file's bytes of the tensor)."""
-        return self.blocks.numel()
+        """Bytes the kernels read: the file's bytes of the tensor, or for a repacked Q4_K / Q6_K
+        the packed copy plus the row-wise columns past its last whole octet."""
+        if self.packed is None:
+            return self.blocks.numel()
+        return self.packed.numel() + (self.shape[0] % 8) * self.blocks.shape[1]
 
     def _dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """Rows [n, row_bytes] of the blocks -> [n, K] float32 (gguf-py's dequantization)."""
@@ -178,7 +213,7 @@ class GGUFWeight:
         b = None if bias is None else bias.to(torch.float32).contiguous()
         kernels = load_cpu_kernels()
         if kernels is not None and x2.device.type == "cpu":
-            out = kernels.gguf_linear(x2, self.blocks, int(self.ggml_type), N, K, b)
+            out = kernels.gguf_linear(x2, self.blocks, int(self.ggml_type), N, K, b, self.packed)
         else:
             out = self._torch_linear(x2, b)
         return out.reshape(*lead, N)

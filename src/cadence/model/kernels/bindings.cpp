@@ -74,7 +74,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear", &cadence_kernels::gguf_linear,
         "float32 x @ W.T (+ bias) on a GGUF weight's blocks as stored, ggml type by id",
         py::arg("x"), py::arg("blocks"), py::arg("type"), py::arg("N"), py::arg("K"), py::arg("bias") = py::none(),
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("packed") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("gguf_repack", &cadence_kernels::gguf_repack,
+        "a Q4_K / Q6_K weight's whole octets of columns, 8 columns interleaved (lossless), for gguf_linear's packed",
+        py::arg("blocks"), py::arg("type"), py::arg("N"), py::arg("K"), py::call_guard<py::gil_scoped_release>());
   m.def("kernel_tier", &cadence_kernels::kernel_tier, "the instruction-set tier of this build");
   py::class_<cadence_kernels::DecodeStackF32>(m, "DecodeStackF32", py::module_local(),
                                               "every decoder layer in float32 on compressed packed weights, one call")

@@ -1,5 +1,5 @@
 // The GGUF GEMMs of one column range, one function per family of types (each family compiles in
-// its own file: gemm_blocks32.cpp, gemm_kquants.cpp, gemm_float.cpp); linear.cpp quantizes the
+// its own file: gemm_blocks32.cpp, gemm_kquants.cpp, gemm_float.cpp, gemm_x8.cpp); linear.cpp quantizes the
 // activations, splits the columns over the threads and calls these.
 #pragma once
 
@@ -9,6 +9,9 @@
 
 namespace cadence_kernels {
 namespace gguf {
+
+// Bytes per octet of columns and 256-block of the 8-column layouts (0: none for the type).
+int64_t x8_block_bytes(int type);
 
 #if CADENCE_HAVE_AVX2
 
@@ -27,6 +30,12 @@ struct GemmArgs {
 bool gemm_blocks32_columns(const GemmArgs& g, int64_t n_begin, int64_t n_end);
 bool gemm_kquant_columns(const GemmArgs& g, int64_t n_begin, int64_t n_end);
 bool gemm_float_columns(const GemmArgs& g, int64_t n_begin, int64_t n_end);
+
+// Q4_K and Q6_K with 8 columns interleaved (q4k_x8.h, q6k_x8.h; gemm_x8.cpp): bytes per
+// octet and 256-block (0: the type has no such layout), the repack of the whole octets (N / 8
+// of them) into `out` (N / 8 * K / 256 * x8_block_bytes), and the GEMM of octets [o_begin, o_end).
+void x8_repack(int type, const uint8_t* w, int64_t N, int64_t K, uint8_t* out);
+void x8_gemm_columns(const GemmArgs& g, const uint8_t* packed, int64_t o_begin, int64_t o_end);
 
 #endif  // CADENCE_HAVE_AVX2
 

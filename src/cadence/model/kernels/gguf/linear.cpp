@@ -17,8 +17,24 @@
 
 namespace cadence_kernels {
 
+at::Tensor gguf_repack(at::Tensor blocks, int64_t type, int64_t N, int64_t K) {
+  const int64_t octet_block = gguf::x8_block_bytes(static_cast<int>(type));
+  TORCH_CHECK(octet_block > 0, "gguf_repack: only Q4_K and Q6_K have a repacked layout, got ggml type ", type);
+  TORCH_CHECK(K % 256 == 0 && N >= 8, "gguf_repack: [N >= 8, K a multiple of 256]");
+  TORCH_CHECK(blocks.device().is_cpu() && blocks.is_contiguous() && blocks.scalar_type() == at::kByte &&
+                  blocks.numel() == N * (K / 256 * gguf::block_size(static_cast<int>(type)).bytes),
+              "gguf_repack: blocks must be contiguous uint8 of the [N, K] weight");
+  auto out = at::empty({N / 8, K / 256 * octet_block}, blocks.options());
+#if CADENCE_HAVE_AVX2
+  gguf::x8_repack(static_cast<int>(type), blocks.data_ptr<uint8_t>(), N, K, out.data_ptr<uint8_t>());
+#else
+  TORCH_CHECK(false, "gguf_repack: built without AVX2/FMA");
+#endif
+  return out;
+}
+
 at::Tensor gguf_linear(at::Tensor x, at::Tensor blocks, int64_t type, int64_t N, int64_t K,
-                       c10::optional<at::Tensor> bias) {
+                       c10::optional<at::Tensor> bias, c10::optional<at::Tensor> packed) {
   const gguf::BlockSize size = gguf::block_size(static_cast<int>(type));
   TORCH_CHECK(size.elements > 0, "gguf_linear: unsupported ggml type ", type);
   TORCH_CHECK(K > 0 && N > 0 && K % size.elements == 0, "gguf_linear: K = ", K, " is not a multiple of the type's ",
@@ -30,6 +46,14 @@ at::Tensor gguf_linear(at::Tensor x, at::Tensor blocks, int64_t type, int64_t N,
   TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
                   x.size(1) == K,
               "gguf_linear: x [M, ", K, "] float32 contiguous");
+  const uint8_t* packed_x8 = nullptr;  // whole octets of columns, interleaved (gemm_x8.cpp)
+  if (packed.has_value() && packed->defined()) {
+    const int64_t octet_block = gguf::x8_block_bytes(static_cast<int>(type));
+    TORCH_CHECK(octet_block > 0 && packed->is_contiguous() && packed->scalar_type() == at::kByte &&
+                    packed->numel() == N / 8 * (K / 256 * octet_block),
+                "gguf_linear: packed must be gguf_repack's output for this weight");
+    packed_x8 = packed->data_ptr<uint8_t>();
+  }
   const float* bp = nullptr;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N,
@@ -75,9 +99,17 @@ at::Tensor gguf_linear(at::Tensor x, at::Tensor blocks, int64_t type, int64_t N,
   at::parallel_for(0, groups, parallel ? 1 : groups, [&](int64_t begin, int64_t end) {
     const avx2::FlushDenormals ftz;
     const int64_t n0 = begin * COLS, n1 = std::min(N, end * COLS);
-    const bool done = gguf::gemm_blocks32_columns(g, n0, n1) || gguf::gemm_kquant_columns(g, n0, n1) ||
-                      gguf::gemm_float_columns(g, n0, n1);
-    TORCH_CHECK(done, "gguf_linear: no kernel for ggml type ", type);
+    int64_t rowwise = n0;  // columns from here on run on the row-wise blocks
+    if (packed_x8 != nullptr) {
+      const int64_t octets_end = std::min(end, N / 8);
+      if (octets_end > begin) gguf::x8_gemm_columns(g, packed_x8, begin, octets_end);
+      rowwise = std::max(n0, octets_end * 8);
+    }
+    if (rowwise < n1) {
+      const bool done = gguf::gemm_blocks32_columns(g, rowwise, n1) || gguf::gemm_kquant_columns(g, rowwise, n1) ||
+                        gguf::gemm_float_columns(g, rowwise, n1);
+      TORCH_CHECK(done, "gguf_linear: no kernel for ggml type ", type);
+    }
     if (bp != nullptr)
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = n0; n < n1; ++n) g.out[m * N + n] += bp[n];

@@ -1,0 +1,36 @@
+// The K-quants repacked with 8 columns interleaved (Q4_K: q4k_x8.h, Q6_K: q6k_x8.h): the
+// repack at load and the GEMM.
+#include <ATen/Parallel.h>
+
+#include "gemm.h"
+#include "q4k_x8.h"
+#include "q6k_x8.h"
+
+namespace cadence_kernels {
+namespace gguf {
+
+int64_t x8_block_bytes(int type) {
+  return type == Q4_K ? Q4K_X8_BYTES : type == Q6_K ? Q6K_X8_BYTES : 0;
+}
+
+#if CADENCE_HAVE_AVX2
+
+void x8_repack(int type, const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
+  const int64_t octet_bytes = K / 256 * x8_block_bytes(type), row_bytes = K / 256 * block_size(type).bytes;
+  at::parallel_for(0, N / 8, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      if (type == Q4_K) repack_q4k_x8_octet(w, row_bytes, K, o, out + o * octet_bytes);
+      else repack_q6k_x8_octet(w, row_bytes, K, o, out + o * octet_bytes);
+    }
+  });
+}
+
+void x8_gemm_columns(const GemmArgs& g, const uint8_t* packed, int64_t o_begin, int64_t o_end) {
+  if (g.type == Q4_K) q4k_x8_columns(*g.xq, g.M, packed, g.K, g.out, g.N, o_begin, o_end);
+  else q6k_x8_columns(*g.xq, g.M, packed, g.K, g.out, g.N, o_begin, o_end);
+}
+
+#endif  // CADENCE_HAVE_AVX2
+
+}  // namespace gguf
+}  // namespace cadence_kernels

@@ -1,0 +1,130 @@
+// Q4_K repacked at load, losslessly, with 8 columns interleaved (llama.cpp's repack idea): the
+// row-wise kernel (int_gemm.h) spends a float convert, multiply and FMA per column and group of
+// 32 k; with the columns in the lanes of one register, that work is shared by 8 columns, and a
+// decode step runs ~8x fewer instructions per weight.
+//
+// Layout: per octet of columns (8o .. 8o + 7), per 256-block, Q4K_X8_BYTES bytes:
+//   d[8], dmin[8]     float32 (the blocks' fp16 values, exact)
+//   sc[8][8], mn[8][8] uint8, [group][column] (the 6-bit scales and minimums, unpacked)
+//   q[8][4][8][4]     [group][k-octet][column][byte]: byte t of k-octet kk holds q[8kk + t] in
+//                     its low nibble and q[8kk + 4 + t] in its high one (q4_gemm.h's layout)
+// 1216 bytes per 2048 weights (the file's blocks: 1152). w = (d * sc) * q - (dmin * mn), the
+// values gguf-py's dequantization gives. Columns past the last whole octet stay row-wise.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "../avx2/q4_gemm.h"
+#include "blocks.h"
+
+namespace cadence_kernels {
+namespace gguf {
+
+constexpr int64_t Q4K_X8_BYTES = 1216;
+constexpr int64_t Q4K_X8_HEADER = 192;
+
+#if CADENCE_HAVE_AVX2
+
+// Octet o of a Q4_K weight (row-wise blocks, row_bytes per column) into `out`
+// (K / 256 * Q4K_X8_BYTES bytes).
+inline void repack_q4k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t o, uint8_t* out) {
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    uint8_t* dst = out + blk * Q4K_X8_BYTES;
+    float* d = reinterpret_cast<float*>(dst);
+    uint8_t* sc = dst + 64;
+    uint8_t* mn = dst + 128;
+    uint8_t* q = dst + Q4K_X8_HEADER;
+    for (int i = 0; i < 8; ++i) {
+      const uint8_t* raw = w + (8 * o + i) * row_bytes + blk * 144;
+      const float dv = half_at(raw), dminv = half_at(raw + 2);
+      std::memcpy(d + i, &dv, 4);
+      std::memcpy(d + 8 + i, &dminv, 4);
+      const uint8_t* s = raw + 4;
+      for (int j = 0; j < 8; ++j) {
+        const int scale = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        const int minimum = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        sc[j * 8 + i] = static_cast<uint8_t>(scale);
+        mn[j * 8 + i] = static_cast<uint8_t>(minimum);
+        const uint8_t* qs = raw + 16 + 32 * (j / 2);
+        const int shift = 4 * (j % 2);
+        for (int kk = 0; kk < 4; ++kk)
+          for (int t = 0; t < 4; ++t)
+            q[((j * 4 + kk) * 8 + i) * 4 + t] = static_cast<uint8_t>(
+                ((qs[8 * kk + t] >> shift) & 0x0F) | (((qs[8 * kk + 4 + t] >> shift) & 0x0F) << 4));
+      }
+    }
+  }
+}
+
+// out[(m0 + r) * ldo + 8o + c], c < 8, r < R: rows of x against the octet at `packed`.
+template <int R>
+inline void q4k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t K, float* out,
+                        int64_t ldo, int64_t n0) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+  const int64_t groups = K / avx2::Q8_GROUP;
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    const uint8_t* hdr = packed + blk * Q4K_X8_BYTES;
+    _mm_prefetch(reinterpret_cast<const char*>(hdr + 2048), _MM_HINT_T0);
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr));
+    const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 32));
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* q = hdr + Q4K_X8_HEADER + j * 128;
+      _mm_prefetch(reinterpret_cast<const char*>(q + 2048), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + 2048 + 64), _MM_HINT_T0);
+      const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 64 + 8 * j)))));
+      const __m256 b = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 128 + 8 * j)))));
+      const int64_t g = blk * 8 + j;
+      __m256i isum[R];
+      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+      for (int kk = 0; kk < 4; ++kk) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kk * 32));
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        const int64_t k = g * avx2::Q8_GROUP + kk * 8;
+        for (int r = 0; r < R; ++r) {
+          isum[r] = avx2::udot4_add(isum[r], lo, avx2::broadcast4(xq.q_at(m0 + r, k)), ones16);
+          isum[r] = avx2::udot4_add(isum[r], hi, avx2::broadcast4(xq.q_at(m0 + r, k + 4)), ones16);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const float* row_scale = xq.scale.data() + (m0 + r) * groups;
+        const float* row_sum = xq.sum.data() + (m0 + r) * groups;
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(a, _mm256_set1_ps(row_scale[g])), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(b, _mm256_set1_ps(row_sum[g]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + (m0 + r) * ldo + n0, acc[r]);
+}
+
+template <int R>
+inline void q4k_x8_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed, int64_t K,
+                        float* out, int64_t ldo, int64_t n0) {
+  int64_t m = m0;
+  for (; m + R <= m0 + rows; m += R) q4k_x8_tile<R>(xq, m, packed, K, out, ldo, n0);
+  if constexpr (R > 1) {
+    if (m < m0 + rows) q4k_x8_rows<R - 1>(xq, m, m0 + rows - m, packed, K, out, ldo, n0);
+  }
+}
+
+// Octets [o_begin, o_end) of a repacked Q4_K weight for every row (row blocks that stay in L2,
+// as int_gemm_columns).
+inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8_t* packed, int64_t K, float* out,
+                           int64_t ldo, int64_t o_begin, int64_t o_end) {
+  constexpr int ROWS = 4;
+  const int64_t octet_bytes = K / 256 * Q4K_X8_BYTES;
+  const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
+  for (int64_t mb = 0; mb < M; mb += row_block) {
+    const int64_t rows = std::min(row_block, M - mb);
+    for (int64_t o = o_begin; o < o_end; ++o) q4k_x8_rows<ROWS>(xq, mb, rows, packed + o * octet_bytes, K, out, ldo, 8 * o);
+  }
+}
+
+#endif  // CADENCE_HAVE_AVX2
+
+}  // namespace gguf
+}  // namespace cadence_kernels

@@ -1,0 +1,142 @@
+// Q6_K repacked at load, losslessly, with 8 columns interleaved (as q4k_x8.h for Q4_K: the
+// float work per group of 32 k is shared by the 8 columns in a register's lanes).
+//
+// Layout: per octet of columns, per 256-block, Q6K_X8_BYTES bytes:
+//   d[8]              float32 (the blocks' fp16 d, exact)
+//   sc[16][8]         int8, [16-weight scale][column]
+//   ql[8][4][8][4]    [group][k-octet][column][byte]: low 4 bits of q[8kk + t] | of q[8kk + 4 + t] << 4
+//   qh[8][2][8][4]    [group][pair of k-octets][column][byte]: the top 2 bits of q[8kk + t],
+//                     q[8kk + 4 + t], q[8kk' + t], q[8kk' + 4 + t] (kk = 2p, kk' = 2p + 1) at bits
+//                     0, 2, 4, 6
+// 1696 bytes per 2048 weights (the file's blocks: 1680). w = (d * sc) * (q - 32), q in [0, 63].
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "../avx2/q4_gemm.h"
+#include "blocks.h"
+
+namespace cadence_kernels {
+namespace gguf {
+
+constexpr int64_t Q6K_X8_BYTES = 1696;
+constexpr int64_t Q6K_X8_QL = 160;          // offset of ql in a block
+constexpr int64_t Q6K_X8_QH = 160 + 1024;   // offset of qh
+
+#if CADENCE_HAVE_AVX2
+
+inline void repack_q6k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t o, uint8_t* out) {
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    uint8_t* dst = out + blk * Q6K_X8_BYTES;
+    for (int i = 0; i < 8; ++i) {
+      const uint8_t* raw = w + (8 * o + i) * row_bytes + blk * 210;
+      const float d = half_at(raw + 208);
+      std::memcpy(dst + 4 * i, &d, 4);
+      for (int s = 0; s < 16; ++s) dst[32 + s * 8 + i] = raw[192 + s];
+      for (int j = 0; j < 8; ++j) {
+        const int h = j / 4, t = j % 4;
+        const uint8_t* ql = raw + 64 * h + 32 * (t % 2);
+        const uint8_t* qh = raw + 128 + 32 * h;
+        const int ql_shift = t >= 2 ? 4 : 0, qh_shift = 2 * t;
+        auto low = [&](int l) { return (ql[l] >> ql_shift) & 0x0F; };
+        auto high = [&](int l) { return (qh[l] >> qh_shift) & 0x03; };
+        for (int kk = 0; kk < 4; ++kk)
+          for (int b = 0; b < 4; ++b)
+            dst[Q6K_X8_QL + ((j * 4 + kk) * 8 + i) * 4 + b] =
+                static_cast<uint8_t>(low(8 * kk + b) | (low(8 * kk + 4 + b) << 4));
+        for (int p = 0; p < 2; ++p)
+          for (int b = 0; b < 4; ++b) {
+            const int k0 = 16 * p, k1 = 16 * p + 8;
+            dst[Q6K_X8_QH + ((j * 2 + p) * 8 + i) * 4 + b] = static_cast<uint8_t>(
+                high(k0 + b) | (high(k0 + 4 + b) << 2) | (high(k1 + b) << 4) | (high(k1 + 4 + b) << 6));
+          }
+      }
+    }
+  }
+}
+
+// The two 16-k halves' sums of a row's quantized activations in group g (the q - 32 offset).
+inline void half_sums(const avx2::QuantizedRows& xq, int64_t row, int64_t g, int32_t& s0, int32_t& s1) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q_at(row, g * avx2::Q8_GROUP)));
+  const __m256i quads = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), quads);
+  s0 = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  s1 = lanes[4] + lanes[5] + lanes[6] + lanes[7];
+}
+
+template <int R>
+inline void q6k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t K, float* out,
+                        int64_t ldo, int64_t n0) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+  const int64_t groups = K / avx2::Q8_GROUP;
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    const uint8_t* base = packed + blk * Q6K_X8_BYTES;
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base));
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* ql = base + Q6K_X8_QL + j * 128;
+      _mm_prefetch(reinterpret_cast<const char*>(ql + 2048), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(ql + 2048 + 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + 2048), _MM_HINT_T0);
+      const int64_t g = blk * 8 + j;
+      for (int p = 0; p < 2; ++p) {
+        const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q6K_X8_QH + (j * 2 + p) * 32));
+        __m256i isum[R];
+        for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+        for (int sub = 0; sub < 2; ++sub) {
+          const int kk = 2 * p + sub;
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + kk * 32));
+          // bits 4-5 of each byte: the high bits of q[8kk + t] (lo) and q[8kk + 4 + t] (hi).
+          const __m256i h_lo = _mm256_and_si256(sub == 0 ? _mm256_slli_epi16(hv, 4) : hv, bits45);
+          const __m256i h_hi = _mm256_and_si256(sub == 0 ? _mm256_slli_epi16(hv, 2) : _mm256_srli_epi16(hv, 2), bits45);
+          const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), h_lo);
+          const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), h_hi);
+          const int64_t k = g * avx2::Q8_GROUP + kk * 8;
+          for (int r = 0; r < R; ++r) {
+            isum[r] = avx2::udot4_add(isum[r], lo, avx2::broadcast4(xq.q_at(m0 + r, k)), ones16);
+            isum[r] = avx2::udot4_add(isum[r], hi, avx2::broadcast4(xq.q_at(m0 + r, k + 4)), ones16);
+          }
+        }
+        const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + 32 + (2 * j + p) * 8)))));
+        for (int r = 0; r < R; ++r) {
+          int32_t s0, s1;
+          half_sums(xq, m0 + r, g, s0, s1);
+          const __m256i centred = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(32 * (p == 0 ? s0 : s1)));
+          const float xs = xq.scale[(m0 + r) * groups + g];
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centred), _mm256_mul_ps(scale, _mm256_set1_ps(xs)), acc[r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + (m0 + r) * ldo + n0, acc[r]);
+}
+
+template <int R>
+inline void q6k_x8_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed, int64_t K,
+                        float* out, int64_t ldo, int64_t n0) {
+  int64_t m = m0;
+  for (; m + R <= m0 + rows; m += R) q6k_x8_tile<R>(xq, m, packed, K, out, ldo, n0);
+  if constexpr (R > 1) {
+    if (m < m0 + rows) q6k_x8_rows<R - 1>(xq, m, m0 + rows - m, packed, K, out, ldo, n0);
+  }
+}
+
+inline void q6k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8_t* packed, int64_t K, float* out,
+                           int64_t ldo, int64_t o_begin, int64_t o_end) {
+  constexpr int ROWS = 4;
+  const int64_t octet_bytes = K / 256 * Q6K_X8_BYTES;
+  const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
+  for (int64_t mb = 0; mb < M; mb += row_block) {
+    const int64_t rows = std::min(row_block, M - mb);
+    for (int64_t o = o_begin; o < o_end; ++o) q6k_x8_rows<ROWS>(xq, mb, rows, packed + o * octet_bytes, K, out, ldo, 8 * o);
+  }
+}
+
+#endif  // CADENCE_HAVE_AVX2
+
+}  // namespace gguf
+}  // namespace cadence_kernels
