@@ -84,6 +84,17 @@ at::Tensor gguf_linear(at::Tensor x, at::Tensor blocks, int64_t type, int64_t N,
     });
     g.xq = &xq;
   }
+  // Repacked Q6_K subtracts 32 * (sum of a row's bytes) per 16 k: once per row here, not per octet.
+  std::vector<int32_t> half_sums;
+  if (packed_x8 != nullptr && type == gguf::Q6_K) {
+    half_sums.resize(static_cast<size_t>(M * (K / 16)));
+    for (int64_t i = 0; i < M * (K / 16); ++i) {
+      int32_t s = 0;
+      for (int t = 0; t < 16; ++t) s += xq.q[i * 16 + t];
+      half_sums[i] = s;
+    }
+    g.half_sums = half_sums.data();
+  }
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
   if (type == gguf::BF16) {
     x_bf16.resize(static_cast<size_t>(M * K));

@@ -56,19 +56,10 @@ inline void repack_q6k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
   }
 }
 
-// The two 16-k halves' sums of a row's quantized activations in group g (the q - 32 offset).
-inline void half_sums(const avx2::QuantizedRows& xq, int64_t row, int64_t g, int32_t& s0, int32_t& s1) {
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q_at(row, g * avx2::Q8_GROUP)));
-  const __m256i quads = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x), _mm256_set1_epi16(1));
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), quads);
-  s0 = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-  s1 = lanes[4] + lanes[5] + lanes[6] + lanes[7];
-}
-
+// half_sums: [M][K / 16] sums of xq's bytes per 16 k (for the q - 32 offset).
 template <int R>
-inline void q6k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t K, float* out,
-                        int64_t ldo, int64_t n0) {
+inline void q6k_x8_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, const uint8_t* packed,
+                        int64_t K, float* out, int64_t ldo, int64_t n0) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
@@ -103,9 +94,8 @@ inline void q6k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t
         const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                                   _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + 32 + (2 * j + p) * 8)))));
         for (int r = 0; r < R; ++r) {
-          int32_t s0, s1;
-          half_sums(xq, m0 + r, g, s0, s1);
-          const __m256i centred = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(32 * (p == 0 ? s0 : s1)));
+          const int32_t x_sum = half_sums[(m0 + r) * (K / 16) + 2 * g + p];
+          const __m256i centred = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(32 * x_sum));
           const float xs = xq.scale[(m0 + r) * groups + g];
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centred), _mm256_mul_ps(scale, _mm256_set1_ps(xs)), acc[r]);
         }
@@ -116,23 +106,23 @@ inline void q6k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t
 }
 
 template <int R>
-inline void q6k_x8_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed, int64_t K,
-                        float* out, int64_t ldo, int64_t n0) {
+inline void q6k_x8_rows(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows,
+                        const uint8_t* packed, int64_t K, float* out, int64_t ldo, int64_t n0) {
   int64_t m = m0;
-  for (; m + R <= m0 + rows; m += R) q6k_x8_tile<R>(xq, m, packed, K, out, ldo, n0);
+  for (; m + R <= m0 + rows; m += R) q6k_x8_tile<R>(xq, half_sums, m, packed, K, out, ldo, n0);
   if constexpr (R > 1) {
-    if (m < m0 + rows) q6k_x8_rows<R - 1>(xq, m, m0 + rows - m, packed, K, out, ldo, n0);
+    if (m < m0 + rows) q6k_x8_rows<R - 1>(xq, half_sums, m, m0 + rows - m, packed, K, out, ldo, n0);
   }
 }
 
-inline void q6k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8_t* packed, int64_t K, float* out,
-                           int64_t ldo, int64_t o_begin, int64_t o_end) {
+inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t M, const uint8_t* packed,
+                           int64_t K, float* out, int64_t ldo, int64_t o_begin, int64_t o_end) {
   constexpr int ROWS = 4;
   const int64_t octet_bytes = K / 256 * Q6K_X8_BYTES;
   const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
   for (int64_t mb = 0; mb < M; mb += row_block) {
     const int64_t rows = std::min(row_block, M - mb);
-    for (int64_t o = o_begin; o < o_end; ++o) q6k_x8_rows<ROWS>(xq, mb, rows, packed + o * octet_bytes, K, out, ldo, 8 * o);
+    for (int64_t o = o_begin; o < o_end; ++o) q6k_x8_rows<ROWS>(xq, half_sums, mb, rows, packed + o * octet_bytes, K, out, ldo, 8 * o);
   }
 }
 
