@@ -22,11 +22,12 @@ def __getattr__(name):
         from cadence.engine.llm import LLM
 
         return LLM
-    if name in ("SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams"):
+    if name in ("SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams",
+                "RequestOutputKind"):
         from cadence.core import sampling_params
 
         return getattr(sampling_params, name)
-    if name in ("RequestOutput", "CompletionOutput"):
+    if name in ("RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics"):
         from cadence.engine import llm_outputs
 
         return getattr(llm_outputs, name)

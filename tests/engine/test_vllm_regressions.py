@@ -96,3 +96,71 @@ def test_chat_takes_openai_content_parts_and_template_kwargs(llm):
     with pytest.raises(ValueError, match="text content parts"):
         llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
                  params, use_tqdm=False)
+
+
+# ---- vLLM's parameter and output types -----------------------------------------------------
+
+
+def test_vllm_module_paths_and_types():
+    from cadence.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: F401
+    from cadence.sampling_params import GuidedDecodingParams, RequestOutputKind
+    from cadence.sampling_params import SamplingParams as SP
+
+    assert SP is SamplingParams
+    params = SP(max_tokens=None, output_kind=RequestOutputKind.FINAL_ONLY,
+                guided_decoding=GuidedDecodingParams(choice=["a", "b"]))
+    assert params.structured_outputs.choice == ("a", "b")
+    with pytest.raises(ValueError, match="max_tokens must be an int or None"):
+        SP(max_tokens="8")
+    with pytest.raises(ValueError, match="logprobs=-1.*logprobs=20"):
+        SP(logprobs=-1)
+
+
+def test_logprob_objects_and_metrics(llm):
+    tok = llm.get_tokenizer()
+    (out,) = llm.generate("Hello world", SamplingParams(temperature=0, max_tokens=4, logprobs=3,
+                                                         ignore_eos=True), use_tqdm=False)
+    c = out.outputs[0]
+    for token_id, entry in zip(c.token_ids, c.logprobs):
+        lp = entry[token_id]
+        assert lp.rank == 1  # greedy picks the most likely token
+        assert lp.decoded_token == tok.decode([token_id])
+        assert lp.logprob <= 0 and len(entry) >= 3
+        assert sorted(e.rank for e in entry.values()) == list(range(1, len(entry) + 1))
+    m = out.metrics
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+    assert m.last_token_time == out.timeline.token_times[-1] and m.time_in_queue >= 0
+
+
+def test_skip_special_tokens_and_detokenize(llm):
+    tok = llm.get_tokenizer()
+    eos = tok.eos_token_id
+    forced = dict(temperature=0, max_tokens=2, ignore_eos=True, logit_bias={eos: 100})
+    (plain,) = llm.generate("Hi", SamplingParams(**forced), use_tqdm=False)
+    assert list(plain.outputs[0].token_ids) == [eos, eos] and plain.outputs[0].text == ""
+    (kept,) = llm.generate("Hi", SamplingParams(**forced, skip_special_tokens=False,
+                                                spaces_between_special_tokens=False),
+                           use_tqdm=False)
+    assert kept.outputs[0].text == tok.eos_token * 2
+    (ids_only,) = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=3,
+                                                    detokenize=False), use_tqdm=False)
+    assert ids_only.outputs[0].text == "" and len(ids_only.outputs[0].token_ids) >= 1
+
+
+def test_bad_words_allowed_token_ids_truncate_and_unbounded_max_tokens(llm):
+    tok = llm.get_tokenizer()
+    plain = _greedy(llm, "The capital of France is")
+    first = plain.token_ids[0]
+    word = tok.decode([first])
+    banned = _greedy(llm, "The capital of France is", bad_words=[word.strip() or word])
+    assert banned.token_ids[0] != first and first not in banned.token_ids
+    allowed = _greedy(llm, "The capital of France is", allowed_token_ids=[5, 7, 11])
+    assert set(allowed.token_ids) <= {5, 7, 11}
+    (cut,) = llm.generate("one two three four five six", SamplingParams(
+        temperature=0, max_tokens=2, truncate_prompt_tokens=3), use_tqdm=False)
+    full_ids = tok.encode("one two three four five six")
+    assert cut.prompt_token_ids == full_ids[-3:]
+    (long,) = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
+                           use_tqdm=False)
+    assert len(long.prompt_token_ids) + len(long.outputs[0].token_ids) == 256  # max_model_len
+    assert long.outputs[0].finish_reason == "length"

@@ -80,7 +80,7 @@ def test_n_completions_share_the_prompt_blocks(llm):
         assert len(c.logprobs) == len(c.token_ids) == 5
         assert all(tok in entry for tok, entry in zip(c.token_ids, c.logprobs))
         assert c.cumulative_logprob == pytest.approx(
-            sum(entry[tok] for tok, entry in zip(c.token_ids, c.logprobs)))
+            sum(entry[tok].logprob for tok, entry in zip(c.token_ids, c.logprobs)))
     # Completions 1 and 2 found completion 0's prompt blocks in the prefix cache.
     cached = [c.timeline.num_cached_tokens for c in out.outputs]
     assert cached[0] == 0 or cached[0] < cached[1]

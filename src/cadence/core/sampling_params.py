@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from collections.abc import Mapping
@@ -57,6 +58,15 @@ class StructuredOutputsParams:
 GuidedDecodingParams = StructuredOutputsParams
 
 
+class RequestOutputKind(enum.IntEnum):
+    """vLLM's output_kind. The offline LLM returns finished outputs whatever the kind; the
+    server streams deltas; both are accepted so vLLM code constructs its params unchanged."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token and when to stop.
@@ -70,7 +80,8 @@ class SamplingParams:
     share the prompt's KV blocks through the prefix cache.
     """
 
-    max_tokens: int = 16
+    # None: up to the context length (max_model_len - prompt), as vLLM; the engine resolves it.
+    max_tokens: int | None = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -91,8 +102,27 @@ class SamplingParams:
     # Logprobs of every prompt token (with this many alternatives), as vLLM's prompt_logprobs.
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's output text switches: special tokens' text is left out unless
+    # skip_special_tokens=False; detokenize=False leaves `text` empty (token ids only).
+    # spaces_between_special_tokens only changes slow (Python) tokenizers' output in vLLM;
+    # cadence's tokenizers are fast ones, so both values give the same text.
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    detokenize: bool = True
+    # Words never to generate (vLLM's bad_words): the engine turns each into its token ids
+    # (with and without a leading space) and bans them by logit bias.
+    bad_words: tuple[str, ...] = ()
+    # Only these token ids may be sampled (vLLM's allowed_token_ids).
+    allowed_token_ids: tuple[int, ...] | None = None
+    # Keep only the last k prompt tokens (vLLM's truncate_prompt_tokens; -1: the model's limit).
+    truncate_prompt_tokens: int | None = None
+    # vLLM's older name for structured_outputs.
+    guided_decoding: StructuredOutputsParams | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled by the engine from the model (EOS id and extra end-of-turn ids); not user-facing.
     eos_token_ids: tuple[int, ...] = field(default=())
+    # Filled by the engine: the token ids of bad_words; not user-facing.
+    bad_words_token_ids: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
         # A single stop string is one stop string, never its characters.
@@ -102,14 +132,35 @@ class SamplingParams:
             object.__setattr__(self, "stop", ())
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
-        for name in ("stop_token_ids", "eos_token_ids"):
+        for name in ("stop_token_ids", "eos_token_ids", "bad_words_token_ids"):
             value = getattr(self, name)
             object.__setattr__(self, name, () if value is None else tuple(value))
         object.__setattr__(self, "logit_bias", _normalize_bias(self.logit_bias))
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("give structured_outputs or guided_decoding, not both")
+            object.__setattr__(self, "structured_outputs", self.guided_decoding)
+            object.__setattr__(self, "guided_decoding", None)
         if isinstance(self.structured_outputs, Mapping):
             object.__setattr__(self, "structured_outputs",
                                StructuredOutputsParams(**self.structured_outputs))
-        if self.max_tokens < 1:
+        if isinstance(self.bad_words, str):
+            object.__setattr__(self, "bad_words", (self.bad_words,))
+        object.__setattr__(self, "bad_words", tuple(self.bad_words or ()))
+        if self.allowed_token_ids is not None:
+            allowed = tuple(int(t) for t in self.allowed_token_ids)
+            if not allowed or min(allowed) < 0:
+                raise ValueError("allowed_token_ids must be a non-empty list of token ids >= 0")
+            object.__setattr__(self, "allowed_token_ids", allowed)
+        if self.truncate_prompt_tokens is not None and (
+                self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1):
+            raise ValueError(f"truncate_prompt_tokens must be >= 1 or -1, got "
+                             f"{self.truncate_prompt_tokens}")
+        object.__setattr__(self, "output_kind", RequestOutputKind(self.output_kind))
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int)
+                                            or isinstance(self.max_tokens, bool)):
+            raise ValueError(f"max_tokens must be an int or None, got {self.max_tokens!r}")
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
@@ -117,6 +168,9 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.logprobs == -1:
+            raise ValueError("logprobs=-1 (the whole vocabulary) is not supported: cadence "
+                             "returns up to 20 alternatives per token (logprobs=20)")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:

@@ -12,6 +12,7 @@ import sys
 from cadence.core.config import CacheConfig, SchedulerConfig
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.cli_args import add_config_args, config_from_args
+from cadence.engine.vllm_options import add_vllm_arguments, check_vllm_options, vllm_values
 from cadence.engine.config import EngineConfig
 
 _ENGINE_SKIP = ("trace_path", "telemetry_max_steps", "telemetry_max_finished")
@@ -49,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="write every step and request as JSON lines to FILE")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar on stderr")
+    add_vllm_arguments(p)  # after cadence's own flags: those of the same name win
     p.set_defaults(func=run)
 
 
@@ -66,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         args.policy = wanted
     try:
+        check_vllm_options(vllm_values(args), spell="flag")  # server-only ones mean nothing here
         params = SamplingParams(
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
             top_k=args.top_k, min_p=args.min_p, stop=tuple(args.stop),

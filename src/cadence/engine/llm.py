@@ -24,9 +24,10 @@ from cadence.core.sampling_params import SamplingParams
 from cadence.engine.chat_render import render_chat, text_messages
 from cadence.engine.config import EngineConfig
 from cadence.engine.llm_engine import LLMEngine
-from cadence.engine.llm_outputs import CompletionOutput, RequestOutput
+from cadence.engine.llm_outputs import CompletionOutput, Logprob, RequestOutput
 from cadence.engine.option_names import user_option_fields
 from cadence.engine.progress import GenerationProgress
+from cadence.engine.vllm_options import VLLM_OPTIONS, check_vllm_options
 
 # A step that runs nothing while requests wait means the scheduler cannot place them; this many
 # in a row is a bug worth an error rather than a hang.
@@ -47,36 +48,26 @@ class _Child:
     final: Any = None
 
 
-# vLLM LLM() options that cadence meets as they are: one device, no CUDA graphs to skip, never
-# any remote model code to trust. Other values are an error, never silently ignored.
-_VLLM_NEUTRAL = {
-    "tensor_parallel_size": (1,),
-    "pipeline_parallel_size": (1,),
-    "trust_remote_code": (True, False),
-    "enforce_eager": (True, False),
-}
-
-
 def engine_config_from_kwargs(model: str | None = None, **kwargs: Any) -> EngineConfig:
     """Route flat keyword arguments (user-facing option names) to EngineConfig /
     SchedulerConfig / CacheConfig fields."""
     groups: dict[type, dict[str, Any]] = {SchedulerConfig: {}, CacheConfig: {}, EngineConfig: {}}
     options = user_option_fields()  # user name -> (config class, field name)
+    vllm: dict[str, Any] = {}
     for key, value in kwargs.items():
         if key == "enable_chunked_prefill":  # vLLM's switch, onto cadence's policies
             if value is not None:
                 groups[SchedulerConfig]["policy"] = "chunked" if value else "eager"
             continue
-        if key in _VLLM_NEUTRAL:  # vLLM options whose meaning cadence has by construction
-            if value not in _VLLM_NEUTRAL[key]:
-                raise ValueError(f"{key}={value!r} is not supported by cadence "
-                                 f"(accepted: {_VLLM_NEUTRAL[key]})")
+        if key in VLLM_OPTIONS and key not in options:
+            vllm[key] = value  # vLLM's options: same meaning, a warning, or a clear refusal
             continue
         if key not in options:
             raise TypeError(f"unknown LLM option {key!r}; known options: "
                             f"{', '.join(sorted(options) + ['enable_chunked_prefill'])}")
         cls, name = options[key]
         groups[cls][name] = value
+    check_vllm_options(vllm, spell="keyword")  # SERVER options (CORS, names) mean nothing here
     return EngineConfig(
         model=model,
         scheduler=SchedulerConfig(**groups[SchedulerConfig]),
@@ -234,12 +225,23 @@ class LLM:
                 timeline=outs[0].timeline))
         return results
 
+    def _logprob_entry(self, s: SampledToken) -> dict[int, Logprob]:
+        """{token_id: Logprob} of one output token: the alternatives ranked 1.. by logprob,
+        the sampled token first (vLLM's order) with its rank among them."""
+        ranked = sorted(s.top_logprobs, key=lambda kv: -kv[1])
+        rank_of = {tok: k + 1 for k, (tok, _) in enumerate(ranked)}
+        tok = self.tokenizer
+        entries = [(s.token_id, s.logprob), *((t, lp) for t, lp in ranked if t != s.token_id)]
+        return {t: Logprob(lp, rank_of.get(t, len(ranked) + 1),
+                           None if tok is None else tok.decode([t], skip_special_tokens=False))
+                for t, lp in entries}
+
     def _completion(self, child: _Child) -> CompletionOutput:
         out = child.final
         logprobs = cumulative = sampled = None
         if child.logprobs:
             sampled = tuple(child.logprobs)
-            logprobs = [{s.token_id: s.logprob, **dict(s.top_logprobs)} for s in sampled]
+            logprobs = [self._logprob_entry(s) for s in sampled]
             cumulative = sum(s.logprob for s in sampled if s.logprob is not None)
         return CompletionOutput(
             index=child.index, text="".join(child.texts), token_ids=tuple(child.tokens),

@@ -270,6 +270,9 @@ class LLMEngine:
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         prompt_ids = self._prompt_ids(req_id, prompt)
         limit = self.max_model_len
+        if params.truncate_prompt_tokens is not None:  # vLLM's: keep the last k tokens
+            keep = limit - 1 if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+            prompt_ids = prompt_ids[-keep:]
         if len(prompt_ids) >= limit:
             raise ValueError(
                 f"request {req_id!r}: prompt has {len(prompt_ids)} tokens, but max_model_len is "
@@ -277,6 +280,10 @@ class LLMEngine:
             )
         if self.tokenizer is not None and not params.eos_token_ids:
             params = dataclasses.replace(params, eos_token_ids=tuple(self.tokenizer.stop_token_ids))
+        if params.max_tokens is None:  # vLLM's: up to the context length
+            params = dataclasses.replace(params, max_tokens=limit - len(prompt_ids))
+        if params.bad_words and not params.bad_words_token_ids:
+            params = dataclasses.replace(params, bad_words_token_ids=self._bad_word_ids(params))
         if params.prompt_logprobs is not None:
             raise ValueError("prompt_logprobs is not supported: cadence computes logits only "
                              "at the positions it samples")
@@ -299,6 +306,23 @@ class LLMEngine:
         if prefilled_token is not None:
             self._emit_prefilled_token(request, text)
         return prompt_ids
+
+    def _bad_word_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """Token ids of vLLM's bad_words, each word with and without a leading space (as vLLM
+        tokenizes them). Words of several tokens are refused: banning them needs the
+        preceding tokens' context, which this engine's logits processors do not track."""
+        if self.tokenizer is None:
+            raise ValueError("bad_words need a tokenizer; this engine has none")
+        ids: list[int] = []
+        for word in params.bad_words:
+            variants = [self.tokenizer.encode(v, add_special_tokens=False)
+                        for v in (word.lstrip(" "), " " + word.lstrip(" "))]
+            single = [toks[0] for toks in variants if len(toks) == 1]
+            if not single:
+                raise ValueError(f"bad_words: {word!r} is several tokens; cadence bans "
+                                 "single-token words only (use logit_bias for others)")
+            ids += single
+        return tuple(dict.fromkeys(ids))
 
     def _emit_prefilled_token(self, request: Request, text: RequestText) -> None:
         """The first token came with the request: stream it now, before its KV arrives."""

@@ -20,7 +20,9 @@ class RequestText:
     def __init__(self, tokenizer: Tokenizer | None, params: SamplingParams) -> None:
         if tokenizer is None and params.stop:
             raise ValueError("stop strings need a tokenizer; this engine has none")
-        self._detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        # detokenize=False (vLLM's): token ids only, the text stays empty.
+        self._detok = (IncrementalDetokenizer(tokenizer, params.skip_special_tokens)
+                       if tokenizer is not None and params.detokenize else None)
         self._matcher = StopStringMatcher(params.stop, params.include_stop_str_in_output)
         self.stop_token_ids = frozenset(params.stop_token_ids)
         # vLLM: a stop_token_ids token that ends the request leaves its text out of the output

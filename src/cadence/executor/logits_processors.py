@@ -21,7 +21,8 @@ from cadence.core.plan import ScheduledChunk
 
 def needs_processing(chunk: ScheduledChunk) -> bool:
     p = chunk.sampling
-    return bool(p.logit_bias) or p.needs_history
+    return (bool(p.logit_bias) or p.needs_history or p.allowed_token_ids is not None
+            or bool(p.bad_words_token_ids))
 
 
 def apply_logits_processors(
@@ -45,6 +46,15 @@ def apply_logits_processors(
         row = out[i]  # [V] view
         if masks and i in masks:
             row.masked_fill_(~masks[i], float("-inf"))
+        if p.allowed_token_ids is not None:  # vLLM's allowed_token_ids: every other id banned
+            allowed = torch.tensor([t for t in p.allowed_token_ids if t < vocab],
+                                   dtype=torch.int64, device=row.device)
+            keep = row.index_select(0, allowed)
+            row.fill_(float("-inf"))
+            row.index_copy_(0, allowed, keep)
+        if p.bad_words_token_ids:  # vLLM's bad_words (one token each, resolved by the engine)
+            banned = [t for t in p.bad_words_token_ids if t < vocab]
+            row[torch.tensor(banned, dtype=torch.int64, device=row.device)] = float("-inf")
         if p.logit_bias:
             ids = torch.tensor([t for t, _ in p.logit_bias if t < vocab], dtype=torch.int64)
             bias = torch.tensor([b for t, b in p.logit_bias if t < vocab], dtype=row.dtype)

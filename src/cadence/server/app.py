@@ -49,6 +49,8 @@ class ServerState:
     metrics: PrometheusMetrics | None = None
     telemetry: LiveTelemetry | None = None  # /metrics + attribution + dashboard viewers
     model_name: str = ""
+    # Every name a request may send for the model (model_name first).
+    model_names: tuple[str, ...] = ()
     max_model_len: int = 0
     # The most characters one token covers (bounds prompt texts before tokenizing; None: unknown).
     max_token_chars: int | None = None
@@ -76,10 +78,11 @@ async def list_models(request: Request) -> JSONResponse:
     server: ServerState = request.app.state.server
     return JSONResponse({
         "object": "list",
+        # The served name, then --served-model-name's further names (as vLLM lists them).
         "data": [{
-            "id": server.model_name, "object": "model", "created": server.started_at,
+            "id": name, "object": "model", "created": server.started_at,
             "owned_by": "cadence", "max_model_len": server.max_model_len,
-        }],
+        } for name in (server.model_name, *server.config.served_model_aliases)],
     })
 
 
@@ -133,6 +136,8 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
             request_exit=lambda code: state.request_exit and state.request_exit(code))
         await state.supervisor.start()
         state.model_name = config.served_model_name or state.client.info.model_name
+        state.model_names = served_names(state.model_name, config,
+                                         engine_config.engine_config.get("model"))
         state.metrics = PrometheusMetrics(state.model_name)
         sched = engine_config.engine_config.get("scheduler") or {}
         state.telemetry = LiveTelemetry(
@@ -159,4 +164,24 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
     app.add_middleware(RequestGuard, max_request_bytes=config.max_request_bytes,
                        api_key=lambda: config.api_key)
     app.add_api_route("/version", version, methods=["GET"])
+    if config.cors_allowed_origins:
+        # Added last, so outermost: preflight requests are answered before the API key check.
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_allowed_origins),
+                           allow_methods=list(config.cors_allowed_methods),
+                           allow_headers=list(config.cors_allowed_headers),
+                           allow_credentials=config.cors_allow_credentials)
     return app
+
+
+def served_names(name: str, config: ServerConfig, model_path: str | None) -> tuple[str, ...]:
+    """The names requests may use: the served name, --served-model-name's further names, and,
+    without --served-model-name, the model path as given (vLLM's name for it) and its
+    absolute form."""
+    import os
+
+    names = [name, *config.served_model_aliases]
+    if config.served_model_name is None and model_path:
+        names += [model_path, os.path.abspath(model_path), model_path.rstrip("/")]
+    return tuple(dict.fromkeys(names))

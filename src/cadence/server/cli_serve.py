@@ -75,7 +75,6 @@ _FLAGS: tuple[tuple[str, type, str, Any], ...] = (
     ("--enable-log-requests", ServerConfig, "enable_log_requests", bool),
     ("--host", ServerConfig, "host", str),
     ("--port", ServerConfig, "port", int),
-    ("--served-model-name", ServerConfig, "served_model_name", str),
     ("--api-key", ServerConfig, "api_key", str),
     ("--max-num-queued-requests", ServerConfig, "max_num_queued_requests", int),
     ("--max-num-queued-tokens", ServerConfig, "max_num_queued_tokens", int),
@@ -138,8 +137,33 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=("critical", "error", "warning", "info", "debug", "trace"),
                         help="uvicorn log level (default: info).")
     from cadence.disagg.cli import add_disagg_serve_arguments
+    from cadence.engine.vllm_options import add_vllm_arguments
 
     add_disagg_serve_arguments(parser)
+    add_vllm_arguments(parser)  # after cadence's own flags: those of the same name win
+
+
+def server_options_from_vllm(server: dict[str, Any]) -> dict[str, Any]:
+    """ServerConfig fields from the vLLM server flags (names, CORS, root path)."""
+    out: dict[str, Any] = {}
+    names = server.get("served_model_name")
+    if names:
+        names = [str(n) for n in (names if isinstance(names, list) else [names])]
+        out["served_model_name"], out["served_model_aliases"] = names[0], tuple(names[1:])
+    for flag, field_name in (("allowed_origins", "cors_allowed_origins"),
+                             ("allowed_methods", "cors_allowed_methods"),
+                             ("allowed_headers", "cors_allowed_headers")):
+        if flag in server:
+            value = server[flag]
+            values = value if isinstance(value, list) else [value]
+            if len(values) == 1 and isinstance(values[0], list):
+                values = values[0]  # vLLM's JSON list form: --allowed-origins '["*"]'
+            out[field_name] = tuple(str(v) for v in values)
+    if server.get("allow_credentials"):
+        out["cors_allow_credentials"] = True
+    if server.get("root_path"):
+        out["root_path"] = str(server["root_path"])
+    return out
 
 
 def _values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -172,11 +196,14 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EnginePro
     """Raises ValueError (a config's own check) with a message naming the bad value."""
     import json
 
+    from cadence.engine.vllm_options import check_vllm_options, vllm_values
+
     resolve_model_and_policy(args)
+    vllm_server = check_vllm_options(vllm_values(args), spell="flag")
     scheduler = SchedulerConfig(**_values(args, SchedulerConfig))
     cache = CacheConfig(**_values(args, CacheConfig))
     engine = EngineConfig(scheduler=scheduler, cache=cache, **_values(args, EngineConfig))
-    server = ServerConfig(**_values(args, ServerConfig))
+    server = ServerConfig(**_values(args, ServerConfig), **server_options_from_vllm(vllm_server))
     engine_dict = dataclasses.asdict(engine)
     if args.engine_config_json:
         engine_dict.update(json.loads(args.engine_config_json))

@@ -16,6 +16,16 @@ class ServerConfig:
         metadata={"help": "Model name clients must send and /v1/models lists "
                           "(default: the model file or folder name)."},
     )
+    # Further names clients may send for the model (vLLM's --served-model-name A B C: A is
+    # the one responses and /v1/models carry).
+    served_model_aliases: tuple[str, ...] = ()
+    # CORS (vLLM's --allowed-origins etc.; off unless origins are given).
+    cors_allowed_origins: tuple[str, ...] = ()
+    cors_allowed_methods: tuple[str, ...] = ("*",)
+    cors_allowed_headers: tuple[str, ...] = ("*",)
+    cors_allow_credentials: bool = False
+    # The path prefix a reverse proxy serves the API under (vLLM's --root-path).
+    root_path: str = ""
     api_key: str | None = field(
         default=None,
         metadata={"help": "Require 'Authorization: Bearer KEY' on every route but /health."},

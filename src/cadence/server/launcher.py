@@ -63,7 +63,8 @@ def run_server(config: ServerConfig, engine_config: EngineProcessConfig,
                                # h11 (not httptools) with a bounded header block, refused in
                                # OpenAI's format (http_protocol.py).
                                http=GuardedH11Protocol,
-                               h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+                               h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                               root_path=config.root_path)
     state: ServerState = app.state.server
     server = GracefulServer(uv_config, state, config.shutdown_grace_s)
     exit_code = 0

@@ -35,8 +35,9 @@ class EnginePrompt:
     chat_messages: list[dict[str, Any]] | None = None
 
 
-def check_model(requested: str | None, served_name: str) -> None:
-    if requested is not None and requested != served_name:
+def check_model(requested: str | None, served_name: str,
+                aliases: tuple[str, ...] = ()) -> None:
+    if requested is not None and requested != served_name and requested not in aliases:
         raise APIError(404, f"The model '{requested}' does not exist; this server serves "
                        f"'{served_name}'.", param="model", code="model_not_found")
 

@@ -212,7 +212,7 @@ async def serve_generation(
     `logprobs` is the number of alternatives asked for (None: no logprobs at all)."""
     arrival = time.monotonic()
     server = request.app.state.server
-    check_model(body.model, server.model_name)
+    check_model(body.model, server.model_name, server.model_names)
     reject_unsupported(body.unsupported_features())
     for prompt in prompts:
         check_prompt_size(prompt, server.max_model_len, server.max_token_chars)

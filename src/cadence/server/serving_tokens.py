@@ -65,7 +65,7 @@ async def _ask_engine(request: Request, **fields: Any) -> dict[str, Any]:
 
 async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     server = request.app.state.server
-    check_model(body.model, server.model_name)
+    check_model(body.model, server.model_name, server.model_names)
     if body.messages is not None:
         messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
                      else "".join(p.get("text", "") for p in m.content or []
@@ -88,7 +88,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
 
 async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     server = request.app.state.server
-    check_model(body.model, server.model_name)
+    check_model(body.model, server.model_name, server.model_names)
     if len(body.tokens) > server.max_model_len:
         raise APIError(400, f"{len(body.tokens)} token ids are more than this model's context "
                        f"holds ({server.max_model_len}).", param="tokens",

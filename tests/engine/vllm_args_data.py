@@ -1,0 +1,66 @@
+"""vLLM's engine keywords (EngineArgs, which LLM(...) takes) and `vllm serve` frontend flags,
+copied as data with their vLLM defaults: EngineArgs of vLLM 0.7 (vllm/engine/arg_utils.py) plus
+the fields later releases added, and the OpenAI frontend's FrontendArgs
+(vllm/entrypoints/openai/cli_args.py). Only names and defaults; what cadence does with each is
+in src/cadence/engine/vllm_options.py."""
+
+ENGINE_ARGS = {
+    "model": "facebook/opt-125m", "served_model_name": None, "tokenizer": None, "task": "auto",
+    "skip_tokenizer_init": False, "tokenizer_mode": "auto",
+    "intial_incremental_detokenization_offset": 5, "trust_remote_code": False,
+    "allowed_local_media_path": "", "download_dir": None, "load_format": "auto",
+    "config_format": "auto", "dtype": "auto", "kv_cache_dtype": "auto", "seed": 0,
+    "max_model_len": None, "distributed_executor_backend": None, "pipeline_parallel_size": 1,
+    "tensor_parallel_size": 1, "max_parallel_loading_workers": None, "block_size": None,
+    "enable_prefix_caching": None, "disable_sliding_window": False, "use_v2_block_manager": True,
+    "swap_space": 4, "cpu_offload_gb": 0, "gpu_memory_utilization": 0.90,
+    "max_num_batched_tokens": None, "max_num_seqs": None, "max_logprobs": 20,
+    "disable_log_stats": False, "revision": None, "code_revision": None, "rope_scaling": None,
+    "rope_theta": None, "hf_overrides": None, "tokenizer_revision": None, "quantization": None,
+    "enforce_eager": None, "max_seq_len_to_capture": 8192, "disable_custom_all_reduce": False,
+    "limit_mm_per_prompt": None, "mm_processor_kwargs": None,
+    "disable_mm_preprocessor_cache": False, "enable_lora": False, "enable_lora_bias": False,
+    "max_loras": 1, "max_lora_rank": 16, "enable_prompt_adapter": False,
+    "max_prompt_adapters": 1, "max_prompt_adapter_token": 0, "fully_sharded_loras": False,
+    "lora_extra_vocab_size": 256, "long_lora_scaling_factors": None, "lora_dtype": "auto",
+    "max_cpu_loras": None, "device": "auto", "num_scheduler_steps": 1,
+    "multi_step_stream_outputs": True, "ray_workers_use_nsight": False,
+    "num_gpu_blocks_override": None, "num_lookahead_slots": 0,
+    "model_loader_extra_config": None, "ignore_patterns": None, "preemption_mode": None,
+    "scheduler_delay_factor": 0.0, "enable_chunked_prefill": None,
+    "guided_decoding_backend": "xgrammar", "logits_processor_pattern": None,
+    "speculative_model": None, "num_speculative_tokens": None,
+    "qlora_adapter_name_or_path": None, "otlp_traces_endpoint": None,
+    "collect_detailed_traces": None, "disable_async_output_proc": False,
+    "scheduling_policy": "fcfs", "override_neuron_config": None,
+    "override_pooler_config": None, "compilation_config": None, "worker_cls": "auto",
+    "kv_transfer_config": None, "generation_config": None,
+    "override_generation_config": None, "enable_sleep_mode": False, "model_impl": "auto",
+    "calculate_kv_scales": None,
+    # later releases
+    "data_parallel_size": 1, "enable_expert_parallel": False, "async_scheduling": False,
+    "long_prefill_token_threshold": 0, "max_num_partial_prefills": 1,
+    "max_long_partial_prefills": 1, "kv_cache_memory_bytes": None,
+    "structured_outputs_config": None, "reasoning_parser": "", "speculative_config": None,
+    "logprobs_mode": "raw_logprobs", "enable_prompt_embeds": False, "runner": "auto",
+    "hf_config_path": None, "cuda_graph_sizes": None, "max_cudagraph_capture_size": None,
+    "kv_events_config": None, "logits_processors": None, "scheduler_cls": None,
+    "show_hidden_metrics_for_version": None,
+}
+
+# `vllm serve` flags beyond the engine's, as typed on a command line (flag -> args).
+SERVE_FLAGS = {
+    "--host": ["127.0.0.1"], "--port": ["8000"], "--uvicorn-log-level": ["info"],
+    "--allow-credentials": [], "--allowed-origins": ['["*"]'], "--allowed-methods": ['["*"]'],
+    "--allowed-headers": ['["*"]'], "--api-key": ["k"], "--lora-modules": None,
+    "--chat-template": None, "--chat-template-content-format": ["auto"],
+    "--response-role": ["assistant"], "--ssl-keyfile": None, "--ssl-certfile": None,
+    "--ssl-ca-certs": None, "--root-path": ["/api"], "--middleware": None,
+    "--return-tokens-as-token-ids": None, "--disable-frontend-multiprocessing": [],
+    "--enable-request-id-headers": [], "--enable-auto-tool-choice": None,
+    "--tool-call-parser": None, "--tool-parser-plugin": None, "--disable-fastapi-docs": [],
+    "--enable-prompt-tokens-details": [], "--enable-server-load-tracking": [],
+    "--enable-force-include-usage": [], "--max-log-len": ["100"], "--disable-log-requests": [],
+    "--enable-log-requests": [], "--disable-uvicorn-access-log": [], "--log-config-file": None,
+    "--uds": None, "--enable-log-outputs": [], "--tokens-only": None,
+}
