@@ -39,7 +39,7 @@ def test_llm_accepts_every_engine_keyword_at_its_vllm_default(capsys):
         if name in native and name not in VLLM_OPTIONS:
             continue  # cadence's option: its own default and checks (tested with the config)
         engine_config_from_kwargs("m", **{name: default})
-    # The README's line 1 of most vLLM scripts: accepted, with one line saying what it does.
+    # Line 1 of most vLLM scripts: accepted, with one line saying what it does.
     capsys.readouterr()
     engine_config_from_kwargs("m", gpu_memory_utilization=0.5)
     err = capsys.readouterr().err.strip().splitlines()
@@ -86,3 +86,12 @@ def test_serve_parses_every_vllm_flag_and_the_issue_line():
     assert process.served_model_name == "a"
     with pytest.raises(ValueError, match="--tensor-parallel-size 2 .*one engine process"):
         configs_from_args(parser.parse_args(["--model", "m", "--tensor-parallel-size", "2"]))
+
+
+def test_docs_page_shows_the_table():
+    import pathlib
+
+    from cadence.engine.vllm_options import markdown_table
+
+    page = pathlib.Path(__file__).parents[2] / "docs" / "vllm.md"
+    assert page.read_text().endswith(markdown_table())

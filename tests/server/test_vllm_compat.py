@@ -42,8 +42,8 @@ COMMON_FIELDS = {
     "repetition_penalty": (1.2, "ok"), "length_penalty": (0.5, "400"),
     "stop_token_ids": ([7], "ok"), "include_stop_str_in_output": (True, "ok"),
     "ignore_eos": (True, "ok"), "min_tokens": (1, "ok"),
-    "skip_special_tokens": (False, "400"), "spaces_between_special_tokens": (False, "400"),
-    "truncate_prompt_tokens": (8, "400"), "allowed_token_ids": ([1, 2], "400"),
+    "skip_special_tokens": (False, "ok"), "spaces_between_special_tokens": (False, "ok"),
+    "truncate_prompt_tokens": (8, "400"), "allowed_token_ids": ([1, 2], "ok"),
     "prompt_logprobs": (1, "400"), "add_special_tokens": (False, "400"),
     "response_format": ({"type": "json_object"}, "ok"),
     "guided_json": (SCHEMA, "ok"), "guided_regex": ("[ab]{3}", "ok"),
@@ -55,7 +55,7 @@ COMMON_FIELDS = {
     "cache_salt": ("salt", "400"),
     # Honoured by disaggregated workers (tests/disagg); this colocated server refuses it.
     "kv_transfer_params": ({"do_remote_decode": True}, "400"),
-    "vllm_xargs": ({"a": 1}, "400"), "bad_words": (["x"], "400"),
+    "vllm_xargs": ({"a": 1}, "400"), "bad_words": (["x"], "ok"),
     "stream_options": ({"include_usage": True}, "400"),  # only with stream=true
 }
 COMPLETION_FIELDS = {

@@ -145,11 +145,12 @@ def _sampling_params(engine: EngineCore, msg: AddRequest, num_prompt: int) -> Sa
             400, f"min_tokens ({sampling['min_tokens']}) must not exceed max_tokens "
             f"({sampling['max_tokens']}, resolved against the context).", param="min_tokens",
             code="invalid_value")
-    bad = [t for t in sampling.get("stop_token_ids") or () if not 0 <= t < engine.vocab_size]
-    if bad:
-        raise AdmissionError(
-            400, f"stop_token_ids holds {bad[0]}, outside the vocabulary "
-            f"[0, {engine.vocab_size}).", param="stop_token_ids", code="invalid_token_id")
+    for name in ("stop_token_ids", "allowed_token_ids"):
+        bad = [t for t in sampling.get(name) or () if not 0 <= t < engine.vocab_size]
+        if bad:
+            raise AdmissionError(
+                400, f"{name} holds {bad[0]}, outside the vocabulary "
+                f"[0, {engine.vocab_size}).", param=name, code="invalid_token_id")
     # logit_bias on the wire: {"id": bias} (the front end's dict) or [[id, bias], ...].
     bias = sampling.get("logit_bias") or ()
     bias_ids = bias.keys() if isinstance(bias, dict) else [pair[0] for pair in bias]

@@ -103,9 +103,10 @@ def serve_engine(cfg: EngineProcessConfig, context: Any, input_addr: str, output
             engine = build_engine(cfg)
             set_torch_threads(cfg.engine_threads)
         except Exception as exc:
-            traceback.print_exc()
+            if not _is_user_error(exc):  # a bug: its traceback is for us; a user's mistake
+                traceback.print_exc()  # is said in one line by the front end
             out_socket.send(encode_message(EngineFatal(f"{type(exc).__name__}: {exc}")))
-            raise
+            raise _StartupFailed from exc
         out_socket.send(encode_message(EngineReady(
             model_name=engine.model_name, max_model_len=engine.max_model_len,
             vocab_size=engine.vocab_size, pid=os.getpid(), stats=engine.stats(),
@@ -173,6 +174,17 @@ class StatsHeartbeat:
             sock.close()
 
 
+class _StartupFailed(Exception):
+    """The engine could not be built; the front end was told why."""
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    """A model that does not load or a bad setting: the message says it all."""
+    from cadence.model.errors import ModelLoadError
+
+    return isinstance(exc, ModelLoadError | ValueError | FileNotFoundError | MemoryError)
+
+
 def _configure_logging() -> None:
     """The engine's progress lines (model load, kernel build) on stderr, next to the server's."""
     import logging
@@ -205,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     context = zmq.Context()
     try:
         serve_engine(cfg, context, argv[0], argv[1], parent_pid=os.getppid())
+    except _StartupFailed:
+        return 1  # already reported (to the front end, and a traceback if it was a bug)
     except Exception:
         traceback.print_exc()
         return 1

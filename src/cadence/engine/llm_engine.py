@@ -53,7 +53,13 @@ class LLMEngine:
 
         from cadence.engine.model_overrides import apply_model_overrides
 
+        from cadence.engine.startup_progress import load_kernels_with_progress
+
         cfg = cfg or EngineConfig()
+        from cadence.model.loader import resolve_device
+
+        if resolve_device(cfg.device).type == "cpu":
+            load_kernels_with_progress()  # the silent 1-2 min of a first run, announced
         loaded = load_model(cfg.model, dtype=cfg.model_dtype, device=cfg.device,
                             quantization=cfg.quantization)
         self._build(apply_model_overrides(loaded, cfg), cfg)
@@ -135,8 +141,12 @@ class LLMEngine:
         if cfg.startup_profile and hasattr(scheduler.policy, "calibrate"):
             from cadence.core.step_profile import profile_steps
 
-            samples = profile_steps(executor.execute, cache_cfg.block_size,
-                                    cache_cfg.num_blocks, sched_cfg.max_model_len)
+            from cadence.engine.startup_progress import phase
+
+            with phase("startup profile: timing model steps to calibrate the scheduler "
+                       "(10-25 s; --no-startup-profile skips it)", "startup profile done"):
+                samples = profile_steps(executor.execute, cache_cfg.block_size,
+                                        cache_cfg.num_blocks, sched_cfg.max_model_len)
             scheduler.calibrate(samples)
             self.profile_samples = samples
         else:
@@ -280,6 +290,11 @@ class LLMEngine:
             )
         if self.tokenizer is not None and not params.eos_token_ids:
             params = dataclasses.replace(params, eos_token_ids=tuple(self.tokenizer.stop_token_ids))
+        vocab = getattr(self.tokenizer, "vocab_size", None)
+        if params.allowed_token_ids is not None and vocab is not None and \
+                max(params.allowed_token_ids) >= vocab:
+            raise ValueError(f"allowed_token_ids holds {max(params.allowed_token_ids)}, outside "
+                             f"the vocabulary [0, {vocab})")
         if params.max_tokens is None:  # vLLM's: up to the context length
             params = dataclasses.replace(params, max_tokens=limit - len(prompt_ids))
         if params.bad_words and not params.bad_words_token_ids:

@@ -301,3 +301,17 @@ def vllm_values(args: argparse.Namespace) -> dict[str, Any]:
             out[key[5:]] = ([coerce_cli_value(v) for v in value] if isinstance(value, list)
                             else coerce_cli_value(value))
     return out
+
+
+def markdown_table() -> str:
+    """The table as docs/vllm.md shows it (a test keeps the page equal to this)."""
+    rows = ["| vLLM option | here | what it does / what to use |", "|---|---|---|"]
+    for o in VLLM_OPTIONS.values():
+        shown = o.handling if o.same is None or o.handling != SAME else (
+            "same for " + ", ".join(repr(v) for v in o.same))
+        rows.append(f"| `{o.name}` / `{o.flag}` | {shown} | {o.note} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

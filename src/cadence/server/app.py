@@ -10,6 +10,7 @@ body size before FastAPI reads the body.
 from __future__ import annotations
 
 import contextlib
+import os
 import dataclasses
 import logging
 import time
@@ -20,7 +21,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from cadence import __version__
-from cadence.engine.async_client import AsyncEngineClient
+from cadence.engine.async_client import AsyncEngineClient, EngineDeadError
 from cadence.engine.engine_process import EngineProcessConfig
 from cadence.server.auth import check_api_key
 from cadence.server.config import ServerConfig
@@ -134,7 +135,18 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
             state, engine_config, in_process=config.in_process_engine,
             exit_on_death=config.exit_on_engine_death,
             request_exit=lambda code: state.request_exit and state.request_exit(code))
-        await state.supervisor.start()
+        try:
+            await state.supervisor.start()
+        except EngineDeadError as exc:
+            if state.request_exit is None:
+                raise
+            # The model did not load (bad folder, unsupported architecture): one line saying
+            # why, then exit 1; not uvicorn's lifespan traceback, and no "running on" line
+            # (the lifespan runs before uvicorn binds, so nothing else is left to close).
+            logger.error("cadence serve: %s", startup_failure(exc))
+            await state.supervisor.stop()
+            logging.shutdown()
+            os._exit(1)
         state.model_name = config.served_model_name or state.client.info.model_name
         state.model_names = served_names(state.model_name, config,
                                          engine_config.engine_config.get("model"))
@@ -175,12 +187,19 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
     return app
 
 
+def startup_failure(exc: BaseException) -> str:
+    """The engine's start error as the user should read it: what failed, without the wrapper
+    names ("engine failed to start: ModelLoadError: ...")."""
+    text = str(exc).removeprefix("engine failed to start: ")
+    for wrapper in ("ModelLoadError: ", "ValueError: ", "TokenizerError: "):
+        text = text.removeprefix(wrapper)
+    return f"the model did not load: {text.strip().splitlines()[-1] if text.strip() else exc}"
+
+
 def served_names(name: str, config: ServerConfig, model_path: str | None) -> tuple[str, ...]:
     """The names requests may use: the served name, --served-model-name's further names, and,
     without --served-model-name, the model path as given (vLLM's name for it) and its
     absolute form."""
-    import os
-
     names = [name, *config.served_model_aliases]
     if config.served_model_name is None and model_path:
         names += [model_path, os.path.abspath(model_path), model_path.rstrip("/")]

@@ -227,7 +227,11 @@ def run(args: argparse.Namespace) -> int:
         server, process = configs_from_args(args)
         disagg = disagg_config_from_args(args)
     except (ValueError, TypeError) as exc:
-        args.parser.error(str(exc))
+        return user_error(str(exc))
+    if not getattr(args, "disagg", None) and not getattr(args, "role", None):
+        problem = preflight_problem(server, process)
+        if problem:
+            return user_error(problem)
     if getattr(args, "disagg", None):
         try:
             return run_disagg(args, server, process, disagg)
@@ -236,6 +240,42 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "role", None):
         process = worker_process_config(process, disagg, process.engine_threads)
     return run_server(server, process, log_level=args.log_level)
+
+
+def user_error(message: str) -> int:
+    """A mistake on the command line: one line on stderr, no usage dump, no traceback."""
+    import sys
+
+    print(f"cadence serve: error: {message}", file=sys.stderr)
+    return 2
+
+
+def preflight_problem(server: ServerConfig, process: EngineProcessConfig) -> str | None:
+    """What is wrong before anything loads (seconds, not a model load later): the port is
+    taken, or the model path does not exist (with what to do about a Hugging Face hub id)."""
+    import errno
+    import socket
+
+    if server.port:
+        family = socket.AF_INET6 if ":" in server.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                sock.bind((server.host, server.port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return (f"port {server.port} on {server.host} is already in use: stop what "
+                            f"holds it, or pass --port N")
+                return f"cannot listen on {server.host}:{server.port}: {exc.strerror}"
+    model = process.engine_config.get("model")
+    if model and process.engine_factory == EngineProcessConfig.engine_factory \
+            and not os.path.exists(model):
+        if not model.startswith((".", "/", "~")) and model.count("/") == 1:
+            return (f"{model!r} is not a local path; cadence loads local folders and GGUF "
+                    f"files: `huggingface-cli download {model} --local-dir DIR`, then "
+                    f"`cadence serve DIR`")
+        return f"model path does not exist: {model}"
+    return None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -119,17 +119,12 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "structural_tag": ((None,), "structural_tag is not supported (use structured_outputs)"),
     "guided_whitespace_pattern": ((None,), "guided_whitespace_pattern is not supported"),
     "logits_processors": ((None, []), "custom logits processors are not supported"),
-    "allowed_token_ids": ((None,), "allowed_token_ids is not supported (use logit_bias)"),
-    "bad_words": ((None, []), "bad_words is not supported (use logit_bias)"),
     "truncate_prompt_tokens": ((None,), "truncate_prompt_tokens is not supported"),
     "prompt_logprobs": ((None,), "prompt_logprobs is not supported (logits are computed "
                         "only where a token is sampled)"),
     "vllm_xargs": ((None, {}), "vllm_xargs is not supported"),
     "return_tokens_as_token_ids": ((None, False), "return_tokens_as_token_ids is not supported"),
     "return_token_ids": ((None, False), "return_token_ids is not supported"),
-    "skip_special_tokens": ((None, True), "skip_special_tokens=false is not supported"),
-    "spaces_between_special_tokens": ((None, True),
-                                      "spaces_between_special_tokens=false is not supported"),
     "add_special_tokens": ((None,), "add_special_tokens is not supported (cadence adds the "
                            "tokenizer's special tokens to text prompts, none to chats)"),
     "cache_salt": ((None,), "cache_salt is not supported"),
@@ -172,6 +167,11 @@ class SamplingRequestFields(APIRequest):
     # passed to the engine as is (cadence.disagg.worker documents the keys).
     kv_transfer_params: dict[str, Any] | None = None
     include_stop_str_in_output: bool = False
+    # vLLM's output-text and vocabulary switches (SamplingParams documents each).
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     response_format: dict[str, Any] | None = None
     # vLLM's structured output fields (older guided_* spellings and the newer object).
     guided_json: str | dict[str, Any] | None = None

@@ -87,6 +87,10 @@ def sampling_fields(body: SamplingRequestFields, max_tokens: int | None,
             frequency_penalty=body.frequency_penalty,
             logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
             include_stop_str_in_output=body.include_stop_str_in_output,
+            skip_special_tokens=body.skip_special_tokens,
+            spaces_between_special_tokens=body.spaces_between_special_tokens,
+            allowed_token_ids=body.allowed_token_ids,
+            bad_words=tuple(body.bad_words or ()),
             **chosen,
         )
     except ValueError as exc:
