@@ -82,3 +82,9 @@ def test_min_tokens_holds_back_stop_strings(client, model):
                                      extra_body={"ignore_eos": True, "min_tokens": 3})
     assert held.usage.completion_tokens >= 3
     assert held.choices[0].text.startswith(first_word)
+
+
+def test_the_model_path_as_given_is_a_model_name(client, tiny_llama_dir):
+    """As with vLLM, a client may send the path the server was started with."""
+    out = client.completions.create(model=tiny_llama_dir, prompt="Hi", max_tokens=2)
+    assert out.choices and out.model == client.models.list().data[0].id

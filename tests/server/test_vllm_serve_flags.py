@@ -21,14 +21,6 @@ def vllm_style_server(tiny_llama_dir, tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def path_named_server(tiny_llama_dir, tmp_path_factory):
-    server = start_server(str(tmp_path_factory.mktemp("server")),
-                          *tiny_model_args(tiny_llama_dir))
-    yield server
-    server.stop()
-
-
 def test_vllm_flags_start_and_warn_in_one_line_each(vllm_style_server):
     log = vllm_style_server.log()
     lines = [ln for ln in log.splitlines() if "gpu-memory-utilization" in ln]
@@ -59,10 +51,3 @@ def test_cors_preflight_and_headers(vllm_style_server):
     assert got.headers["access-control-allow-origin"] == "https://app.example"
     other = httpx.get(base + "/v1/models", headers={"Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in other.headers
-
-
-def test_the_model_path_as_given_is_a_model_name(path_named_server, tiny_llama_dir):
-    base = path_named_server.base_url
-    r = httpx.post(base + "/v1/completions", json={"model": tiny_llama_dir, "prompt": "Hi",
-                                                   "max_tokens": 2}, timeout=60)
-    assert r.status_code == 200, r.text

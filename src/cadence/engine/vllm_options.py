@@ -201,11 +201,12 @@ _TABLE = (
                "string for the template", ("auto", "string")),
     VllmOption("return_tokens_as_token_ids", SAME, "logprobs tokens are text", (False,),
                "switch"),
-    VllmOption("enable_auto_tool_choice", REFUSE, "tool calling is not supported yet: ask for "
-               "JSON with response_format (json_schema)", (False,), "switch"),
-    VllmOption("tool_call_parser", REFUSE, "tool calling is not supported yet: ask for JSON "
-               "with response_format (json_schema)", (None,)),
-    VllmOption("tool_parser_plugin", REFUSE, "tool calling is not supported yet", (None, "")),
+    VllmOption("enable_auto_tool_choice", SERVER, "tool calling (tool_choice 'auto'); needs "
+               "--tool-call-parser", ANY, "switch"),
+    VllmOption("tool_call_parser", SERVER, "how tool calls are read from the output: hermes, "
+               "llama3_json or pythonic"),
+    VllmOption("tool_parser_plugin", REFUSE, "no parser plugins: --tool-call-parser takes "
+               "hermes, llama3_json or pythonic", (None, "")),
     VllmOption("enable_prompt_tokens_details", SAME, "usage always has prompt_tokens_details "
                "when tokens came from the prefix cache", ANY, "switch"),
     VllmOption("enable_server_load_tracking", WARN, "load is on /metrics and the dashboard; "

@@ -163,6 +163,17 @@ def server_options_from_vllm(server: dict[str, Any]) -> dict[str, Any]:
         out["cors_allow_credentials"] = True
     if server.get("root_path"):
         out["root_path"] = str(server["root_path"])
+    parser, auto = server.get("tool_call_parser"), server.get("enable_auto_tool_choice")
+    if parser is not None or auto:
+        from cadence.server.tool_parsers import TOOL_PARSERS
+
+        names = ", ".join(sorted(TOOL_PARSERS))
+        if not auto:
+            raise ValueError("--tool-call-parser needs --enable-auto-tool-choice (as in vLLM)")
+        if parser not in TOOL_PARSERS:
+            raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser, one of {names}"
+                             + ("" if parser is None else f" (got {parser!r})"))
+        out["tool_call_parser"] = parser
     return out
 
 

@@ -26,6 +26,9 @@ class ServerConfig:
     cors_allow_credentials: bool = False
     # The path prefix a reverse proxy serves the API under (vLLM's --root-path).
     root_path: str = ""
+    # Tool calling (vLLM's --enable-auto-tool-choice --tool-call-parser NAME): the parser that
+    # reads calls from a reply (server/tool_parsers.py); None: requests with tools are a 400.
+    tool_call_parser: str | None = None
     api_key: str | None = field(
         default=None,
         metadata={"help": "Require 'Authorization: Bearer KEY' on every route but /health."},

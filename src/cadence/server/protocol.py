@@ -281,6 +281,9 @@ class ChatMessage(BaseModel):
     # A string, or content parts of which only {"type": "text"} ones are supported.
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    # Tool calling: an assistant turn's calls, and the call a tool message answers.
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(SamplingRequestFields):
@@ -297,6 +300,9 @@ class ChatCompletionRequest(SamplingRequestFields):
     chat_template: str | None = None
     # Extra variables for the chat template (vLLM's), e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's tool calling; served when the server has a tool-call parser (serving_chat.py).
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
     def effective_max_tokens(self) -> int | None:
         # max_completion_tokens is OpenAI's newer name; it wins when both are given.

@@ -180,8 +180,26 @@ def chat_prompt(body: ChatCompletionRequest) -> EnginePrompt:
         message: dict[str, Any] = {"role": m.role, "content": content or ""}
         if m.name is not None:
             message["name"] = m.name
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            message["tool_calls"] = [_template_tool_call(c) for c in m.tool_calls]
         messages.append(message)
     return EnginePrompt(chat_messages=messages)
+
+
+def _template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An assistant's tool call as chat templates read it: OpenAI's shape with `arguments` as
+    a dict (the API sends JSON text; templates apply tojson / items() to it), as vLLM does."""
+    import json
+
+    function = dict(call.get("function") or {})
+    if isinstance(function.get("arguments"), str):
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except ValueError:
+            pass  # left as text: the template shows what the client sent
+    return {**call, "function": function}
 
 
 def chat_logprobs_count(body: ChatCompletionRequest) -> int | None:
