@@ -65,8 +65,9 @@ class Proc:
                 self.proc.wait()
 
 
-def spawn(tmp_dir: str, *args: str, env: dict[str, str] | None = None) -> Proc:
-    port = free_port()
+def spawn(tmp_dir: str, *args: str, env: dict[str, str] | None = None,
+          port: int | None = None) -> Proc:
+    port = port or free_port()
     cmd = [sys.executable, "-m", "cadence.cli", *args, "--port", str(port),
            "--log-level", "warning"]
     log_path = os.path.join(tmp_dir, f"{args[0]}-{port}.log")

@@ -41,6 +41,9 @@ class BlockPool:
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[BlockHash, int] = {}
         self.num_evictions = 0
+        # When a list: each prefix-cache change as (True, hash) cached / (False, hash) evicted,
+        # for whoever tells others what this cache holds (a replica's KV events); None: off.
+        self.cache_events: list[tuple[bool, BlockHash]] | None = None
         # Told (block id, hash) when allocation evicts a cached block, before its new owner
         # overwrites it: the scheduler may spill it to the disk tier (core/disk_tier.py).
         self.on_evict: Callable[[int, BlockHash], None] | None = None
@@ -106,6 +109,10 @@ class BlockPool:
                     self._free_plain[block_id] = None
 
     # -- prefix cache -----------------------------------------------------------------------
+    def cached_hashes(self) -> list[BlockHash]:
+        """Every prefix block hash this pool holds now (a snapshot of the prefix cache)."""
+        return list(self._cached)
+
     def get_cached_block(self, block_hash: BlockHash) -> int | None:
         return self._cached.get(block_hash)
 
@@ -122,6 +129,8 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self._cached[block_hash] = block_id
+        if self.cache_events is not None:
+            self.cache_events.append((True, block_hash))
         return True
 
     def is_free(self, block_id: int) -> bool:
@@ -141,6 +150,8 @@ class BlockPool:
         block = self.blocks[block_id]
         assert block.block_hash is not None
         del self._cached[block.block_hash]
+        if self.cache_events is not None:
+            self.cache_events.append((False, block.block_hash))
         block.block_hash = None
         self.num_evictions += 1
 

@@ -25,6 +25,11 @@ class DisaggConfig:
         "help": "Seconds a decode worker waits for a prefill worker's KV before the request "
                 "ends with an error."})
 
+    kv_events_address: str | None = field(default="tcp://127.0.0.1:0", metadata={
+        "help": "Where this worker publishes its prefix cache's block hashes (ZeroMQ PUB, for "
+                "cache-aware routers): tcp://HOST:PORT (PORT 0 picks one; its port is the "
+                "kv_events_port gauge of /metrics); empty: no events."})
+
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")

@@ -1,5 +1,6 @@
-"""`cadence serve --disagg P:D`: P prefill and D decode workers on this machine (processes, or
-Ray actors with `--distributed-executor-backend ray`) and the router in front on --port.
+"""`cadence serve --disagg P:D` and `--data-parallel-size N`: P prefill and D decode workers, or
+N replicas (`--role both`, each serving whole requests), on this machine (processes, or Ray
+actors with `--distributed-executor-backend ray`) and the router in front on --port.
 
 Each worker is a whole `cadence serve --role ...` (its own HTTP server and engine process) on a
 free loopback port, with an equal share of the cores (`--engine-threads`). The router runs in
@@ -73,10 +74,11 @@ def worker_process_config(process: EngineProcessConfig, disagg: DisaggConfig,
 
 def worker_specs(num_prefill: int, num_decode: int, server: ServerConfig,
                  process: EngineProcessConfig, disagg: DisaggConfig,
-                 host: str = "127.0.0.1") -> list[WorkerSpec]:
-    threads = max(1, (os.cpu_count() or 1) // (num_prefill + num_decode))
+                 host: str = "127.0.0.1", num_replicas: int = 0) -> list[WorkerSpec]:
+    threads = max(1, (os.cpu_count() or 1) // (num_prefill + num_decode + num_replicas))
     specs = []
-    for role, count in (("prefill", num_prefill), ("decode", num_decode)):
+    for role, count in (("prefill", num_prefill), ("decode", num_decode),
+                        ("both", num_replicas)):
         for _ in range(count):
             worker_server = dataclasses.replace(server, host=host, port=free_port(host),
                                                 engine_threads=threads)
@@ -131,8 +133,12 @@ def run_disagg(args: Any, server: ServerConfig, process: EngineProcessConfig,
     from cadence.disagg.router.app import run_router
     from cadence.disagg.router.config import RouterConfig
 
-    num_prefill, num_decode = parse_disagg(args.disagg)
-    specs = worker_specs(num_prefill, num_decode, server, process, disagg)
+    num_prefill, num_decode = parse_disagg(args.disagg) if args.disagg else (0, 0)
+    num_replicas = getattr(args, "data_parallel_size", None) or 0
+    if num_replicas < 0 or num_prefill + num_decode + num_replicas == 0:
+        raise ValueError("--data-parallel-size takes N >= 1")
+    specs = worker_specs(num_prefill, num_decode, server, process, disagg,
+                         num_replicas=num_replicas)
     backend = getattr(args, "distributed_executor_backend", None) or "mp"
     handles: list[Any] = []
     try:
@@ -152,13 +158,15 @@ def run_disagg(args: Any, server: ServerConfig, process: EngineProcessConfig,
         cfg = RouterConfig(
             prefill_urls=tuple(u for u, r in zip(urls, roles) if r == "prefill"),
             decode_urls=tuple(u for u, r in zip(urls, roles) if r == "decode"),
+            worker_urls=tuple(u for u, r in zip(urls, roles) if r == "both"),
             host=server.host, port=server.port, routing_policy=args.routing_policy,
-            api_key=server.api_key)
+            cache_load_weight=getattr(args, "cache_load_weight", 1.0), api_key=server.api_key)
         # uvicorn re-raises SIGTERM once it has stopped: as an exception it reaches the
         # `finally` below, which stops the workers (the default action would skip it).
         signal.signal(signal.SIGTERM, _exit_on_signal)
         print(f"[cadence] router on http://{server.host}:{server.port}: prefill "
-              f"{list(cfg.prefill_urls)}, decode {list(cfg.decode_urls)}, policy "
+              f"{list(cfg.prefill_urls)}, decode {list(cfg.decode_urls)}, replicas "
+              f"{list(cfg.worker_urls)}, policy "
               f"{cfg.routing_policy}", file=sys.stderr, flush=True)
         run_router(cfg, log_level=args.log_level)
     finally:

@@ -45,6 +45,8 @@ class _WorkerActor:
         disagg = dict(engine.get("disagg") or {})
         if not disagg.get("kv_transfer_address"):
             disagg["kv_transfer_address"] = f"tcp://{host}:0"  # reachable from other nodes
+        if disagg.get("kv_events_address", "tcp://127.0.0.1:0") == "tcp://127.0.0.1:0":
+            disagg["kv_events_address"] = f"tcp://{host}:0"  # the router may be elsewhere
         engine["disagg"] = disagg
         process = dataclasses.replace(process, engine_config=engine)
         self.spec = WorkerSpec(data["role"], server, process)

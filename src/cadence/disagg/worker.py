@@ -39,6 +39,7 @@ from cadence.core.request import RequestStatus
 from cadence.core.sampling_params import SamplingParams
 from cadence.disagg.config import DisaggConfig
 from cadence.disagg.kv_blocks import KVLayout, import_frames
+from cadence.disagg.kv_events import KVEventPublisher
 from cadence.disagg.kv_puller import KVPuller, PullJob
 from cadence.disagg.leases import LeaseTable
 from cadence.disagg.transport import ZmqKVServer, ZmqKVTransport
@@ -117,6 +118,10 @@ class DisaggEngineCore:
         self.puller = (KVPuller(lambda: ZmqKVTransport(self._context),
                                 cfg.kv_transfer_timeout_s, self._wake)
                        if cfg.serves_decode else None)
+        self.kv_events = (KVEventPublisher(cfg.kv_events_address, self.engine_id,
+                                           self.block_size, self.scheduler.kv.pool,
+                                           self._context)
+                          if cfg.kv_events_address else None)
         self._test_prefill_step_delay_s = float(os.environ.get(TEST_PREFILL_STEP_DELAY_ENV) or 0)
 
     def __getattr__(self, name: str) -> Any:
@@ -241,6 +246,8 @@ class DisaggEngineCore:
                 self.scheduler.release_kv_lease(req_id)
             if expired:
                 logger.warning("KV leases expired unacknowledged: %s", expired)
+        if self.kv_events is not None:
+            self.kv_events.publish()
 
     def _finish_pull(self, result: Any) -> None:
         side = self._decode.get(result.req_id)
@@ -299,6 +306,10 @@ class DisaggEngineCore:
         outputs = self._finished_here(list(self.inner.step()))
         if self.puller is not None:
             self._start_loads()
+        if self.kv_events is not None:
+            # Now, not at the next turn: the loop may block for a while once idle, and a
+            # conversation's next turn should find this answer's blocks already announced.
+            self.kv_events.publish()
         return outputs
 
     def set_interjection_hooks(self, poll: Any, emit: Any) -> None:
@@ -354,9 +365,12 @@ class DisaggEngineCore:
         stats["kv_bytes_per_token"] = self.layout.bytes_per_block / self.block_size
         stats["disagg_role"] = self.cfg.role
         stats["kv_transfer_address"] = self.kv_address
+        stats["kv_events_port"] = self.kv_events.port if self.kv_events is not None else 0
         return stats
 
     def close(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.close()
         if self.server is not None:
             self.server.close()
         if self.puller is not None:

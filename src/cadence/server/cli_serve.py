@@ -239,11 +239,12 @@ def run(args: argparse.Namespace) -> int:
         disagg = disagg_config_from_args(args)
     except (ValueError, TypeError) as exc:
         return user_error(str(exc))
-    if not getattr(args, "disagg", None) and not getattr(args, "role", None):
+    replicated = getattr(args, "disagg", None) or getattr(args, "data_parallel_size", None)
+    if not replicated and not getattr(args, "role", None):
         problem = preflight_problem(server, process)
         if problem:
             return user_error(problem)
-    if getattr(args, "disagg", None):
+    if replicated:
         try:
             return run_disagg(args, server, process, disagg)
         except ValueError as exc:

@@ -159,6 +159,9 @@ class _EngineStatsCollector(Collector):
                       "kv_leases_expired_total")
         yield gauge("kv_bytes_per_token", "KV cache bytes one token takes (all layers, K+V).",
                     s.get("kv_bytes_per_token", 0))
+        yield gauge("kv_events_port", "TCP port of this worker's KV cache events (ZeroMQ "
+                    "PUB of prefix block hashes, for cache-aware routers); 0: none.",
+                    s.get("kv_events_port", 0))
         yield counter("kv_bytes_served", "KV bytes sent to decode engines (prefill side).",
                       "kv_bytes_served_total")
 

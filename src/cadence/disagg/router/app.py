@@ -25,9 +25,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cadence.core.block_hash import BlockHash, extend_block_hashes
+from cadence.disagg.router.cache_events import CacheEventSubscriptions
 from cadence.disagg.router.config import RouterConfig
 from cadence.disagg.router.forward import Forwarder, error_json
 from cadence.disagg.router.policy import CostModel, Decision, RoutingPolicy
+from cadence.disagg.router.replicas import ReplicaSelector
 from cadence.disagg.router.workers import Worker, WorkerPool
 
 logger = logging.getLogger("cadence.router")
@@ -41,6 +44,9 @@ WORKER_METRICS = ("cadence:kv_transfers_total", "cadence:kv_transfer_bytes_total
 
 ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 DECISIONS_KEPT = 4096
+# Block size for hashing before any worker's events said theirs (only the router's own
+# session-affinity record is compared then, so any fixed value is consistent).
+DEFAULT_BLOCK_SIZE = 16
 
 
 class RouterMetrics:
@@ -87,9 +93,11 @@ class Router:
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
         self.prefill = WorkerPool("prefill", cfg.prefill_urls)
-        self.decode = WorkerPool("decode", cfg.decode_urls)
+        self.decode = WorkerPool("decode", cfg.serving_urls)
         self.model = CostModel()
-        self.policy = RoutingPolicy(cfg.routing_policy, self.model, cfg.min_disagg_prompt_tokens)
+        self.policy = RoutingPolicy(cfg.disagg_policy, self.model, cfg.min_disagg_prompt_tokens)
+        self.replicas = ReplicaSelector(cfg.replica_policy, cfg.cache_load_weight)
+        self.cache_events: CacheEventSubscriptions | None = None
         self.metrics = RouterMetrics()
         self.client: httpx.AsyncClient | None = None
         self.forward: Forwarder | None = None
@@ -105,8 +113,12 @@ class Router:
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
         headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
         self.forward = Forwarder(self.client, self.cfg.unhealthy_cooldown_s, headers)
+        if self.replicas.policy == "cache-aware":
+            self.cache_events = CacheEventSubscriptions(self.replicas.events)
 
     async def stop(self) -> None:
+        if self.cache_events is not None:
+            await self.cache_events.close()
         if self.client is not None:
             await self.client.aclose()
 
@@ -124,7 +136,16 @@ class Router:
         tokens = exact if exact is not None else self.model.estimate_tokens(chars)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
         max_tokens = max_tokens if isinstance(max_tokens, int) else 16
-        decode = self.decode.pick()
+        block_hashes: list[BlockHash] = []
+        block_size = DEFAULT_BLOCK_SIZE
+        if self.replicas.policy == "cache-aware":
+            ids = await self._prompt_token_ids(ROUTES[path], body)
+            if ids is not None:
+                tokens = len(ids)
+                block_size = self.cache_events.block_size() or DEFAULT_BLOCK_SIZE
+                extend_block_hashes(block_hashes, ids, block_size)
+        order = self.replicas.order(self.decode.workers, block_hashes, block_size, tokens)
+        decode = order[0] if order else None
         if decode is not None:
             self.model.observe_arrival(decode.outstanding_requests)
         decision = self.policy.decide(tokens, self.prefill.pick(), decode,
@@ -132,7 +153,9 @@ class Router:
         if max_tokens == 1 and decision.disaggregate:
             decision = type(decision)(False, "one token asked")
         self.metrics.decisions.labels(decision.reason).inc()
-        self._record(tokens, exact is not None, decision)
+        self._record(tokens, exact is not None, decision, decode, block_hashes, block_size)
+        if decode is not None:
+            self.replicas.sent_to(decode, block_hashes)
         if decision.disaggregate:
             handoff = await self.forward.prefill(self.prefill, path, body, tokens)
             if isinstance(handoff, Response):
@@ -151,16 +174,56 @@ class Router:
                 self.metrics.requests.labels("disaggregated").inc()
                 return await self.forward.relay(
                     self.decode, path, {**body, "kv_transfer_params": handoff.kv_transfer_params},
-                    handoff.num_prompt_tokens + max_tokens)
+                    handoff.num_prompt_tokens + max_tokens, order=order)
         self.metrics.requests.labels("colocated").inc()
-        return await self.forward.relay(self.decode, path, body, tokens + max_tokens)
+        return await self.forward.relay(self.decode, path, body, tokens + max_tokens,
+                                        order=order)
 
-    def _record(self, tokens: int, exact: bool, decision: Decision) -> None:
-        self.decisions.append({
+    async def _prompt_token_ids(self, kind: str, body: dict[str, Any]) -> list[int] | None:
+        """The prompt's token ids as the workers compute them: given, or from a worker's
+        /tokenize (chat templates are untrusted code: only the workers render them, in their
+        sandboxed processes). None when no worker tokenized it (routing goes on without)."""
+        prompt = body.get("prompt")
+        if kind == "completions":
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0],
+                                                                             (str, list)):
+                prompt = prompt[0]
+            if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+                return prompt
+            if not isinstance(prompt, str):
+                return None
+            ask: dict[str, Any] = {"prompt": prompt}
+        else:
+            ask = {"messages": body.get("messages")}
+            for key in ("add_generation_prompt", "chat_template_kwargs"):
+                if key in body:
+                    ask[key] = body[key]
+        for worker in self.decode.candidates()[:2]:
+            try:
+                resp = await self.client.post(worker.url + "/tokenize", json=ask, timeout=10.0,
+                                              headers=self.forward.headers)
+            except httpx.HTTPError:
+                worker.mark_failed(self.cfg.unhealthy_cooldown_s)
+                continue
+            if resp.status_code != 200:
+                return None  # the worker rejects it: so will the request itself
+            tokens = resp.json().get("tokens")
+            return tokens if isinstance(tokens, list) else None
+        return None
+
+    def _record(self, tokens: int, exact: bool, decision: Decision, worker: Worker | None = None,
+                block_hashes: list[BlockHash] = (), block_size: int = 0) -> None:
+        record = {
             "seq": self.num_decisions, "t": time.time(), "prompt_tokens": tokens,
             "prompt_tokens_exact": exact, "disaggregate": decision.disaggregate,
             "reason": decision.reason, "streams": round(decision.streams, 3),
-            "gain_s": round(decision.gain_s, 4), "cost_s": round(decision.cost_s, 4)})
+            "gain_s": round(decision.gain_s, 4), "cost_s": round(decision.cost_s, 4),
+            "worker": worker.url if worker is not None else None,
+            "replica_policy": self.replicas.policy}
+        if worker is not None and block_hashes:
+            blocks, source = self.replicas.cached_blocks(worker, block_hashes)
+            record.update(expected_cached_tokens=blocks * block_size, cached_from=source)
+        self.decisions.append(record)
         self.num_decisions += 1
 
     def decisions_since(self, seq: int) -> dict[str, Any]:
@@ -190,6 +253,8 @@ class Router:
                 values.setdefault(sample.name, sample.value)
         worker.num_running = int(values.get("cadence:num_requests_running", 0))
         worker.num_waiting = int(values.get("cadence:num_requests_waiting", 0))
+        if self.cache_events is not None:
+            self.cache_events.ensure(worker.url, int(values.get("cadence:kv_events_port", 0)))
         per_token = values.get("cadence:kv_bytes_per_token", 0.0)
         if per_token:
             self.model.kv_bytes_per_token = per_token
@@ -257,6 +322,9 @@ def create_router_app(cfg: RouterConfig) -> FastAPI:
         ok = any(w.healthy for w in router.decode.workers)
         return JSONResponse({"status": "ok" if ok else "unavailable",
                              "routing_policy": cfg.routing_policy,
+                             "workers": [{"url": w.url, "healthy": w.healthy,
+                                          "outstanding_requests": w.outstanding_requests}
+                                         for w in router.decode.workers],
                              "cost_model": router.model.to_dict()},
                             status_code=200 if ok else 503)
 

@@ -85,17 +85,24 @@ class Forwarder:
         return None
 
     async def relay(self, pool: WorkerPool, path: str, body: dict[str, Any], tokens: int,
-                    on_done=None) -> Response:
-        """Forward to the decode pool and pass the answer through (see module docstring)."""
+                    on_done=None, order: list[Worker] | None = None) -> Response:
+        """Forward to the decode pool and pass the answer through (see module docstring).
+        `order`: the workers to try, best first (default: the pool's least loaded first)."""
         stream = bool(body.get("stream"))
         tried: set[str] = set()
+
+        def candidates() -> list[Worker]:
+            if order is None:
+                return pool.candidates(exclude=tried)
+            return [w for w in order if w.url not in tried]
+
         while True:
-            order = pool.candidates(exclude=tried)
-            if not order:
+            order_now = candidates()
+            if not order_now:
                 return JSONResponse(error_json(
                     503, f"no decode worker could take the request (tried {sorted(tried)})",
                     "no_worker_available"), status_code=503)
-            worker = order[0]
+            worker = order_now[0]
             tried.add(worker.url)
             counter = Outstanding(worker, tokens)
             counter.__enter__()
@@ -107,7 +114,7 @@ class Forwarder:
                 counter.__exit__()
                 worker.mark_failed(self.cooldown_s)
                 continue
-            if resp.status_code >= 500 and pool.candidates(exclude=tried):
+            if resp.status_code >= 500 and candidates():
                 await resp.aclose()
                 counter.__exit__()
                 worker.mark_failed(self.cooldown_s)

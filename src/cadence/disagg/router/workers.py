@@ -22,6 +22,11 @@ class Worker:
     metrics: dict[str, float] = field(default_factory=dict)
 
     @property
+    def kv_use(self) -> float:
+        """Fraction of its KV blocks held by requests (scraped; 0 until known)."""
+        return float(self.metrics.get("cadence:kv_cache_usage_perc", 0.0))
+
+    @property
     def healthy(self) -> bool:
         return time.monotonic() >= self.unhealthy_until
 

@@ -1,0 +1,136 @@
+"""Replica routing without servers: the prefix cache's events (BlockPool -> KVEventPublisher ->
+CachedPrefixes over a real ZeroMQ socket), sequence gaps and snapshots, and the order each
+replica policy gives (cache-aware: longest cached prefix against load; session affinity while
+no events are trusted; failed workers last)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import zmq
+
+from cadence.core.block_hash import extend_block_hashes
+from cadence.core.block_pool import BlockPool
+from cadence.disagg.kv_events import TOPIC, CachedPrefixes, KVEventPublisher
+from cadence.disagg.router.replicas import ReplicaSelector
+from cadence.disagg.router.workers import Worker
+
+
+def _hashes(tokens: list[int], block_size: int = 4) -> list[bytes]:
+    out: list[bytes] = []
+    extend_block_hashes(out, tokens, block_size)
+    return out
+
+
+def _recv(sub: zmq.Socket, timeout_ms: int = 2000) -> dict:
+    assert sub.poll(timeout_ms), "no KV event arrived"
+    topic, body = sub.recv_multipart()
+    assert topic == TOPIC
+    return json.loads(body)
+
+
+def test_block_pool_events_reach_a_subscriber_and_rebuild_its_set():
+    pool = BlockPool(8)
+    ctx = zmq.Context.instance()
+    pub = KVEventPublisher("tcp://127.0.0.1:0", "eng", 4, pool, ctx, snapshot_interval_s=3600)
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+    sub.connect(f"tcp://127.0.0.1:{pub.port}")
+    mirror = CachedPrefixes()
+    try:
+        hashes = _hashes(list(range(12)))  # 3 full blocks
+        blocks = pool.allocate(3)
+        for b, h in zip(blocks, hashes):
+            assert pool.cache_block(b, h)
+        # PUB/SUB drops what is sent before the subscription is up: snapshots repair that.
+        deadline = time.monotonic() + 5
+        while not mirror.trusted and time.monotonic() < deadline:
+            pub._next_snapshot = 0.0
+            pub.publish()
+            if sub.poll(100):
+                mirror.apply(json.loads(sub.recv_multipart()[1]))
+        assert mirror.trusted and mirror.block_size == 4
+        assert mirror.longest_prefix_blocks(hashes) == 3
+        # Free and evict the first block (reallocated): a delta removes it; the chain then
+        # matches nothing (block 0 is gone).
+        pool.free(blocks)
+        pool.reset_prefix_cache()
+        pub.publish()
+        msg = _recv(sub)
+        assert msg["kind"] == "delta" and len(msg["removed"]) == 3
+        mirror.apply(msg)
+        assert mirror.trusted and mirror.longest_prefix_blocks(hashes) == 0
+        # A sequence gap (a message lost): no longer trusted until the next snapshot.
+        pub.seq += 1
+        b = pool.allocate(1)
+        pool.cache_block(b[0], hashes[0])
+        pub.publish()
+        mirror.apply(_recv(sub))
+        assert not mirror.trusted
+        pub._next_snapshot = 0.0
+        pub.publish()
+        snap = _recv(sub)
+        mirror.apply(snap)
+        assert snap["kind"] == "snapshot" and mirror.trusted
+        assert mirror.longest_prefix_blocks(hashes) == 1
+    finally:
+        sub.close()
+        pub.close()
+    assert pool.cache_events is None
+
+
+def test_a_restarted_worker_is_not_trusted_before_its_snapshot():
+    mirror = CachedPrefixes()
+    mirror.apply({"engine_id": "a", "seq": 1, "block_size": 4, "kind": "snapshot",
+                  "stored": ["00" * 16], "removed": []})
+    assert mirror.trusted
+    mirror.apply({"engine_id": "b", "seq": 1, "block_size": 4, "kind": "delta",
+                  "stored": [], "removed": []})
+    assert not mirror.trusted
+
+
+def _trusted(hashes: list[bytes]) -> CachedPrefixes:
+    c = CachedPrefixes()
+    c.apply({"engine_id": "x", "seq": 1, "block_size": 4, "kind": "snapshot",
+             "stored": [h.hex() for h in hashes], "removed": []})
+    return c
+
+
+def test_cache_aware_prefers_the_longest_cached_prefix_until_load_outweighs_it():
+    a, b = Worker("http://a", "decode"), Worker("http://b", "decode")
+    prompt = list(range(40))
+    hashes = _hashes(prompt)
+    sel = ReplicaSelector("cache-aware", load_weight=1.0)
+    sel.events["http://b"] = _trusted(hashes[:8])  # b holds 32 of the 40 tokens
+    assert [w.url for w in sel.order([a, b], hashes, 4, 40)] == ["http://b", "http://a"]
+    # b busy: its queue (and the stall its streams would take) outweighs 32 cached tokens.
+    b.outstanding_tokens, b.outstanding_requests = 200, 2
+    assert sel.order([a, b], hashes, 4, 40)[0] is a
+    # Weight 0: the cache alone decides.
+    assert ReplicaSelector("cache-aware", 0.0).order([a, b], hashes, 4, 40)[0] is a  # no events
+    sel0 = ReplicaSelector("cache-aware", 0.0)
+    sel0.events["http://b"] = sel.events["http://b"]
+    b.outstanding_requests = 0
+    assert sel0.order([a, b], hashes, 4, 40)[0] is b
+    # A failed worker comes last whatever it holds.
+    b.mark_failed(60.0)
+    assert sel0.order([a, b], hashes, 4, 40)[0] is a
+
+
+def test_session_affinity_without_events_and_the_other_policies():
+    a, b = Worker("http://a", "decode"), Worker("http://b", "decode")
+    turn1 = list(range(24))
+    turn2 = turn1 + list(range(100, 116))
+    sel = ReplicaSelector("cache-aware")
+    b.outstanding_tokens = 5  # a is the less loaded one for a cold prompt
+    first = sel.order([a, b], _hashes(turn1), 4, 24)[0]
+    assert first is a
+    sel.sent_to(first, _hashes(turn1))
+    a.outstanding_tokens = 10  # busier now, but holds the conversation's prefix
+    assert sel.cached_blocks(a, _hashes(turn2)) == (6, "affinity")
+    assert sel.order([a, b], _hashes(turn2), 4, 40)[0] is a
+    rr = ReplicaSelector("round-robin")
+    assert [rr.order([a, b], [], 4, 1)[0].url for _ in range(4)] == ["http://a", "http://b"] * 2
+    assert ReplicaSelector("least-loaded").order([a, b], [], 4, 1)[0] is b
