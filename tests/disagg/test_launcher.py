@@ -42,3 +42,29 @@ def test_serve_disagg_starts_workers_and_router(tiny_llama_dir, tmp_path):
     for url in workers:  # the launcher stopped its workers
         with pytest.raises(httpx.HTTPError):
             httpx.get(url + "/health", timeout=2)
+
+
+def test_serve_data_parallel_starts_replicas_behind_a_cache_aware_router(tiny_llama_dir,
+                                                                         tmp_path):
+    proc = spawn(str(tmp_path), "serve", "--model", tiny_llama_dir, "--dtype", "float32",
+                 "--device", "cpu", "--num-kv-blocks", "512", "--block-size", "4",
+                 "--data-parallel-size", "2", "--routing-policy", "cache-aware")
+    try:
+        wait_all([proc])
+        health = httpx.get(proc.url + "/health", timeout=10).json()
+        workers = [w["url"] for w in health["workers"]]
+        assert health["routing_policy"] == "cache-aware" and len(workers) == 2
+        # The same prompt twice: the second goes where the first left its blocks.
+        for _ in range(2):
+            text, n = _complete(proc, PROMPTS[1])
+            assert n == 12 and text
+            time.sleep(0.3)  # the answer's cache events reach the router
+        placed = httpx.get(proc.url + "/decisions", timeout=10).json()["decisions"]
+        assert len({d["worker"] for d in placed}) == 1
+        assert placed[1]["expected_cached_tokens"] > 0
+    finally:
+        proc.stop(signal.SIGTERM)
+    assert proc.proc.returncode is not None
+    for url in workers:  # the launcher stopped its replicas
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url + "/health", timeout=2)

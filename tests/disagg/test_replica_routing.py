@@ -13,7 +13,7 @@ import zmq
 from cadence.core.block_hash import extend_block_hashes
 from cadence.core.block_pool import BlockPool
 from cadence.disagg.kv_events import TOPIC, CachedPrefixes, KVEventPublisher
-from cadence.disagg.router.replicas import ReplicaSelector
+from cadence.disagg.router.replicas import PromptBlocks, ReplicaSelector
 from cadence.disagg.router.workers import Worker
 
 
@@ -100,37 +100,41 @@ def _trusted(hashes: list[bytes]) -> CachedPrefixes:
 
 def test_cache_aware_prefers_the_longest_cached_prefix_until_load_outweighs_it():
     a, b = Worker("http://a", "decode"), Worker("http://b", "decode")
-    prompt = list(range(40))
-    hashes = _hashes(prompt)
+    prompt = PromptBlocks(list(range(40)))
     sel = ReplicaSelector("cache-aware", load_weight=1.0)
-    sel.events["http://b"] = _trusted(hashes[:8])  # b holds 32 of the 40 tokens
-    assert [w.url for w in sel.order([a, b], hashes, 4, 40)] == ["http://b", "http://a"]
+    sel.events["http://b"] = _trusted(_hashes(prompt.token_ids)[:8])  # b holds 32 of 40
+    assert sel.cached_tokens(b, prompt) == (32, "events")
+    assert [w.url for w in sel.order([a, b], prompt, 40)] == ["http://b", "http://a"]
     # b busy: its queue (and the stall its streams would take) outweighs 32 cached tokens.
     b.outstanding_tokens, b.outstanding_requests = 200, 2
-    assert sel.order([a, b], hashes, 4, 40)[0] is a
-    # Weight 0: the cache alone decides.
-    assert ReplicaSelector("cache-aware", 0.0).order([a, b], hashes, 4, 40)[0] is a  # no events
+    assert sel.order([a, b], prompt, 40)[0] is a
+    # Weight 0: the cache alone decides (no events: a, the first of two equal costs).
+    assert ReplicaSelector("cache-aware", 0.0).order([a, b], prompt, 40)[0] is a
     sel0 = ReplicaSelector("cache-aware", 0.0)
     sel0.events["http://b"] = sel.events["http://b"]
     b.outstanding_requests = 0
-    assert sel0.order([a, b], hashes, 4, 40)[0] is b
+    assert sel0.order([a, b], prompt, 40)[0] is b
+    # A nearly full KV cache counts no hit: its cached blocks are about to be evicted.
+    b.metrics["cadence:kv_cache_usage_perc"] = 0.99
+    assert sel0.cost(b, prompt) == sel0.cost(a, prompt)
+    b.metrics.clear()
     # A failed worker comes last whatever it holds.
     b.mark_failed(60.0)
-    assert sel0.order([a, b], hashes, 4, 40)[0] is a
+    assert sel0.order([a, b], prompt, 40)[0] is a
 
 
 def test_session_affinity_without_events_and_the_other_policies():
     a, b = Worker("http://a", "decode"), Worker("http://b", "decode")
-    turn1 = list(range(24))
-    turn2 = turn1 + list(range(100, 116))
+    turn1 = PromptBlocks(list(range(40)))
+    turn2 = PromptBlocks(list(range(40)) + list(range(100, 116)))
     sel = ReplicaSelector("cache-aware")
     b.outstanding_tokens = 5  # a is the less loaded one for a cold prompt
-    first = sel.order([a, b], _hashes(turn1), 4, 24)[0]
+    first = sel.order([a, b], turn1, 40)[0]
     assert first is a
-    sel.sent_to(first, _hashes(turn1))
+    sel.sent_to(first, turn1)
     a.outstanding_tokens = 10  # busier now, but holds the conversation's prefix
-    assert sel.cached_blocks(a, _hashes(turn2)) == (6, "affinity")
-    assert sel.order([a, b], _hashes(turn2), 4, 40)[0] is a
+    assert sel.cached_tokens(a, turn2) == (32, "affinity")  # two whole 16-token blocks
+    assert sel.order([a, b], turn2, 56)[0] is a
     rr = ReplicaSelector("round-robin")
-    assert [rr.order([a, b], [], 4, 1)[0].url for _ in range(4)] == ["http://a", "http://b"] * 2
-    assert ReplicaSelector("least-loaded").order([a, b], [], 4, 1)[0] is b
+    assert [rr.order([a, b], None, 1)[0].url for _ in range(4)] == ["http://a", "http://b"] * 2
+    assert ReplicaSelector("least-loaded").order([a, b], None, 1)[0] is b

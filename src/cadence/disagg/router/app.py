@@ -25,12 +25,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cadence.core.block_hash import BlockHash, extend_block_hashes
 from cadence.disagg.router.cache_events import CacheEventSubscriptions
 from cadence.disagg.router.config import RouterConfig
 from cadence.disagg.router.forward import Forwarder, error_json
 from cadence.disagg.router.policy import CostModel, Decision, RoutingPolicy
-from cadence.disagg.router.replicas import ReplicaSelector
+from cadence.disagg.router.replicas import PromptBlocks, ReplicaSelector
 from cadence.disagg.router.workers import Worker, WorkerPool
 
 logger = logging.getLogger("cadence.router")
@@ -44,9 +43,6 @@ WORKER_METRICS = ("cadence:kv_transfers_total", "cadence:kv_transfer_bytes_total
 
 ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 DECISIONS_KEPT = 4096
-# Block size for hashing before any worker's events said theirs (only the router's own
-# session-affinity record is compared then, so any fixed value is consistent).
-DEFAULT_BLOCK_SIZE = 16
 
 
 class RouterMetrics:
@@ -136,15 +132,13 @@ class Router:
         tokens = exact if exact is not None else self.model.estimate_tokens(chars)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
         max_tokens = max_tokens if isinstance(max_tokens, int) else 16
-        block_hashes: list[BlockHash] = []
-        block_size = DEFAULT_BLOCK_SIZE
+        prompt: PromptBlocks | None = None
         if self.replicas.policy == "cache-aware":
             ids = await self._prompt_token_ids(ROUTES[path], body)
             if ids is not None:
+                prompt = PromptBlocks(ids)
                 tokens = len(ids)
-                block_size = self.cache_events.block_size() or DEFAULT_BLOCK_SIZE
-                extend_block_hashes(block_hashes, ids, block_size)
-        order = self.replicas.order(self.decode.workers, block_hashes, block_size, tokens)
+        order = self.replicas.order(self.decode.workers, prompt, tokens)
         decode = order[0] if order else None
         if decode is not None:
             self.model.observe_arrival(decode.outstanding_requests)
@@ -153,9 +147,9 @@ class Router:
         if max_tokens == 1 and decision.disaggregate:
             decision = type(decision)(False, "one token asked")
         self.metrics.decisions.labels(decision.reason).inc()
-        self._record(tokens, exact is not None, decision, decode, block_hashes, block_size)
+        self._record(tokens, exact is not None, decision, decode, prompt)
         if decode is not None:
-            self.replicas.sent_to(decode, block_hashes)
+            self.replicas.sent_to(decode, prompt)
         if decision.disaggregate:
             handoff = await self.forward.prefill(self.prefill, path, body, tokens)
             if isinstance(handoff, Response):
@@ -212,7 +206,7 @@ class Router:
         return None
 
     def _record(self, tokens: int, exact: bool, decision: Decision, worker: Worker | None = None,
-                block_hashes: list[BlockHash] = (), block_size: int = 0) -> None:
+                prompt: PromptBlocks | None = None) -> None:
         record = {
             "seq": self.num_decisions, "t": time.time(), "prompt_tokens": tokens,
             "prompt_tokens_exact": exact, "disaggregate": decision.disaggregate,
@@ -220,9 +214,9 @@ class Router:
             "gain_s": round(decision.gain_s, 4), "cost_s": round(decision.cost_s, 4),
             "worker": worker.url if worker is not None else None,
             "replica_policy": self.replicas.policy}
-        if worker is not None and block_hashes:
-            blocks, source = self.replicas.cached_blocks(worker, block_hashes)
-            record.update(expected_cached_tokens=blocks * block_size, cached_from=source)
+        if worker is not None and prompt is not None:
+            cached, source = self.replicas.cached_tokens(worker, prompt)
+            record.update(expected_cached_tokens=cached, cached_from=source)
         self.decisions.append(record)
         self.num_decisions += 1
 

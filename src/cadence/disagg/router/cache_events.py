@@ -28,13 +28,6 @@ class CacheEventSubscriptions:
         self._context = zmq.asyncio.Context()
         self._tasks: dict[str, tuple[str, asyncio.Task]] = {}
 
-    def block_size(self) -> int | None:
-        """The workers' block size as their events say (the first one known)."""
-        for p in self.prefixes.values():
-            if p.block_size:
-                return p.block_size
-        return None
-
     def ensure(self, worker_url: str, port: int) -> None:
         """Subscribe to `worker_url`'s events on `port` unless already (0: it publishes none)."""
         if port <= 0:

@@ -21,15 +21,38 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Sequence
 
-from cadence.core.block_hash import BlockHash
+from cadence.core.block_hash import BlockHash, extend_block_hashes
 from cadence.disagg.kv_events import CachedPrefixes
 from cadence.disagg.router.config import REPLICA_POLICIES
 from cadence.disagg.router.workers import Worker
 
-# Session affinity records this many block hashes per worker (least recently sent dropped).
+# Session affinity records this many block hashes per worker (least recently sent dropped),
+# of blocks of AFFINITY_BLOCK_SIZE tokens: its own size, so the record stays comparable
+# whether or not (and before) the workers' block size is known from their events.
 AFFINITY_BLOCKS = 200_000
+AFFINITY_BLOCK_SIZE = 16
 KV_NEARLY_FULL = 0.95
+
+
+class PromptBlocks:
+    """A request's prompt token ids and their chained block hashes, per block size (computed
+    once per size)."""
+
+    def __init__(self, token_ids: Sequence[int]) -> None:
+        self.token_ids = token_ids
+        self._hashes: dict[int, list[BlockHash]] = {}
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def hashes(self, block_size: int) -> list[BlockHash]:
+        if block_size not in self._hashes:
+            out: list[BlockHash] = []
+            extend_block_hashes(out, self.token_ids, block_size)
+            self._hashes[block_size] = out
+        return self._hashes[block_size]
 
 
 class SentPrefixes:
@@ -65,37 +88,38 @@ class ReplicaSelector:
         self.events: dict[str, CachedPrefixes] = {}
         self.sent: dict[str, SentPrefixes] = {}
 
-    def cached_blocks(self, worker: Worker, block_hashes: list[BlockHash]) -> tuple[int, str]:
-        """(leading blocks the worker holds, "events" | "affinity")."""
+    def cached_tokens(self, worker: Worker, prompt: PromptBlocks) -> tuple[int, str]:
+        """(leading prompt tokens the worker holds, "events" | "affinity")."""
         events = self.events.get(worker.url)
-        if events is not None and events.trusted:
-            return events.longest_prefix_blocks(block_hashes), "events"
+        if events is not None and events.trusted and events.block_size:
+            size = events.block_size
+            return events.longest_prefix_blocks(prompt.hashes(size)) * size, "events"
         sent = self.sent.get(worker.url)
-        return (sent.longest_prefix_blocks(block_hashes) if sent else 0), "affinity"
+        blocks = sent.longest_prefix_blocks(prompt.hashes(AFFINITY_BLOCK_SIZE)) if sent else 0
+        return blocks * AFFINITY_BLOCK_SIZE, "affinity"
 
-    def order(self, workers: list[Worker], block_hashes: list[BlockHash],
-              block_size: int, num_prompt_tokens: int) -> list[Worker]:
+    def order(self, workers: list[Worker], prompt: PromptBlocks | None,
+              num_prompt_tokens: int) -> list[Worker]:
         if not workers:
             return []
         if self.policy == "round-robin":
             start = next(self._turn) % len(workers)
             ring = workers[start:] + workers[:start]
             return sorted(ring, key=lambda w: not w.healthy)  # stable: the ring order stays
-        if self.policy == "least-loaded" or not block_hashes:
+        if self.policy == "least-loaded" or prompt is None:
             return sorted(workers, key=lambda w: (not w.healthy, w.outstanding_tokens,
                                                   w.outstanding_requests))
-        return sorted(workers, key=lambda w: (not w.healthy, self.cost(
-            w, block_hashes, block_size, num_prompt_tokens)))
+        return sorted(workers, key=lambda w: (not w.healthy, self.cost(w, prompt)))
 
-    def cost(self, worker: Worker, block_hashes: list[BlockHash], block_size: int,
-             num_prompt_tokens: int) -> float:
-        hit = self.cached_blocks(worker, block_hashes)[0] * block_size
-        miss = max(0, num_prompt_tokens - hit)
+    def cost(self, worker: Worker, prompt: PromptBlocks) -> float:
+        hit = self.cached_tokens(worker, prompt)[0]
+        miss = max(0, len(prompt) - hit)
         if worker.kv_use >= KV_NEARLY_FULL:
-            miss = num_prompt_tokens
+            miss = len(prompt)
         return (miss * (1 + worker.outstanding_requests)
                 + self.load_weight * worker.outstanding_tokens)
 
-    def sent_to(self, worker: Worker, block_hashes: list[BlockHash]) -> None:
-        if self.policy == "cache-aware" and block_hashes:
-            self.sent.setdefault(worker.url, SentPrefixes()).add(block_hashes)
+    def sent_to(self, worker: Worker, prompt: PromptBlocks | None) -> None:
+        if self.policy == "cache-aware" and prompt is not None:
+            self.sent.setdefault(worker.url, SentPrefixes()).add(
+                prompt.hashes(AFFINITY_BLOCK_SIZE))
