@@ -88,9 +88,11 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.F16], ids=lambda t: t.name)
+# Every type issue 29 lists, and Gemma 3 270M's Q5_0.
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.F16, Q.BF16, Q.F32],
+                         ids=lambda t: t.name)
 def test_native_load_holds_the_file_not_a_float_copy(tmp_path, qtype):
-    hidden, inter, layers, vocab = 1024, 2816, 2, 4096
+    hidden, inter, layers, vocab = 1024, 2048, 2, 4096
     path = write_random_gguf(str(tmp_path / "big.gguf"), qtype, hidden=hidden, inter=inter, layers=layers,
                              heads=8, kv_heads=2, vocab=vocab)
     file_bytes = os.path.getsize(path)
@@ -100,9 +102,10 @@ def test_native_load_holds_the_file_not_a_float_copy(tmp_path, qtype):
     loaded = load_model(path, dtype="float32", device="cpu", quantization="gguf")
     _logits(loaded, list(range(2, 34)))  # reads every matrix
     grown = _rss() - before
-    assert gguf_module_bytes(loaded.model) <= file_bytes
-    # The file's pages, the q/k rows reordered (a copy of their blocks), activations and the
-    # logits of 32 tokens: well under the float32 expansion of the weights.
-    assert grown < file_bytes + 48 * 2**20, (grown, file_bytes)
-    if qtype != Q.F16:
+    # Q4_K / Q6_K are repacked at load (columns interleaved, scales decoded): a few % more bytes.
+    assert gguf_module_bytes(loaded.model) <= 1.1 * file_bytes
+    # The file's pages (or their repacked copy), the q/k rows reordered (a copy of their
+    # blocks), activations and the logits of 32 tokens: well under the float32 expansion.
+    assert grown < 1.1 * file_bytes + 48 * 2**20, (grown, file_bytes)
+    if qtype not in (Q.F16, Q.BF16, Q.F32):
         assert grown < float_bytes / 2.5, (grown, float_bytes)
