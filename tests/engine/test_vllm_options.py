@@ -95,3 +95,12 @@ def test_docs_page_shows_the_table():
 
     page = pathlib.Path(__file__).parents[2] / "docs" / "vllm.md"
     assert page.read_text().endswith(markdown_table())
+
+
+def test_llm_with_a_hub_id_says_how_to_get_the_files():
+    from cadence import LLM
+
+    with pytest.raises(ValueError, match="huggingface-cli download Org/Model --local-dir"):
+        LLM("Org/Model")
+    with pytest.raises(ValueError, match="model path does not exist: /no/such/dir"):
+        LLM("/no/such/dir")

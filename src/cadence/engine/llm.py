@@ -80,7 +80,13 @@ class LLM:
     """Offline batch generation over one LLMEngine (vLLM's LLM class, on cadence)."""
 
     def __init__(self, model: str | None = None, **kwargs: Any):
-        self.engine = LLMEngine(engine_config_from_kwargs(model, **kwargs))
+        from cadence.engine.model_path import model_path_problem
+
+        config = engine_config_from_kwargs(model, **kwargs)  # option mistakes first
+        problem = model_path_problem(model)
+        if problem:
+            raise ValueError(problem)
+        self.engine = LLMEngine(config)
         self._ids = itertools.count()
 
     @classmethod

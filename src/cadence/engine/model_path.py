@@ -1,0 +1,17 @@
+"""What is wrong with a model path before anything loads, said the way a user can act on it
+(shared by `cadence serve`'s preflight and `LLM(...)`): a Hugging Face hub id gets the
+download command, since cadence loads local files only."""
+
+from __future__ import annotations
+
+import os
+
+
+def model_path_problem(model: str | None) -> str | None:
+    """None when `model` is None (the default model) or an existing path."""
+    if model is None or os.path.exists(os.path.expanduser(model)):
+        return None
+    if not model.startswith((".", "/", "~")) and model.count("/") == 1:
+        return (f"{model!r} is not a local path; cadence loads local folders and GGUF files: "
+                f"`huggingface-cli download {model} --local-dir DIR`, then use DIR")
+    return f"model path does not exist: {model}"
