@@ -52,10 +52,10 @@ _TABLE = (
     VllmOption("tensor_parallel_size", SAME, "cadence runs one engine process on the CPU "
                "(--engine-threads sets its threads)", (1,)),
     VllmOption("pipeline_parallel_size", SAME, "cadence runs one engine process", (1,)),
-    VllmOption("data_parallel_size", SAME, "cadence runs one engine process; run one server "
-               "per socket behind a router (docs/disaggregation.md)", (1,)),
-    VllmOption("distributed_executor_backend", SAME, "cadence runs one engine process",
-               (None, "mp", "uni")),
+    VllmOption("data_parallel_size", SAME, "LLM() runs one engine; `cadence serve "
+               "--data-parallel-size N` runs N replicas behind a router", (1,)),
+    VllmOption("distributed_executor_backend", SAME, "LLM() runs one engine process; serve's "
+               "replicas take mp or ray", (None, "mp", "uni")),
     VllmOption("enable_expert_parallel", SAME, "no expert parallelism", (False,), "switch"),
     VllmOption("disable_custom_all_reduce", SAME, "no all-reduce on one process", ANY, "switch"),
     VllmOption("max_parallel_loading_workers", WARN, "weights are memory-mapped; ignored"),
