@@ -20,7 +20,9 @@ def real_server(tmp_path_factory, default_model_path):
                           # fp32: the exact-equality checks below compare a run with a
                           # prefix-cache hit against one without; in bf16 a different chunk
                           # shape rounds differently and may flip a near-tie greedy token.
-                          "--dtype", "float32")
+                          "--dtype", "float32",
+                          # tools are served (test_tool_call_end_to_end); no other test sends them
+                          "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
     yield server
     server.stop()
 
@@ -86,3 +88,30 @@ def test_seeded_sampling_reproducible(client):
                                               ).choices[0].message.content
 
     assert sample(7) == sample(7)
+
+
+def test_tool_call_end_to_end(client):
+    """One tool call on the default model through the openai client: tools in, the reply
+    (held to a hermes call by guided_choice: a 135M model does not call tools on its own)
+    out as tool_calls, then the tool's answer back in the conversation."""
+    import json
+
+    call_text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object",
+                                              "properties": {"city": {"type": "string"}}}}}]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    reply = client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=messages, tools=tools, max_tokens=64,
+        temperature=0, extra_body={"guided_choice": [call_text]})
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+    answer = client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=messages, tools=tools, max_tokens=16,
+        temperature=0)
+    assert answer.choices[0].message.content
