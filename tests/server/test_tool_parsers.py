@@ -116,3 +116,10 @@ def test_tool_choice_required_is_refused_and_none_is_plain_text(tool_server):
     r = _chat(tool_server, [{"role": "user", "content": "x"}], tool_choice="none")
     message = r.json()["choices"][0]["message"]
     assert message["content"] == HERMES_CALL and "tool_calls" not in message
+
+
+def test_malformed_tool_calls_in_the_history_are_a_400(tool_server):
+    for bad in ({"function": "get_weather"}, {"id": "c1", "type": "function"}):
+        r = _chat(tool_server, [{"role": "user", "content": "x"},
+                                {"role": "assistant", "content": None, "tool_calls": [bad]}])
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text

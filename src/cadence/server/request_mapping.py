@@ -193,7 +193,11 @@ def _template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
     a dict (the API sends JSON text; templates apply tojson / items() to it), as vLLM does."""
     import json
 
-    function = dict(call.get("function") or {})
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise APIError(400, "a tool call needs a 'function' object with a 'name'.",
+                       param="messages", code="invalid_value")
+    function = dict(function)
     if isinstance(function.get("arguments"), str):
         try:
             function["arguments"] = json.loads(function["arguments"])
