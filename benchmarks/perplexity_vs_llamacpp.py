@@ -100,12 +100,13 @@ def llamacpp_tokens(gguf: str, text_file: str) -> list[int] | None:
     return [int(t) for t in line.strip("[]").split(",") if t.strip()]
 
 
-def llamacpp_greedy(gguf: str, prompt: str, max_tokens: int, threads: int) -> str | None:
+def llamacpp_greedy(gguf: str, prompt: str, max_tokens: int, threads: int,
+                    extra: tuple[str, ...] = ()) -> str | None:
     binary = llamacpp_peer.binary("llama-completion")
     if binary is None:
         return None
     result = subprocess.run([str(binary), "-m", gguf, "-p", prompt, "-n", str(max_tokens), "--temp", "0",
-                             "-t", str(threads), "-no-cnv", "--no-display-prompt", "--simple-io"],
+                             "-t", str(threads), "-no-cnv", "--no-display-prompt", "--simple-io", *extra],
                             capture_output=True, text=True, env=llamacpp_env(), stdin=subprocess.DEVNULL)
     return result.stdout if result.returncode == 0 else None
 
@@ -200,14 +201,17 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.greedy_tokens, temperature=0.0)
     for prompt in PROMPTS:
         ours_text = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].text
-        theirs_text = llamacpp_greedy(gguf, prompt, args.greedy_tokens, args.threads)
-        if theirs_text is None:
-            print(f"{prompt!r}: cadence {ours_text!r}; llama-completion not built")
-            continue
+        print(f"{prompt!r}\n  cadence            {ours_text!r}")
         a = loaded.tokenizer.encode(ours_text, add_special_tokens=False)
-        b = loaded.tokenizer.encode(theirs_text, add_special_tokens=False)
-        agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        print(f"{prompt!r}: {agree} leading tokens agree\n  cadence   {ours_text!r}\n  llama.cpp {theirs_text!r}")
+        # Near-ties flip between llama.cpp's own settings too (flash attention rounds to f16).
+        for label, extra in (("defaults", ()), ("-fa off", ("-fa", "off"))):
+            theirs_text = llamacpp_greedy(gguf, prompt, args.greedy_tokens, args.threads, extra)
+            if theirs_text is None:
+                print("  llama-completion not built")
+                break
+            b = loaded.tokenizer.encode(theirs_text.rstrip("\n"), add_special_tokens=False)
+            agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            print(f"  llama.cpp {label:<8} {theirs_text.rstrip(chr(10))!r}: {agree} leading tokens agree")
     os.unlink(text_file)
 
 

@@ -61,6 +61,21 @@ CASES = [(t, False) for t in SUPPORTED_TYPES] + [(Q.Q8_0, True), (Q.Q4_0, True),
 CASE_IDS = [f"{t.name}-{'random' if r else 'auto'}" for t, r in CASES]
 
 
+K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+
+
+def activations_seen(x: torch.Tensor, qtype) -> torch.Tensor:
+    """What the integer kernels multiply: x quantized per row to int8 with amax / 127 scales,
+    one scale per 32 k (llama.cpp's q8_0), or per 256 k for the K-quants (its q8_K)."""
+    if qtype not in K_QUANTS:
+        return KERNELS.quantize_activations_q8(x).double()
+    spans = x.float().reshape(x.shape[0], -1, 256)
+    amax = spans.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / torch.where(amax > 0, amax, 1.0), 0.0)  # float32, as the kernel
+    q = torch.round(spans * inv)  # half to even, as the kernel
+    return (q.double() * (amax / 127.0).double()).reshape(x.shape)
+
+
 def reference_dequantize(weight: GGUFWeight) -> torch.Tensor:
     return torch.from_numpy(np.array(gguf_quants.dequantize(weight.blocks.numpy(), weight.ggml_type)))
 
@@ -103,7 +118,7 @@ def test_linear_matches_reference_dequantization(qtype, random):
             continue
         # What the integer kernels multiply: x quantized per row and 32 k (int8, amax / 127).
         if KERNELS is not None:
-            x_q = KERNELS.quantize_activations_q8(x).double()
+            x_q = activations_seen(x, qtype)
             torch.testing.assert_close(y.double(), x_q @ w_ref.T + expected_bias, rtol=0, atol=2e-5 * scale)
             # Against float activations: 8-bit activations' error (~0.6% of the output's norm).
             assert float((y.double() - exact).norm() / exact.norm()) < 0.015
@@ -209,7 +224,7 @@ def test_real_q4_k_m_file_each_type_in_place():
         assert weight.ggml_type == qtype
         x = torch.randn(3, weight.in_features, generator=gen)
         w_ref = reference_dequantize(weight).reshape(weight.shape).double()
-        seen = KERNELS.quantize_activations_q8(x).double() if KERNELS is not None else x.double()
+        seen = activations_seen(x, qtype) if KERNELS is not None else x.double()
         expected = seen @ w_ref.T
         torch.testing.assert_close(weight.linear(x).double(), expected, rtol=0, atol=2e-5 * float(expected.abs().max()))
     vocab = GGUFWeight.from_reader_tensor(next(t for t in reader.tensors if t.name == "token_embd.weight"))

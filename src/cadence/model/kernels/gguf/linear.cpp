@@ -9,6 +9,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "../ops.h"
@@ -16,6 +18,43 @@
 #include "gemm.h"
 
 namespace cadence_kernels {
+
+#if CADENCE_HAVE_AVX2
+namespace {
+
+// The K-quants' activations as llama.cpp quantizes them (its q8_K): one scale per 256 k, the
+// largest |x| of the 256 over 127, shared by the 8 groups of 32 the kernels read. The other
+// types take a scale per 32 (q8_0's), quantize_row_q8. Multiplying what llama.cpp multiplies
+// keeps a file's numbers its numbers (Gemma 3 270M Q4_K_M: perplexity next to llama.cpp's).
+constexpr int64_t KQUANT_SPAN = 256;
+
+bool shares_scale_per_256(int type) { return type == gguf::Q4_K || type == gguf::Q5_K || type == gguf::Q6_K; }
+
+void quantize_row_q8_per_256(const float* x, int64_t K, int8_t* q, uint8_t* mag, float* scale, float* sum) {
+  constexpr int64_t G = avx2::Q8_GROUP;
+  for (int64_t s = 0; s < K / KQUANT_SPAN; ++s) {
+    const float* xs = x + s * KQUANT_SPAN;
+    float m = 0.0f;
+    for (int64_t i = 0; i < KQUANT_SPAN; ++i) m = std::max(m, std::fabs(xs[i]));
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    for (int64_t g = 0; g < KQUANT_SPAN / G; ++g) {
+      const int64_t at = s * KQUANT_SPAN + g * G, group = at / G;
+      int32_t total = 0;
+      for (int64_t i = 0; i < G; ++i) {
+        // Round half to even, as _mm256_cvtps_epi32 in quantize_row_q8 (|v| <= 127).
+        const int32_t v = static_cast<int32_t>(std::nearbyint(x[at + i] * inv));
+        q[at + i] = static_cast<int8_t>(v);
+        mag[at + i] = static_cast<uint8_t>(v < 0 ? -v : v);
+        total += v;
+      }
+      scale[group] = m / 127.0f;
+      sum[group] = scale[group] * static_cast<float>(total);
+    }
+  }
+}
+
+}  // namespace
+#endif
 
 at::Tensor gguf_repack(at::Tensor blocks, int64_t type, int64_t N, int64_t K) {
   const int64_t octet_block = gguf::x8_block_bytes(static_cast<int>(type));
@@ -77,10 +116,16 @@ at::Tensor gguf_linear(at::Tensor x, at::Tensor blocks, int64_t type, int64_t N,
     xq.mag.resize(static_cast<size_t>(M * K));
     xq.scale.resize(static_cast<size_t>(M * groups));
     xq.sum.resize(static_cast<size_t>(M * groups));
+    const bool per_256 = shares_scale_per_256(static_cast<int>(type)) && K % KQUANT_SPAN == 0;
     at::parallel_for(0, M, M * K >= (1 << 16) ? 16 : M, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m)
-        avx2::quantize_row_q8(g.x + m * K, K, xq.q.data() + m * K, xq.mag.data() + m * K,
-                              xq.scale.data() + m * groups, xq.sum.data() + m * groups);
+      for (int64_t m = begin; m < end; ++m) {
+        if (per_256)
+          quantize_row_q8_per_256(g.x + m * K, K, xq.q.data() + m * K, xq.mag.data() + m * K,
+                                  xq.scale.data() + m * groups, xq.sum.data() + m * groups);
+        else
+          avx2::quantize_row_q8(g.x + m * K, K, xq.q.data() + m * K, xq.mag.data() + m * K,
+                                xq.scale.data() + m * groups, xq.sum.data() + m * groups);
+      }
     });
     g.xq = &xq;
   }
