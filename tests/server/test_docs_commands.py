@@ -41,8 +41,12 @@ def test_command_exists_and_parses(page, command):
     words = shlex.split(command)
     if words[0] == ".venv/bin/cadence":
         build_parser().parse_args(words[1:])  # SystemExit (exit 2) on an unknown flag
+    elif words[0] == ".venv/bin/pip":
+        assert words[1] == "install", command  # installs a package from PyPI by name
     elif words[0] == ".venv/bin/python":
-        if words[1] == "-m":
+        if words[1] == "-c":
+            compile(words[2], command, "exec")  # a one-line program: it must at least parse
+        elif words[1] == "-m":
             assert importlib.util.find_spec(words[2]) is not None, command
         else:
             assert (ROOT / words[1]).is_file(), command
