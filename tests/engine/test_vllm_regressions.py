@@ -164,3 +164,20 @@ def test_bad_words_allowed_token_ids_truncate_and_unbounded_max_tokens(llm):
                            use_tqdm=False)
     assert len(long.prompt_token_ids) + len(long.outputs[0].token_ids) == 256  # max_model_len
     assert long.outputs[0].finish_reason == "length"
+
+
+def test_grammar_forced_eos_ends_by_length_not_stop(llm):
+    """Issue 31: a grammar whose matcher fails after the first token (llguidance's lexer: too
+    many expressions) leaves only EOS allowed; that EOS is not the grammar's end, so the
+    request ends with "length", never "stop". A grammar that completes still ends "stop"."""
+    from cadence.sampling_params import StructuredOutputsParams
+
+    (out,) = llm.generate("go", SamplingParams(
+        temperature=0, max_tokens=4,
+        structured_outputs=StructuredOutputsParams(regex="a{1000}{1000}")), use_tqdm=False)
+    assert out.outputs[0].text == "a" and len(out.outputs[0].token_ids) == 2
+    assert out.outputs[0].finish_reason == "length" and out.outputs[0].stop_reason is None
+    (out,) = llm.generate("go", SamplingParams(
+        temperature=0, max_tokens=8,
+        structured_outputs=StructuredOutputsParams(regex="(yes|no)")), use_tqdm=False)
+    assert out.outputs[0].text in ("yes", "no") and out.outputs[0].finish_reason == "stop"

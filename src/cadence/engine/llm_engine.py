@@ -534,13 +534,17 @@ class LLMEngine:
         if text.stopped:
             finished, reason = True, "stop"
             stop_reason = text.matched_stop
-        elif (finished and reason == "stop" and u.new_token_ids
-              and u.new_token_ids[-1] in text.stop_token_ids):
-            stop_reason = u.new_token_ids[-1]
+        elif finished and reason == "stop" and u.new_token_ids:
+            last = u.new_token_ids[-1]
+            if last in text.stop_token_ids:
+                stop_reason = last
+            # Ended by a token (EOS or a stop_token_ids entry; both finish as "stop" in the
+            # scheduler): under a grammar, that is a "stop" only when the grammar is complete.
+            # Otherwise the mask forced the EOS (its matcher failed, or it could not finish
+            # within the tokens left): the output does not match the grammar.
             unfinished = getattr(self.executor, "grammar_unfinished", None)
-            if unfinished is not None and unfinished(u.req_id):
-                # The grammar mask forced this EOS (its matcher failed, or nothing else was
-                # allowed): the output does not match the grammar, so it is not a "stop".
+            if (last in text.stop_token_ids or last in text.eos_token_ids) and \
+                    unfinished is not None and unfinished(u.req_id):
                 reason, stop_reason = "length", None
         logprobs = None
         sampled = out.sampled.get(u.req_id)

@@ -25,6 +25,7 @@ class RequestText:
                        if tokenizer is not None and params.detokenize else None)
         self._matcher = StopStringMatcher(params.stop, params.include_stop_str_in_output)
         self.stop_token_ids = frozenset(params.stop_token_ids)
+        self.eos_token_ids = frozenset(params.eos_token_ids)
         # vLLM: a stop_token_ids token that ends the request leaves its text out of the output
         # unless include_stop_str_in_output; EOS is a special token and decodes to nothing.
         self._include_stop = params.include_stop_str_in_output
