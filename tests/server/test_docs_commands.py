@@ -40,6 +40,8 @@ def test_the_pages_have_commands():
 @pytest.mark.parametrize("page, command", COMMANDS, ids=[c for _, c in COMMANDS])
 def test_command_exists_and_parses(page, command):
     words = shlex.split(command)
+    while re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # VAR=value before the command
+        words = words[1:]
     if words[0] == ".venv/bin/cadence":
         build_parser().parse_args(words[1:])  # SystemExit (exit 2) on an unknown flag
     elif words[0] in (".venv/bin/pip", "pip"):
@@ -57,6 +59,10 @@ def test_command_exists_and_parses(page, command):
             assert (ROOT / words[1]).is_file(), command
     elif words[0] == "make":
         assert re.search(rf"^{re.escape(words[1])}:", (ROOT / "Makefile").read_text(), re.M)
+    elif words[0] == ".venv/bin/ray":
+        scripts = pytest.importorskip("ray.scripts.scripts")
+        # Ray's own (click) parser: the subcommand exists and takes these options.
+        scripts.cli.commands[words[1]].make_context(words[1], words[2:])
     elif words[0] == "curl":
         pass  # run by test_readme_quickstart.py
     else:

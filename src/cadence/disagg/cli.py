@@ -44,6 +44,11 @@ def add_disagg_serve_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--distributed-executor-backend", choices=("mp", "ray"), default="mp",
                        help="With --disagg or --data-parallel-size: workers as local processes (mp) or as Ray actors "
                             "(ray: joins the Ray cluster of RAY_ADDRESS, or starts a local one).")
+    group.add_argument("--ray-worker-resource", default=None, metavar="NAME",
+                       help="With --distributed-executor-backend ray: each worker asks for one "
+                            "unit of the custom node resource NAME, so a node started with "
+                            "`ray start --resources '{\"NAME\": k}'` hosts at most k workers "
+                            "(default: 1 CPU each, spread over the nodes).")
 
 
 def disagg_config_from_args(args: argparse.Namespace) -> DisaggConfig:

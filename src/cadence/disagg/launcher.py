@@ -145,7 +145,8 @@ def run_disagg(args: Any, server: ServerConfig, process: EngineProcessConfig,
         if backend == "ray":
             from cadence.disagg.ray_backend import start_ray_workers
 
-            handles = start_ray_workers(specs, args.log_level)
+            handles = start_ray_workers(specs, args.log_level,
+                                        resource=getattr(args, "ray_worker_resource", None))
             urls = [h.url for h in handles]
             specs = [dataclasses.replace(s, role=h.role) for s, h in zip(specs, handles)]
         else:

@@ -61,6 +61,11 @@ class _WorkerActor:
     def pid(self) -> int:
         return self.proc.pid
 
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def stop(self) -> None:
         from cadence.disagg.launcher import stop_processes
 
@@ -75,15 +80,22 @@ class RayWorker:
 
 
 def start_ray_workers(specs: list[WorkerSpec], log_level: str = "warning",
-                      bind_host: str | None = None, num_cpus: float = 1.0) -> list[RayWorker]:
-    """One actor per spec (each asking Ray for `num_cpus`); returns once all are healthy.
+                      bind_host: str | None = None, num_cpus: float = 1.0,
+                      resource: str | None = None) -> list[RayWorker]:
+    """One actor per spec (each asking Ray for `num_cpus`, and one unit of the custom node
+    resource `resource` if given: a node started with `ray start --resources
+    '{"NAME": k}'` takes at most k workers); returns once all are healthy. Actors are spread
+    over the nodes (Ray's SPREAD strategy): replicas on different nodes do not share cores.
     Joins the cluster at RAY_ADDRESS, or starts a local one, unless Ray is initialized."""
     import json
 
     ray = _require_ray()
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    actor_cls = ray.remote(num_cpus=num_cpus)(_WorkerActor)
+    options: dict[str, Any] = {"num_cpus": num_cpus, "scheduling_strategy": "SPREAD"}
+    if resource:
+        options["resources"] = {resource: 1}
+    actor_cls = ray.remote(_WorkerActor).options(**options)
     actors = []
     for spec in specs:
         spec_json = json.dumps({**json.loads(spec.to_json(log_level)), "role": spec.role})
