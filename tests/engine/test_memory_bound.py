@@ -49,3 +49,27 @@ def test_pool_that_cannot_fit_fails_at_startup(tiny_loaded):
     # Far more blocks than this machine's memory could hold: refused before allocating.
     with pytest.raises(ValueError, match="available"):
         LLMEngine.from_loaded(tiny_loaded, EngineConfig(cache=CacheConfig(num_blocks=10**9)))
+
+
+def test_kv_pool_from_a_share_of_free_memory(tiny_loaded, capsys):
+    """kv_cache_memory_fraction (what vLLM's gpu_memory_utilization maps to): the pool is that
+    share of the memory free after the weights load, less one step's activations."""
+    from cadence.core.config import SchedulerConfig
+
+    sched = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=64, max_model_len=512)
+    act = activation_bytes(tiny_loaded.config, 64, 256)
+    want = 16 * 2**20  # far below the ceiling of 256 sequences x 512 tokens
+    fraction = (want + act) / available_bytes(tiny_loaded.device)
+    engine = LLMEngine.from_loaded(tiny_loaded, EngineConfig(
+        scheduler=sched, cache=CacheConfig(kv_cache_memory_fraction=fraction)))
+    assert "KV pool from kv_cache_memory_fraction" in capsys.readouterr().err
+    # Free memory moves between the two readings (other processes): within 25%.
+    assert 0.75 * want < engine.memory_bound.kv_pool_bytes < 1.25 * want
+    engine.close()
+    # An explicit byte count wins over the share.
+    engine = LLMEngine.from_loaded(tiny_loaded, EngineConfig(scheduler=sched, cache=CacheConfig(
+        kv_cache_memory_fraction=fraction, kv_cache_memory_bytes=4 * 2**20)))
+    assert engine.memory_bound.kv_pool_bytes <= 4 * 2**20
+    engine.close()
+    with pytest.raises(ValueError, match="kv_cache_memory_fraction"):
+        CacheConfig(kv_cache_memory_fraction=1.5)

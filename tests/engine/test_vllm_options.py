@@ -44,6 +44,11 @@ def test_llm_accepts_every_engine_keyword_at_its_vllm_default(capsys):
     engine_config_from_kwargs("m", gpu_memory_utilization=0.5)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "gpu_memory_utilization" in err[0] and "KV pool" in err[0]
+    # ... and applied: a share of free RAM for the KV pool (cadence's name wins when given).
+    assert engine_config_from_kwargs(
+        "m", gpu_memory_utilization=0.5).cache.kv_cache_memory_fraction == 0.5
+    assert engine_config_from_kwargs("m", gpu_memory_utilization=0.5,
+                                     kv_cache_memory_fraction=0.2).cache.kv_cache_memory_fraction == 0.2
 
 
 def test_refusals_name_the_option_and_what_to_do():
@@ -84,6 +89,7 @@ def test_serve_parses_every_vllm_flag_and_the_issue_line():
     assert server.served_model_name == "a" and server.served_model_aliases == ("b",)
     assert server.cors_allowed_origins == ("https://a.example",) and server.root_path == "/api"
     assert process.served_model_name == "a"
+    assert process.engine_config["cache"]["kv_cache_memory_fraction"] == 0.5
     with pytest.raises(ValueError, match="--tensor-parallel-size 2 .*one engine process"):
         configs_from_args(parser.parse_args(["--model", "m", "--tensor-parallel-size", "2"]))
 

@@ -11,8 +11,11 @@ from server_harness import start_server, tiny_model_args
 
 @pytest.fixture(scope="module")
 def vllm_style_server(tiny_llama_dir, tmp_path_factory):
+    # Without --num-kv-blocks: the KV pool is sized by --gpu-memory-utilization.
+    args = tiny_model_args(tiny_llama_dir)
+    at = args.index("--num-kv-blocks")
     server = start_server(
-        str(tmp_path_factory.mktemp("server")), *tiny_model_args(tiny_llama_dir),
+        str(tmp_path_factory.mktemp("server")), *args[:at], *args[at + 2:],
         "--tensor-parallel-size", "1", "--trust-remote-code", "--enforce-eager",
         "--gpu-memory-utilization", "0.5", "--disable-log-requests", "--swap-space", "4",
         "--max-logprobs", "20", "--served-model-name", "tiny", "tiny-alias",
@@ -25,6 +28,7 @@ def test_vllm_flags_start_and_warn_in_one_line_each(vllm_style_server):
     log = vllm_style_server.log()
     lines = [ln for ln in log.splitlines() if "gpu-memory-utilization" in ln]
     assert len(lines) == 1 and "KV pool" in lines[0]
+    assert "KV pool from kv_cache_memory_fraction 0.5" in log  # applied, not only warned
     assert "Traceback" not in log
 
 

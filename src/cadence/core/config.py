@@ -175,6 +175,13 @@ class CacheConfig:
         default=None,
         metadata={"help": "Bytes of memory for the KV cache (used when num_blocks is unset)."},
     )
+    kv_cache_memory_fraction: float | None = field(
+        default=None,
+        metadata={"help": "Share (0-1] of the RAM free once the weights are loaded (Linux "
+                  "MemAvailable; CUDA's free memory on a GPU) that the KV pool takes, less one "
+                  "step's activations (used when num_blocks and kv_cache_memory_bytes are "
+                  "unset; vLLM's --gpu-memory-utilization maps here). Default: 2 GiB."},
+    )
     enable_prefix_caching: bool = field(
         default=True,
         metadata={"help": "Reuse KV blocks of identical full-block prompt prefixes."},
@@ -211,6 +218,11 @@ class CacheConfig:
             _require_int("num_blocks", self.num_blocks, minimum=1)
         if self.kv_cache_memory_bytes is not None:
             _require_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, minimum=1)
+        fraction = self.kv_cache_memory_fraction
+        if fraction is not None and (isinstance(fraction, bool)
+                                     or not isinstance(fraction, (int, float))
+                                     or not 0 < fraction <= 1):
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {fraction!r}")
         _require_int("num_swap_blocks", self.num_swap_blocks, minimum=0)
         _require_int("kv_offload_disk_blocks", self.kv_offload_disk_blocks, minimum=1)
         if self.kv_offload_dir is not None and (

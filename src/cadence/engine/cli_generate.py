@@ -12,7 +12,8 @@ import sys
 from cadence.core.config import CacheConfig, SchedulerConfig
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.cli_args import add_config_args, config_from_args
-from cadence.engine.vllm_options import add_vllm_arguments, check_vllm_options, vllm_values
+from cadence.engine.vllm_options import (add_vllm_arguments, check_vllm_options, vllm_mapped,
+                                         vllm_values)
 from cadence.engine.config import EngineConfig
 
 _ENGINE_SKIP = ("trace_path", "telemetry_max_steps", "telemetry_max_finished")
@@ -68,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
         args.policy = wanted
     try:
-        check_vllm_options(vllm_values(args), spell="flag")  # server-only ones mean nothing here
+        vllm_given = vllm_values(args)
+        check_vllm_options(vllm_given, spell="flag")  # server-only ones mean nothing here
+        # vLLM options mapped onto cadence's (--gpu-memory-utilization); cadence's flag wins.
+        mapped = {k: v for k, v in vllm_mapped(vllm_given).items() if getattr(args, k) is None}
         params = SamplingParams(
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
             top_k=args.top_k, min_p=args.min_p, stop=tuple(args.stop),
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(
             args, EngineConfig,
             scheduler=config_from_args(args, SchedulerConfig),
-            cache=config_from_args(args, CacheConfig),
+            cache=config_from_args(args, CacheConfig, **mapped),
             trace_path=args.trace,
         )
     except ValueError as exc:

@@ -27,7 +27,7 @@ from cadence.engine.llm_engine import LLMEngine
 from cadence.engine.llm_outputs import CompletionOutput, Logprob, RequestOutput
 from cadence.engine.option_names import user_option_fields
 from cadence.engine.progress import GenerationProgress
-from cadence.engine.vllm_options import VLLM_OPTIONS, check_vllm_options
+from cadence.engine.vllm_options import VLLM_OPTIONS, check_vllm_options, vllm_mapped
 
 # A step that runs nothing while requests wait means the scheduler cannot place them; this many
 # in a row is a bug worth an error rather than a hang.
@@ -68,6 +68,8 @@ def engine_config_from_kwargs(model: str | None = None, **kwargs: Any) -> Engine
         cls, name = options[key]
         groups[cls][name] = value
     check_vllm_options(vllm, spell="keyword")  # SERVER options (CORS, names) mean nothing here
+    for name, value in vllm_mapped(vllm).items():  # gpu_memory_utilization; cadence's name wins
+        groups[CacheConfig].setdefault(name, value)
     return EngineConfig(
         model=model,
         scheduler=SchedulerConfig(**groups[SchedulerConfig]),

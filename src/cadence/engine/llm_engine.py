@@ -89,15 +89,22 @@ class LLMEngine:
         # Imported here so that from_parts (fake executor tests) never needs the model stack.
         from cadence.core.scheduler import Scheduler
         from cadence.executor.model_runner import ModelExecutor
-        from cadence.engine.memory_bound import check_memory_bound
+        from cadence.engine.memory_bound import check_memory_bound, kv_bytes_from_fraction
         from cadence.model.kv_cache import kv_bytes_per_block
 
         sched_cfg = cfg.scheduler
         model_len = loaded.config.max_position_embeddings
         if sched_cfg.max_model_len > model_len:
             sched_cfg = dataclasses.replace(sched_cfg, max_model_len=model_len)
+        cache_cfg = cfg.cache
+        if (cache_cfg.kv_cache_memory_fraction is not None and cache_cfg.num_blocks is None
+                and cache_cfg.kv_cache_memory_bytes is None):
+            # vLLM's gpu_memory_utilization: a share of the RAM free now (weights loaded).
+            pool = kv_bytes_from_fraction(loaded, cache_cfg.kv_cache_memory_fraction,
+                                          sched_cfg.max_num_batched_tokens, sched_cfg.max_num_seqs)
+            cache_cfg = dataclasses.replace(cache_cfg, kv_cache_memory_bytes=pool)
         cache_cfg = resolve_num_blocks(
-            cfg.cache,
+            cache_cfg,
             kv_bytes_per_block(loaded.config, cfg.cache.block_size, loaded.dtype),
             sched_cfg.max_num_seqs,
             sched_cfg.max_model_len,

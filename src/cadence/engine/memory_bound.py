@@ -83,6 +83,30 @@ def available_bytes(device: Any) -> int | None:
         return None
 
 
+def kv_bytes_from_fraction(loaded: Any, fraction: float, max_num_batched_tokens: int,
+                           max_num_seqs: int) -> int:
+    """KV pool bytes for `kv_cache_memory_fraction` (vLLM's gpu_memory_utilization on a CPU):
+    that share of the memory available now (the weights are loaded: MemAvailable, or CUDA's
+    free memory), less one step's activations, so the pool and a full step stay within the
+    share. ValueError when nothing is left for the pool."""
+    available = available_bytes(loaded.device)
+    if available is None:
+        raise ValueError("kv_cache_memory_fraction needs the free memory, which this system "
+                         "does not report: give --kv-cache-memory-bytes instead")
+    activations = activation_bytes(loaded.config, max_num_batched_tokens, max_num_seqs)
+    pool = int(fraction * available) - activations
+    print(f"[cadence engine] KV pool from kv_cache_memory_fraction {fraction:g}: "
+          f"{fraction:g} x {available / MIB:.0f} MiB free - {activations / MIB:.0f} MiB "
+          f"activations = {max(pool, 0) / MIB:.0f} MiB", file=sys.stderr)
+    if pool <= 0:
+        raise ValueError(
+            f"kv_cache_memory_fraction {fraction:g} of {available / MIB:.0f} MiB free leaves "
+            f"nothing for the KV pool after one step's activations "
+            f"({activations / MIB:.0f} MiB): raise it, or lower --max-num-batched-tokens / "
+            "--max-num-seqs")
+    return pool
+
+
 def check_memory_bound(loaded: Any, kv_pool_bytes: int, max_num_batched_tokens: int,
                        max_num_seqs: int) -> MemoryBound:
     """State the bound on stderr; ValueError when the pool plus one step cannot fit in what is

@@ -7,7 +7,9 @@ Each entry says what the option does here:
   process; trust_remote_code: cadence never runs checkpoint code either way); any other value
   is refused with `note` (what to do instead).
 - WARN: accepted with a one-line warning, because it has no meaning on this engine (`note` says
-  why and which cadence option does the job, e.g. gpu_memory_utilization -> the KV pool size).
+  why and which cadence option does the job). A WARN option with `maps_to` is applied through
+  that cadence option (gpu_memory_utilization -> kv_cache_memory_fraction, a share of free
+  RAM for the KV pool), the warning saying so.
 - REFUSE: any value but its default (`same`) is an error naming the replacement in `note`.
 - SERVER: the server implements it (CORS, root_path); `LLM()` accepts it as SAME.
 
@@ -34,6 +36,8 @@ class VllmOption:
     note: str  # why, and what cadence offers instead
     same: tuple[Any, ...] | None = ANY  # values that mean the same here (None: every value)
     cli: str = "value"  # `serve` flag shape: "switch" (--x/--no-x), "value", "values" (1+)
+    # The cadence option (CacheConfig field) a WARN option's value is given to, if any.
+    maps_to: str | None = None
 
     @property
     def flag(self) -> str:
@@ -62,8 +66,11 @@ _TABLE = (
     VllmOption("worker_cls", SAME, "cadence has one worker type", ("auto",)),
     VllmOption("ray_workers_use_nsight", SAME, "no Ray workers", (False,), "switch"),
     # ---- memory: host RAM, sized by cadence's own options
-    VllmOption("gpu_memory_utilization", WARN, "no GPU memory to share: the KV pool is "
-               "--kv-cache-memory-bytes (default 2 GiB) or --num-gpu-blocks-override; ignored"),
+    VllmOption("gpu_memory_utilization", WARN, "no GPU memory to share: the KV pool takes this "
+               "share of the RAM free after the weights load (MemAvailable), less one step's "
+               "activations: --kv-cache-memory-fraction (--kv-cache-memory-bytes or "
+               "--num-gpu-blocks-override win; default 2 GiB)",
+               maps_to="kv_cache_memory_fraction"),
     VllmOption("swap_space", WARN, "preempted requests' KV goes to --num-swap-blocks blocks "
                "of host memory (and --kv-offload-dir on disk); ignored"),
     VllmOption("cpu_offload_gb", WARN, "weights already live in host memory; ignored"),
@@ -257,6 +264,8 @@ def check_vllm_options(given: dict[str, Any], spell: str = "keyword") -> dict[st
         shown = option.flag if spell == "flag" else f"{name}="
         if option.handling == SERVER:
             server[name] = value
+        elif option.handling == WARN and option.maps_to is not None:
+            warn(f"{shown.rstrip('=')} {value!r} is mapped: {option.note}")
         elif option.handling == WARN:
             warn(f"{shown.rstrip('=')} has no meaning on cadence: {option.note}")
         elif option.same is not None and not _in(value, option.same):
@@ -264,6 +273,12 @@ def check_vllm_options(given: dict[str, Any], spell: str = "keyword") -> dict[st
             raise ValueError(f"{shown}{'' if spell == 'keyword' else ' '}{value!r} is not "
                              f"supported: {option.note} (accepted: {allowed})")
     return server
+
+
+def vllm_mapped(given: dict[str, Any]) -> dict[str, Any]:
+    """The cadence options (CacheConfig fields) that vLLM options given map onto."""
+    return {VLLM_OPTIONS[name].maps_to: value for name, value in given.items()
+            if VLLM_OPTIONS[name].maps_to is not None and value is not None}
 
 
 def _in(value: Any, allowed: tuple[Any, ...]) -> bool:

@@ -62,6 +62,7 @@ _FLAGS: tuple[tuple[str, type, str, Any], ...] = (
     ("--block-size", CacheConfig, "block_size", int),
     ("--num-gpu-blocks-override", CacheConfig, "num_blocks", int),
     ("--kv-cache-memory-bytes", CacheConfig, "kv_cache_memory_bytes", parse_size),
+    ("--kv-cache-memory-fraction", CacheConfig, "kv_cache_memory_fraction", float),
     ("--enable-prefix-caching", CacheConfig, "enable_prefix_caching", bool),
     ("--num-swap-blocks", CacheConfig, "num_swap_blocks", int),
     ("--kv-offload-dir", CacheConfig, "kv_offload_dir", str),
@@ -207,12 +208,14 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EnginePro
     """Raises ValueError (a config's own check) with a message naming the bad value."""
     import json
 
-    from cadence.engine.vllm_options import check_vllm_options, vllm_values
+    from cadence.engine.vllm_options import check_vllm_options, vllm_mapped, vllm_values
 
     resolve_model_and_policy(args)
-    vllm_server = check_vllm_options(vllm_values(args), spell="flag")
+    vllm_given = vllm_values(args)
+    vllm_server = check_vllm_options(vllm_given, spell="flag")
     scheduler = SchedulerConfig(**_values(args, SchedulerConfig))
-    cache = CacheConfig(**_values(args, CacheConfig))
+    # vLLM options mapped onto cadence's (--gpu-memory-utilization); cadence's own flag wins.
+    cache = CacheConfig(**{**vllm_mapped(vllm_given), **_values(args, CacheConfig)})
     engine = EngineConfig(scheduler=scheduler, cache=cache, **_values(args, EngineConfig))
     server = ServerConfig(**_values(args, ServerConfig), **server_options_from_vllm(vllm_server))
     engine_dict = dataclasses.asdict(engine)
