@@ -22,6 +22,7 @@ def test_defaults_match_the_interface_map():
     assert (s.max_prefill_slowdown, s.max_num_partial_prefills, s.max_long_partial_prefills) == (
         1.15, 4, 1)
     assert SchedulerConfig(policy="chunked").max_num_partial_prefills == 1  # vLLM's default
+    assert s.max_stall_share == 0.2
     assert s.long_prompt_threshold == 8192 * 4 // 100
     assert (s.long_prefill_token_threshold, s.max_model_len, s.scheduling) == (0, 8192, "fcfs")
     c = CacheConfig()
@@ -46,6 +47,8 @@ def test_configs_are_frozen():
         ({"max_num_batched_tokens": 0}, "max_num_batched_tokens"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"max_prefill_slowdown": 1.0}, "max_prefill_slowdown"),
+        ({"max_stall_share": 1.0}, "max_stall_share"),
+        ({"max_stall_share": -0.1}, "max_stall_share"),
         ({"max_num_partial_prefills": 0}, "max_num_partial_prefills"),
         ({"max_num_partial_prefills": 2, "max_long_partial_prefills": 3}, "max_long_partial"),
         ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),

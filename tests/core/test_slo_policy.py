@@ -79,10 +79,11 @@ def slo_scheduler(
     num_blocks: int = 2048,
     threshold: int = 0,
     slowdown: float = 1e6,
+    stall_share: float = 0.0,
     **kwargs,
 ) -> Scheduler:
-    """An slo scheduler; `slowdown` defaults to effectively no prefill floor, so the tests of
-    target-sized chunks see the target alone (the floor has its own tests)."""
+    """An slo scheduler; `slowdown` and `stall_share` default to effectively no prefill floor,
+    so the tests of target-sized chunks see the target alone (the floor has its own tests)."""
     return Scheduler(
         SchedulerConfig(
             policy="slo",
@@ -91,6 +92,7 @@ def slo_scheduler(
             max_num_seqs=max_seqs,
             long_prefill_token_threshold=threshold,
             max_prefill_slowdown=slowdown,
+            max_stall_share=stall_share,
             **kwargs,
         ),
         CacheConfig(block_size=block_size, num_blocks=num_blocks),
@@ -397,6 +399,33 @@ def test_unreachable_target_keeps_the_prefill_within_its_slowdown_of_eager(num_s
     # points at 256 and 1024 tokens and interpolates the knee between them, so the steps of
     # chunks near it spread more.)
     assert worst == pytest.approx(reachable, rel=0.25 if coeffs is TRUE_COST else 0.35)
+
+
+@pytest.mark.parametrize("num_streams", [1, 4, 12])
+def test_unreachable_target_plans_the_fewest_chunks_within_a_fifth_of_eager(num_streams):
+    """Once every chunk's step misses the target, the floor plans the fewest chunks whose steps
+    stay within max_stall_share of the eager step (each chunk is one more gap over the target
+    in every stream, which is what sets their p99 under Poisson arrivals), not the most that
+    the slowdown bound allows: the largest gap is a fifth of eager's, in a handful of chunks."""
+    share = SchedulerConfig().max_stall_share
+    scheduler = calibrated(slo_scheduler(target_ms=1.0, budget=4096, slowdown=1.15,
+                                         stall_share=share))
+    chunks, total, worst = run_doc(scheduler, num_streams, 3000)
+    eager = Scheduler(
+        SchedulerConfig(policy="eager", max_num_batched_tokens=4096, max_num_seqs=16),
+        CacheConfig(block_size=16, num_blocks=2048),
+    )
+    _, eager_total, eager_worst = run_doc(eager, num_streams, 3000)
+    assert worst <= share * eager_worst * 1.05
+    # The fewest such chunks (with the old rule, the most the slowdown allows: 12-22 here).
+    assert len(chunks) <= 1 / share + 2, chunks
+    assert total <= 1.15 * eager_total
+    # Nothing is given up where the target is in reach (test_reachable_target_wins_over_the_floor),
+    # and a bound that needs larger chunks than the share wins (the slowdown is a hard bound).
+    tight = calibrated(slo_scheduler(target_ms=1.0, budget=4096, slowdown=1.01, stall_share=share))
+    chunks_tight, total_tight, _ = run_doc(tight, num_streams, 3000)
+    assert len(chunks_tight) <= len(chunks)
+    assert total_tight <= 1.01 * eager_total + 1e-9
 
 
 def test_reachable_target_wins_over_the_floor():

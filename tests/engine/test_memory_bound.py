@@ -7,7 +7,12 @@ import pytest
 from cadence.core.config import CacheConfig
 from cadence.engine.config import EngineConfig
 from cadence.engine.llm_engine import LLMEngine
-from cadence.engine.memory_bound import activation_bytes, available_bytes, model_bytes
+from cadence.engine.memory_bound import (
+    activation_bytes,
+    available_bytes,
+    model_bytes,
+    resident_bytes,
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +33,14 @@ def test_bound_is_stated_and_adds_up(tiny_loaded, capsys):
     assert bound.activation_bytes == activation_bytes(tiny_loaded.config,
                                                       sched.max_num_batched_tokens,
                                                       sched.max_num_seqs)
-    assert bound.total_bytes == bound.weights_bytes + bound.kv_pool_bytes + bound.activation_bytes
+    assert bound.total_bytes == (bound.weights_bytes + bound.runtime_bytes + bound.kv_pool_bytes
+                                 + bound.activation_bytes)
+    # On CPU the bound starts from what the process holds (weights, runtime, loader copies):
+    # the resident set now, with the pool allocated, is within it.
+    rss = resident_bytes()
+    assert bound.runtime_bytes > 0 and rss is not None
+    assert rss <= bound.total_bytes
+    assert bound.weights_bytes + bound.runtime_bytes >= rss - allocated - (64 << 20)
     engine.close()
 
 

@@ -82,7 +82,18 @@ class SchedulerConfig:
             "so that what chunking adds (each step's fixed cost: weights pass, decodes riding "
             "along; later chunks' attention against cached context) stays within 15 percent of "
             "the prompt's own work, under the step-time model. A large value lets "
-            "--target-itl-ms win."
+            "--target-itl-ms win (with --max-stall-share 0)."
+        },
+    )
+    max_stall_share: float = field(
+        default=0.2,
+        metadata={
+            "help": "slo policy: where --target-itl-ms is out of reach, a long prompt is cut "
+            "into the fewest chunks whose steps each take at most this share of the prompt's "
+            "step run whole (the stall eager would cause), never into more than "
+            "--max-prefill-slowdown allows: every chunk is one more gap over the target in each "
+            "running stream, and the number of such gaps is what sets the streams' p99 ITL "
+            "under Poisson arrivals. 0 plans the most chunks the slowdown allows."
         },
     )
     max_num_partial_prefills: int | None = field(
@@ -147,6 +158,9 @@ class SchedulerConfig:
         slow = self.max_prefill_slowdown
         if isinstance(slow, bool) or not isinstance(slow, (int, float)) or not 1 < slow < float("inf"):
             raise ValueError(f"max_prefill_slowdown must be a number > 1, got {slow!r}")
+        share = self.max_stall_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
+            raise ValueError(f"max_stall_share must be a number in [0, 1), got {share!r}")
 
     @property
     def long_prompt_threshold(self) -> int:

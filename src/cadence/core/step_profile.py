@@ -8,6 +8,13 @@ a few sizes, early and late in a context, alone and with decodes riding along) a
 (plan, seconds) pairs to `Scheduler.calibrate`, which makes the fit this machine's prior. The
 same samples calibrate the simulator (`cadence sim --calibrate`).
 
+The profile is sized by the model's cost (`scaled_shapes`): one probe step estimates what the
+whole profile would take, and where that is over `PROFILE_BUDGET_S` the large chunks, their
+positions and the decodes' contexts shrink by halves (never below 64 tokens, the per-token
+curve's smallest size; positions and contexts stay) and then the rounds drop to one. SmolLM2 on 2 cores keeps the full
+profile (~10 s); the 8B shape on 2 cores, where the full profile's ~5600 prompt tokens took
+minutes, profiles an eighth of the sizes in one round.
+
 Pure Python (the executor is a callable), so the simulator can rebuild the same plans from a
 saved profile. The synthetic steps write KV into blocks that no request owns yet (the pool is untouched, no
 prefix hash is registered), so nothing a real request reads is affected.
@@ -15,6 +22,7 @@ prefix hash is registered), so nothing a real request reads is affected.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +31,8 @@ from dataclasses import dataclass
 from cadence.core.plan import ScheduledChunk, StepOutput, StepPlan
 from cadence.core.sampling_params import SamplingParams
 from cadence.core.step_cost import StepFeatures
+
+logger = logging.getLogger(__name__)
 
 # A token id that every vocabulary has.
 _TOKEN = 1
@@ -116,6 +126,54 @@ def build_plan(shape: ProfileShape, block_size: int, num_blocks: int, step_id: i
     return StepPlan(step_id=step_id, chunks=tuple(chunks), block_size=block_size)
 
 
+# Estimated seconds the profile may take (its warm-up and timed steps, from one probe step's
+# per-token time): with it, load + profile of the 8B shape stay within ~90 s on 2 cores.
+PROFILE_BUDGET_S = 20.0
+# The probe: a lone chunk of this many tokens (the per-op path), run untimed then timed.
+PROBE_TOKENS = 64
+# Halvings of the large shapes' sizes tried before the rounds drop to one (down to 1/8).
+MAX_HALVINGS = 3
+# Chunks of at most this many tokens keep their size under scaling: they are the fused decode
+# stack's boundary (32 rides in it, 48 takes the per-op path), not points of the per-token curve.
+KEEP_CHUNKS_UP_TO = 48
+# Scaled chunks stay at least this long (step_cost.CURVE_MIN_TOKENS: the curve's smallest size).
+MIN_SCALED_CHUNK = 64
+
+
+def scale_shape(shape: ProfileShape, halvings: int) -> ProfileShape:
+    """`shape` with its large chunk divided by 2**halvings (chunks of <= KEEP_CHUNKS_UP_TO
+    tokens as they are). Positions and contexts stay: they cost attention pairs only, cheap
+    next to a large model's GEMMs, and they are what pins the per-pair cost; scaled with the
+    chunks (an eighth of the contexts on the 8B shape) the pairs were too few to see and
+    the fit charged them 0.8 ms each, 40x their cost."""
+    if halvings <= 0 or shape.chunk <= KEEP_CHUNKS_UP_TO:
+        return shape
+    return ProfileShape(decodes=shape.decodes, decode_ctx=shape.decode_ctx,
+                        chunk=max(MIN_SCALED_CHUNK, shape.chunk // 2 ** halvings),
+                        chunk_start=shape.chunk_start)
+
+
+def scaled_shapes(shapes: Sequence[ProfileShape], halvings: int) -> list[ProfileShape]:
+    """Every shape scaled (scale_shape), duplicates dropped, order kept."""
+    out: list[ProfileShape] = []
+    for shape in shapes:
+        scaled = scale_shape(shape, halvings)
+        if scaled not in out:
+            out.append(scaled)
+    return out
+
+
+def profile_cost_tokens(plans: Sequence[StepPlan], repeats: int) -> int:
+    """Tokens the profile computes over `plans` (the warm-up on the largest step, each
+    fused-stack step twice per round, every other step once per round)."""
+    if not plans:
+        return 0
+    sizes = [p.num_prefill_tokens + p.num_decode_tokens for p in plans]
+    per_round = sum(n * (1 if StepFeatures.of_plan(p).prompt_step else 2)
+                    for p, n in zip(plans, sizes))
+    return max(sizes) + max(1, repeats) * per_round
+
+
 def profile_steps(
     execute: Callable[[StepPlan], StepOutput],
     block_size: int,
@@ -123,6 +181,7 @@ def profile_steps(
     max_model_len: int,
     shapes: Sequence[ProfileShape] = DEFAULT_SHAPES,
     repeats: int = 2,
+    budget_s: float | None = PROFILE_BUDGET_S,
 ) -> list[tuple[StepPlan, float]]:
     """Run every shape once per round, `repeats` rounds (after one untimed warm-up step);
     returns (plan, seconds) with the median of the rounds per shape (on a shared host the
@@ -132,15 +191,62 @@ def profile_steps(
     shapes (a chunk's per-token cost against a larger one's), and a host whose speed drifts by
     up to 2x within a minute (a shared VM) skewed them when one shape's repeats all fell in a
     slow stretch: one startup's 512-token chunk measured 15% dearer per token than 256, and the
-    floor then saw chunking as free and planned 48 chunks."""
-    return round_medians(
-        profile_step_rounds(execute, block_size, num_blocks, max_model_len, shapes, repeats))
+    floor then saw chunking as free and planned 48 chunks. With `budget_s`, the shapes and
+    rounds are scaled to the model's cost first (profile_step_rounds)."""
+    return round_medians(profile_step_rounds(execute, block_size, num_blocks, max_model_len,
+                                             shapes, repeats, budget_s))
 
 
 def round_medians(rounds: Sequence[tuple[StepPlan, Sequence[float]]]
                   ) -> list[tuple[StepPlan, float]]:
     """(plan, median seconds of its rounds) for each profiled shape."""
     return [(plan, statistics.median(times)) for plan, times in rounds]
+
+
+def _plans_of(shapes: Sequence[ProfileShape], block_size: int, num_blocks: int,
+              max_model_len: int) -> list[StepPlan]:
+    plans = []
+    for shape in shapes:
+        if max(shape.decode_ctx + 1, shape.chunk_start + shape.chunk) > max_model_len:
+            continue
+        plan = build_plan(shape, block_size, num_blocks)
+        if plan is not None:
+            plans.append(plan)
+    return plans
+
+
+def fit_to_budget(
+    execute: Callable[[StepPlan], StepOutput],
+    block_size: int,
+    num_blocks: int,
+    max_model_len: int,
+    shapes: Sequence[ProfileShape],
+    repeats: int,
+    budget_s: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[list[StepPlan], int, int]:
+    """(plans, rounds, halvings): the largest sizes, then the most rounds, whose estimated
+    time fits `budget_s`; the smallest profile when none does. The estimate is one probe
+    chunk's seconds per token (its fixed cost included, so it errs long) times the tokens the
+    profile computes: the profile's cost is almost all prompt tokens."""
+    probe = _plans_of([ProfileShape(chunk=PROBE_TOKENS)], block_size, num_blocks, max_model_len)
+    if not probe:
+        return _plans_of(shapes, block_size, num_blocks, max_model_len), repeats, 0
+    execute(probe[0])  # first-call costs (allocations, lazy packing) are not the model's
+    t0 = clock()
+    execute(probe[0])
+    per_token_s = (clock() - t0) / PROBE_TOKENS
+    options = [(r, h) for r in dict.fromkeys((max(1, repeats), 1)) for h in range(MAX_HALVINGS + 1)]
+    for rounds, halvings in options:
+        plans = _plans_of(scaled_shapes(shapes, halvings), block_size, num_blocks, max_model_len)
+        if profile_cost_tokens(plans, rounds) * per_token_s <= budget_s:
+            break
+    estimate = profile_cost_tokens(plans, rounds) * per_token_s
+    if halvings or rounds < repeats:
+        logger.info("startup profile scaled to the model's cost (%.1f ms per prompt token): "
+                    "sizes / %d, %d round(s), about %.0f s", per_token_s * 1e3, 2 ** halvings,
+                    rounds, estimate)
+    return plans, rounds, halvings
 
 
 def profile_step_rounds(
@@ -150,16 +256,17 @@ def profile_step_rounds(
     max_model_len: int,
     shapes: Sequence[ProfileShape] = DEFAULT_SHAPES,
     repeats: int = 2,
+    budget_s: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[tuple[StepPlan, list[float]]]:
     """`profile_steps` before the medians: (plan, seconds of each round) per shape. The spread
-    of the rounds is how much this host's step times vary (the simulator's StepJitter)."""
-    plans = []
-    for shape in shapes:
-        if max(shape.decode_ctx + 1, shape.chunk_start + shape.chunk) > max_model_len:
-            continue
-        plan = build_plan(shape, block_size, num_blocks)
-        if plan is not None:
-            plans.append(plan)
+    of the rounds is how much this host's step times vary (the simulator's StepJitter).
+    With `budget_s`, sizes and rounds fit the model's cost (fit_to_budget)."""
+    if budget_s is not None:
+        plans, repeats, _ = fit_to_budget(execute, block_size, num_blocks, max_model_len,
+                                          shapes, repeats, budget_s, clock)
+    else:
+        plans = _plans_of(shapes, block_size, num_blocks, max_model_len)
     if not plans:
         return []
     # First-call costs (allocations, lazy packing, the first touch of a large activation
@@ -175,9 +282,9 @@ def profile_step_rounds(
         for plan, shape_times, is_small in zip(plans, times, small):
             if is_small:
                 execute(plan)
-            t0 = time.perf_counter()
+            t0 = clock()
             execute(plan)
-            shape_times.append(time.perf_counter() - t0)
+            shape_times.append(clock() - t0)
     return list(zip(plans, times))
 
 

@@ -11,6 +11,14 @@ where T is max_num_batched_tokens and S max_num_seqs. The per-token term counts 
 stream, norms, attention input/output, the MLP's gate/up/act tensors and the query/key/value
 projections, in float32 (the widest dtype a step uses); the logits term is the [S, vocab]
 float32 logits plus one same-sized sampler temporary.
+
+On CPU the bound starts from what the process holds once the model is loaded (its resident
+set: the weights as they are really held plus the Python/torch runtime, the tokenizer and the
+kernels), not from the weights' own byte count: for the 8B-shape Q4_K_M file the weights
+counted 4.78 GiB while the process held ~1.3 GiB more (the runtime, and q/k rows that the
+loader copies to undo llama.cpp's row permutation, kept next to their repacked copy), so the
+served process outgrew the bound it printed. The KV pool and the activations come on top
+(the pool's zeroed pages are resident only once written, so the bound errs high).
 """
 
 from __future__ import annotations
@@ -21,6 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 MIB = 2**20
+# What the engine builds after the check on top of the loaded model, beyond the activations:
+# the kernel library and its thread team, the executor's index buffers, telemetry rings,
+# allocator arenas the startup profile leaves behind (the tiny test model's process grew by
+# 12 MiB over its weights, pool and activations; see docs/performance.md for the 8B shape).
+ENGINE_OVERHEAD_BYTES = 128 * MIB
 
 
 @dataclass(frozen=True)
@@ -28,13 +41,19 @@ class MemoryBound:
     weights_bytes: int
     kv_pool_bytes: int
     activation_bytes: int
+    # What the process holds beyond the weights' own bytes once the model is loaded (CPU: its
+    # resident set less weights_bytes, plus ENGINE_OVERHEAD_BYTES; 0 where unknown or on an
+    # accelerator).
+    runtime_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_pool_bytes + self.activation_bytes
+        return self.weights_bytes + self.runtime_bytes + self.kv_pool_bytes + self.activation_bytes
 
     def describe(self) -> str:
-        return (f"weights {self.weights_bytes / MIB:.0f} MiB + KV pool "
+        runtime = (f" + runtime and loader copies {self.runtime_bytes / MIB:.0f} MiB"
+                   if self.runtime_bytes else "")
+        return (f"weights {self.weights_bytes / MIB:.0f} MiB{runtime} + KV pool "
                 f"{self.kv_pool_bytes / MIB:.0f} MiB + activations <= "
                 f"{self.activation_bytes / MIB:.0f} MiB = {self.total_bytes / MIB:.0f} MiB")
 
@@ -61,6 +80,18 @@ def model_bytes(model: Any) -> int:
     gguf_weights = {id(m.gguf_weight): m.gguf_weight.nbytes for m in model.modules()
                     if hasattr(m, "gguf_weight")}
     return sum(storages.values()) + sum(gguf_weights.values())
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set (VmRSS), or None where /proc is not there."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def available_bytes(device: Any) -> int | None:
@@ -111,8 +142,14 @@ def check_memory_bound(loaded: Any, kv_pool_bytes: int, max_num_batched_tokens: 
                        max_num_seqs: int) -> MemoryBound:
     """State the bound on stderr; ValueError when the pool plus one step cannot fit in what is
     available now (the weights are already loaded, so they are not counted again)."""
-    bound = MemoryBound(model_bytes(loaded.model), kv_pool_bytes,
-                        activation_bytes(loaded.config, max_num_batched_tokens, max_num_seqs))
+    weights = model_bytes(loaded.model)
+    runtime = 0
+    if getattr(loaded.device, "type", "cpu") == "cpu":
+        held = resident_bytes()
+        runtime = max(0, held - weights) + ENGINE_OVERHEAD_BYTES if held is not None else 0
+    bound = MemoryBound(weights, kv_pool_bytes,
+                        activation_bytes(loaded.config, max_num_batched_tokens, max_num_seqs),
+                        runtime)
     print(f"[cadence engine] memory bound: {bound.describe()}", file=sys.stderr)
     available = available_bytes(loaded.device)
     needed = bound.kv_pool_bytes + bound.activation_bytes

@@ -56,6 +56,7 @@ _FLAGS: tuple[tuple[str, type, str, Any], ...] = (
     ("--scheduling-policy", SchedulerConfig, "scheduling", str),
     ("--target-itl-ms", SchedulerConfig, "target_itl_ms", float),
     ("--max-prefill-slowdown", SchedulerConfig, "max_prefill_slowdown", float),
+    ("--max-stall-share", SchedulerConfig, "max_stall_share", float),
     ("--max-num-partial-prefills", SchedulerConfig, "max_num_partial_prefills", int),
     ("--max-long-partial-prefills", SchedulerConfig, "max_long_partial_prefills", int),
     ("--interject-short-prompts", SchedulerConfig, "interject_short_prompts", bool),

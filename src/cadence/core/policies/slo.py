@@ -124,6 +124,7 @@ class SLOPolicy(Policy):
             # gap, longer by the same factor (1.3-1.5x under load).
             slowdown=self.config.max_prefill_slowdown,
             plans=self._floor_plans,
+            stall_share=self.config.max_stall_share,
         )
 
     def schedule_prompts(self, step: StepBuilder, prefills: list, sizer: ChunkSizer) -> None:
@@ -209,8 +210,12 @@ class ChunkSizer:
         threshold: int = 0,
         slowdown: float = float("inf"),
         plans: dict[str, list[int]] | None = None,
+        stall_share: float = 0.0,
     ) -> None:
         self.cost_model = cost_model
+        # Where the target is out of reach: the most of the eager step a chunk's step may take
+        # (SchedulerConfig.max_stall_share; 0: the most chunks the slowdown allows).
+        self.stall_share = stall_share
         self.target_s = target_s
         self.features = base
         self.min_chunk = max(1, min_chunk)
@@ -304,7 +309,7 @@ class ChunkSizer:
             headroom = min(self.cost_model.calibration_error,
                            self.excess * (1 - MIN_PLAN_SHARE_OF_SLOWDOWN))
             shortest_s = plan.shortest_step_s(self.excess - headroom)
-            num_chunks = plan.num_chunks(0, shortest_s)
+            num_chunks = plan.num_chunks(0, self._stall_step_s(plan, shortest_s))
             # The shortest step fills every chunk but the last, which takes the rest: at 8
             # streams on Zen 4 a 2000-token document went 1141 + 466 + 393 tokens (800, 415,
             # 393 ms), so the streams' largest gap was 1.5x their typical one. The same number
@@ -318,6 +323,26 @@ class ChunkSizer:
         if remaining - n < self.min_chunk:
             n = remaining  # a sliver would pay a whole step's fixed cost for a few tokens
         return max(min(cap, self.min_chunk), min(cap, n))
+
+
+    def _stall_step_s(self, plan: _ChunkPlan, shortest_s: float) -> float:
+        """The step time the floor plans a prompt's chunks to: the shortest one within the
+        slowdown bound where the ITL target is within reach of it, else as long as
+        `stall_share` of the prompt's eager step (never shorter than the slowdown allows).
+
+        Why not always the shortest: once every chunk's step misses the target anyway, each
+        chunk is one more gap over the target in every running stream, and the streams' tail
+        under Poisson arrivals (p99 ITL) is set by how many such gaps there are: the share of
+        a stream's ITLs that are stalls is about chunks per prompt x prompts per second x the
+        mean ITL, so eager's one gap per document stays under the 1% where 12-22 chunks (what
+        the shortest steps gave the test machine's 3000-token document) do not, and its p99
+        was then a chunk's step while eager's was a plain decode step (SmolLM2, Poisson mix at
+        0.5 req/s: 842 vs 59 ms). The fewest chunks that keep each gap within a fifth of the
+        eager one give a burst its bound (largest gap <= 0.25x eager) in 5-6 gaps per
+        document, and finish it sooner than the shortest steps do."""
+        if self.target_s >= shortest_s or self.stall_share <= 0:
+            return shortest_s
+        return max(shortest_s, self.stall_share * plan.step_s(0, plan.length))
 
 
 class _ChunkPlan:
