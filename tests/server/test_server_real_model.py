@@ -115,3 +115,30 @@ def test_tool_call_end_to_end(client):
         model=client.models.list().data[0].id, messages=messages, tools=tools, max_tokens=16,
         temperature=0)
     assert answer.choices[0].message.content
+
+
+def test_tool_choice_required_streamed_end_to_end(client):
+    """tool_choice "required" on the default model, streamed through the openai client: the
+    grammar holds the reply to a call of the given tool, which arrives as tool_calls deltas
+    (its name first, then argument pieces) that the client joins into a valid call."""
+    import json
+
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string",
+                                                                 "maxLength": 20}},
+                       "required": ["city"], "additionalProperties": False}}}]
+    stream = client.chat.completions.create(
+        model=client.models.list().data[0].id, tools=tools, tool_choice="required",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        max_tokens=64, temperature=0, stream=True, parallel_tool_calls=False)
+    name, arguments, deltas, finish = "", "", 0, None
+    for chunk in stream:
+        choice = chunk.choices[0]
+        for piece in choice.delta.tool_calls or ():
+            deltas += 1
+            name += piece.function.name or ""
+            arguments += piece.function.arguments or ""
+        finish = choice.finish_reason or finish
+    assert name == "get_weather" and deltas > 2 and finish == "tool_calls"
+    assert isinstance(json.loads(arguments)["city"], str)

@@ -82,9 +82,35 @@ def _chat(server, messages, **extra):
         "guided_choice": [HERMES_CALL], **extra})
 
 
-def test_tool_call_reply_whole_and_streamed(tool_server):
+def _stream(server, messages, **extra) -> list[dict]:
+    """The choice entries of a streamed chat reply."""
     import httpx
 
+    body = {"messages": messages, "tools": TOOLS, "max_tokens": 200, "temperature": 0,
+            "stream": True, **extra}
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", timeout=120,
+                      json=body) as stream:
+        assert stream.status_code == 200, stream.read()
+        events = [json.loads(line[6:]) for line in stream.iter_lines()
+                  if line.startswith("data: {")]
+    return [e["choices"][0] for e in events if e["choices"]]
+
+
+def _streamed_calls(deltas: list[dict]) -> list[dict]:
+    """The calls as a client assembles them from tool_calls deltas (OpenAI's rules)."""
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        for piece in d["delta"].get("tool_calls") or ():
+            call = calls.setdefault(piece["index"], {"name": "", "arguments": ""})
+            if "id" in piece:
+                assert piece["type"] == "function" and "id" not in call
+                call["id"] = piece["id"]
+            call["name"] += piece["function"].get("name", "")
+            call["arguments"] += piece["function"].get("arguments", "")
+    return [calls[i] for i in sorted(calls)]
+
+
+def test_tool_call_reply_whole_and_streamed(tool_server):
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     r = _chat(tool_server, messages)
     assert r.status_code == 200, r.text
@@ -92,15 +118,16 @@ def test_tool_call_reply_whole_and_streamed(tool_server):
     assert choice["finish_reason"] == "tool_calls"
     (call,) = choice["message"]["tool_calls"]
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
-    with httpx.stream("POST", tool_server.base_url + "/v1/chat/completions", timeout=120, json={
-            "messages": messages, "tools": TOOLS, "max_tokens": 200, "temperature": 0,
-            "guided_choice": [HERMES_CALL], "stream": True}) as stream:
-        events = [json.loads(line[6:]) for line in stream.iter_lines()
-                  if line.startswith("data: {")]
-    deltas = [e["choices"][0] for e in events if e["choices"]]
-    calls = [d["delta"]["tool_calls"] for d in deltas if "tool_calls" in d["delta"]]
-    assert calls and calls[0][0]["function"]["name"] == "get_weather"
+    # Streamed as vLLM does: the name in the call's first delta, then argument pieces.
+    deltas = _stream(tool_server, messages, guided_choice=[HERMES_CALL])
+    pieces = [d["delta"]["tool_calls"][0] for d in deltas if d["delta"].get("tool_calls")]
+    assert pieces[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert pieces[0]["id"].startswith("call_") and len(pieces) > 2
+    assert all("id" not in p and "name" not in p["function"] for p in pieces[1:])
+    (streamed,) = _streamed_calls(deltas)
+    assert json.loads(streamed["arguments"]) == {"city": "Paris"}
     assert deltas[-1]["finish_reason"] == "tool_calls"
+    assert not any(d["delta"].get("content") for d in deltas)
     # The conversation goes on with the call and the tool's answer in it.
     history = messages + [{"role": "assistant", "content": None, "tool_calls": [call]},
                           {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
@@ -110,10 +137,57 @@ def test_tool_call_reply_whole_and_streamed(tool_server):
     assert message["content"] == "It is sunny." and "tool_calls" not in message
 
 
-def test_tool_choice_required_is_refused_and_none_is_plain_text(tool_server):
-    r = _chat(tool_server, [{"role": "user", "content": "x"}], tool_choice="required")
+# Bounded arguments (an enum, no other keys), so the random tiny model cannot ramble.
+CITY_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+        "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {}, "additionalProperties": False}}}]
+
+
+def test_tool_choice_named_and_required_are_held_to_the_tools(tool_server):
+    """vLLM's: a named function holds the output to its parameters' JSON schema (finish
+    "stop"); "required" to a list of calls of the given tools (finish "tool_calls")."""
+    messages = [{"role": "user", "content": "Weather?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = _chat(tool_server, messages, tools=CITY_TOOLS, tool_choice=named, guided_choice=None)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and choice["finish_reason"] == "stop"
+    assert json.loads(call["function"]["arguments"])["city"] in ("Paris", "Rome")
+    deltas = _stream(tool_server, messages, tools=CITY_TOOLS, tool_choice=named)
+    (streamed,) = _streamed_calls(deltas)
+    assert streamed["name"] == "get_weather"
+    assert json.loads(streamed["arguments"]) == json.loads(call["function"]["arguments"])
+    r = _chat(tool_server, messages, tools=CITY_TOOLS, tool_choice="required",
+              guided_choice=None, parallel_tool_calls=False)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] in ("get_weather", "get_time")
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    deltas = _stream(tool_server, messages, tools=CITY_TOOLS, tool_choice="required",
+                     parallel_tool_calls=False)
+    (streamed,) = _streamed_calls(deltas)
+    assert streamed["name"] == call["function"]["name"]
+    assert json.loads(streamed["arguments"]) == json.loads(call["function"]["arguments"])
+    assert deltas[-1]["finish_reason"] == "tool_calls"
+
+
+def test_tool_choice_errors_and_none_is_plain_text(tool_server):
+    x = [{"role": "user", "content": "x"}]
+    for choice in ({"type": "function", "function": {"name": "nope"}}, {"type": "function"},
+                   "sometimes"):
+        r = _chat(tool_server, x, tool_choice=choice, guided_choice=None)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
+    # The grammar of "required" is the request's structured output: not both.
+    r = _chat(tool_server, x, tool_choice="required")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "guided_choice", r.text
+    r = _chat(tool_server, x, tools=None, tool_choice="required", guided_choice=None)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
-    r = _chat(tool_server, [{"role": "user", "content": "x"}], tool_choice="none")
+    r = _chat(tool_server, x, tool_choice="none")
     message = r.json()["choices"][0]["message"]
     assert message["content"] == HERMES_CALL and "tool_calls" not in message
 

@@ -134,6 +134,7 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
 
 # Fields accepted with no effect on generation (identifiers, routing, storage hints): OpenAI
 # documents them as metadata, so honouring them means accepting them.
+# (parallel_tool_calls=false does hold tool_choice "required" to one call: tool_choice.py.)
 METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls",
                    "request_id", "safety_identifier", "prompt_cache_key")
 
@@ -303,6 +304,21 @@ class ChatCompletionRequest(SamplingRequestFields):
     # OpenAI's tool calling; served when the server has a tool-call parser (serving_chat.py).
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+
+    def structured_spec_fields(self) -> list[str]:
+        given = super().structured_spec_fields()
+        if self.tool_choice not in (None, "auto", "none") and self.tools:
+            given.insert(0, "tool_choice")  # "required" / a named function: a JSON grammar
+        return given
+
+    def structured_outputs_spec(self) -> tuple[str, dict[str, Any]] | None:
+        fields = self.structured_spec_fields()
+        if fields and fields[0] == "tool_choice":
+            from cadence.server.tool_choice import forced_schema
+
+            one = (self.model_extra or {}).get("parallel_tool_calls") is False
+            return "tool_choice", {"json": forced_schema(self.tools, self.tool_choice, one)}
+        return super().structured_outputs_spec()
 
     def effective_max_tokens(self) -> int | None:
         # max_completion_tokens is OpenAI's newer name; it wins when both are given.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
@@ -14,12 +13,9 @@ from cadence.server import response_format as fmt
 from cadence.server.generation import CollectedGeneration
 from cadence.server.protocol import ChatCompletionRequest
 from cadence.server.request_mapping import chat_logprobs_count, chat_prompt
-from cadence.server.errors import APIError
 from cadence.server.serving import ResponseContext, serve_generation
-from cadence.server.tool_parsers import TOOL_PARSERS, ToolCall
-
-# A tool-call parser: the reply's text -> (content, calls).
-ToolParser = Callable[[str], tuple[str | None, list[ToolCall]]]
+from cadence.server.tool_choice import ToolMode, tool_mode
+from cadence.server.tool_streaming import START
 
 
 class ChatRenderer:
@@ -28,12 +24,13 @@ class ChatRenderer:
 
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, ctx: ResponseContext, tool_parser: ToolParser | None = None) -> None:
+    def __init__(self, ctx: ResponseContext, tools: ToolMode | None = None) -> None:
         self.ctx = ctx
-        # With tools: each choice's text is held until it ends, then read for tool calls
-        # (a call cannot be told from prose before it is whole).
-        self.tool_parser = tool_parser
-        self._held: dict[int, list[str]] = {}
+        # With tools: each choice's text goes through an incremental reader (tool_streaming)
+        # that sends content, and calls as they are written (name, then argument pieces).
+        self.tools = tools
+        self._readers: dict[int, Any] = {}
+        self._called: set[int] = set()  # choices that sent a call
 
     def _chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None = None,
                logprobs: dict[str, Any] | None = None,
@@ -49,7 +46,7 @@ class ChatRenderer:
                                     "content": self.ctx.echo.get(index, "")})]
 
     def output_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
-        if self.tool_parser is not None:
+        if self.tools is not None:
             return self._tool_chunks(out, index)
         chunks = []
         logprobs = None
@@ -63,18 +60,23 @@ class ChatRenderer:
         return chunks
 
     def _tool_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
-        self._held.setdefault(index, []).append(out.new_text)
-        if not out.finished:
-            return []
-        content, calls = self.tool_parser("".join(self._held.pop(index)))
+        reader = self._readers.get(index)
+        if reader is None:
+            reader = self._readers[index] = self.tools.new_stream()
+        events = reader.feed(out.new_text) if out.new_text else []
+        if out.finished:
+            events += reader.finish()
+            del self._readers[index]
         chunks = []
-        if content:
-            chunks.append(self._chunk(index, {"content": content}))
-        if calls:
-            chunks.append(self._chunk(index, {"tool_calls": [
-                c.to_openai(k) for k, c in enumerate(calls)]}))
-        reason = "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
-        chunks.append(self._chunk(index, {}, reason, stop_reason=out.stop_reason))
+        for event in events:
+            if event.kind == START:
+                self._called.add(index)
+            chunks.append(self._chunk(index, event.delta()))
+        if out.finished:
+            reason = out.finish_reason
+            if index in self._called and reason == "stop" and self.tools.finish_as_tool_calls:
+                reason = "tool_calls"
+            chunks.append(self._chunk(index, {}, reason, stop_reason=out.stop_reason))
         return chunks
 
     def whole_response(self, results: list[CollectedGeneration],
@@ -86,37 +88,16 @@ class ChatRenderer:
                             r.stop_reason)
             for i, r in enumerate(results)
         ]
-        if self.tool_parser is not None:
+        if self.tools is not None:
             for choice, r in zip(choices, results):
-                content, calls = self.tool_parser(r.text)
+                content, calls = self.tools.whole(r.text)
                 if calls:
                     choice["message"]["content"] = content
                     choice["message"]["tool_calls"] = [c.to_openai(k)
                                                        for k, c in enumerate(calls)]
-                    if choice["finish_reason"] == "stop":
+                    if choice["finish_reason"] == "stop" and self.tools.finish_as_tool_calls:
                         choice["finish_reason"] = "tool_calls"
         return fmt.chat_response(ctx.req_id, ctx.created, ctx.model, choices, usage)
-
-
-def tool_setup(body: ChatCompletionRequest, request: Request) -> tuple[ToolParser | None,
-                                                                         dict | None]:
-    """(the parser to read replies with, chat_template_kwargs with the tools) for a request;
-    APIError when it asks for tool calling this server does not do."""
-    choice = body.tool_choice if body.tool_choice is not None else "auto"
-    if choice not in ("auto", "none"):
-        raise APIError(400, "tool_choice 'required' or a named function is not supported; "
-                       "use 'auto' (or 'none').", param="tool_choice",
-                       code="unsupported_parameter")
-    if not body.tools:
-        return None, body.chat_template_kwargs
-    parser_name = request.app.state.server.config.tool_call_parser
-    if parser_name is None:
-        raise APIError(400, "tool calling needs the server started with "
-                       "--enable-auto-tool-choice --tool-call-parser "
-                       f"{{{','.join(sorted(TOOL_PARSERS))}}}.", param="tools",
-                       code="unsupported_parameter")
-    kwargs = {"tools": body.tools, **(body.chat_template_kwargs or {})}
-    return (TOOL_PARSERS[parser_name] if choice == "auto" else None), kwargs
 
 
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
@@ -124,11 +105,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     last = body.messages[-1]
     echo_text = last.content if (body.echo and last.role == "assistant"
                                  and isinstance(last.content, str)) else ""
-    tool_parser, template_kwargs = tool_setup(body, request)
+    tools = tool_mode(body.tools, body.tool_choice,
+                      request.app.state.server.config.tool_call_parser)
+    # The tools reach the chat template (whatever tool_choice says, as in vLLM).
+    template_kwargs = ({"tools": body.tools, **(body.chat_template_kwargs or {})} if body.tools
+                       else body.chat_template_kwargs)
     return await serve_generation(
         request, body, id_prefix="chatcmpl", prompts=[chat_prompt(body)],
         max_tokens=body.effective_max_tokens(), logprobs=chat_logprobs_count(body),
-        renderer=functools.partial(ChatRenderer, tool_parser=tool_parser),
+        renderer=functools.partial(ChatRenderer, tools=tools),
         submit_kwargs={"add_generation_prompt": body.add_generation_prompt,
                        "chat_template": body.chat_template,
                        "continue_final_message": body.continue_final_message,

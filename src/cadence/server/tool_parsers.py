@@ -32,7 +32,7 @@ class ToolCall:
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def _call_from_object(obj: Any, args_key: str) -> ToolCall | None:
+def call_from_object(obj: Any, args_key: str) -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
@@ -53,7 +53,7 @@ def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     calls = []
     for body in _HERMES.findall(text):
         try:
-            call = _call_from_object(json.loads(body), "arguments")
+            call = call_from_object(json.loads(body), "arguments")
         except ValueError:
             call = None
         if call is None:
@@ -77,7 +77,7 @@ def parse_llama3_json(text: str) -> tuple[str | None, list[ToolCall]]:
             obj, end = decoder.raw_decode(body, pos)
         except ValueError:
             return text, []
-        call = _call_from_object(obj, "parameters")
+        call = call_from_object(obj, "parameters")
         if call is None:
             return text, []
         calls.append(call)
