@@ -158,10 +158,10 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
             "--doc-arrival", "0.2", "--budgets", "128", "--targets", "60", "--json", str(out)]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    for label in ("eager", "chunked (budget 128)", "slo 60 ms"):
+    for label in ("eager", "chunked (budget 128)", "slo 60 ms", "core split"):
         assert label in text
     rows = json.loads(out.read_text())["rows"]
-    assert [r["policy"] for r in rows] == ["eager", "chunked", "slo"]
+    assert [r["policy"] for r in rows] == ["eager", "chunked", "slo", "slo"]
 
 
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 POLICIES = ("eager", "chunked", "slo")
 SCHEDULING_ORDERS = ("fcfs", "priority")
+CORE_SPLITS = ("off", "auto")
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,30 @@ class SchedulerConfig:
         },
     )
 
+    core_split: str = field(
+        default="off",
+        metadata={
+            "help": "Prefill and decode side by side on split cores. 'auto': while prompts "
+            "wait and requests decode, the cores are split between two thread teams over the "
+            "same weights and KV cache (prompt chunks on one, decode steps on the other; a "
+            "request's first token hands it over), the split decided per interval from the "
+            "measured decode step time against --target-itl-ms; colocated --policy steps "
+            "otherwise (and always with one core). 'off': colocated steps only.",
+            "choices": CORE_SPLITS,
+        },
+    )
+    split_prefill_chunk: int = field(
+        default=512,
+        metadata={
+            "help": "--core-split: the most prompt tokens one prefill-team step computes (a "
+            "short prompt arriving meanwhile waits at most that long for its first token)."
+        },
+    )
+
     def __post_init__(self) -> None:
+        if self.core_split not in CORE_SPLITS:
+            raise ValueError(f"core_split must be one of {CORE_SPLITS}, got {self.core_split!r}")
+        _require_int("split_prefill_chunk", self.split_prefill_chunk, minimum=1)
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.scheduling not in SCHEDULING_ORDERS:

@@ -93,6 +93,13 @@ class Scheduler:
         self._num_interjected_tokens = 0
         self.num_interjections_total = 0
         self.num_preemptions_total = 0
+        # Split streams (schedule_prefill / schedule_decodes, engine/split_stepper.py): the
+        # prefill stream's plan computing on the prefill team, its requests (kept out of the
+        # decode stream until update() takes the plan), and those of them that finished
+        # meanwhile (an abort): their blocks are freed only then, the forward still writes them.
+        self._prefill_step_id: int | None = None
+        self._prefilling: dict[str, Request] = {}
+        self._free_after_prefill: list[Request] = []
 
     # -- requests in and out ----------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -247,6 +254,125 @@ class Scheduler:
         self._num_interjected_tokens = 0
         return plan
 
+    # -- split streams: prompt chunks on the prefill team, decodes on the decode team --------
+    @property
+    def prefill_in_flight(self) -> bool:
+        """Whether a schedule_prefill() plan is computing (not yet updated or dropped)."""
+        return self._prefill_step_id is not None
+
+    def num_prompt_tokens_waiting(self) -> int:
+        """Prompt tokens still to compute outside the prefill stream's plan in flight: the
+        waiting requests' and those of running requests part-way through their prompt."""
+        waiting = sum(r.num_tokens - r.num_computed_tokens for r in self.waiting)
+        partial = sum(r.num_remaining_tokens for r in self.running
+                      if r.num_remaining_tokens > 1 and r.req_id not in self._prefilling)
+        return waiting + partial
+
+    def num_decode_rows(self) -> int:
+        """Running requests the decode stream serves (prompt done, not in the prefill stream)."""
+        return sum(1 for r in self.running
+                   if r.num_remaining_tokens == 1 and r.req_id not in self._prefilling)
+
+    def schedule_prefill(self, max_tokens: int) -> StepPlan | None:
+        """The prefill stream's next plan, for the prefill team while the decode stream steps:
+        prompt work only, at most `max_tokens` tokens, from free seats and free blocks (it never
+        preempts; the blocks the running requests' next tokens need are left free). Short
+        prompts waiting go first, then prompts part-way through, then the other waiting ones.
+        None when nothing fits. Its requests stay out of schedule_decodes() until update()
+        takes the plan (or drop_prefill() drops it): the hand-over to the decode stream is that
+        state change, the KV stays in its blocks."""
+        if self._prefill_step_id is not None:
+            raise RuntimeError("a prefill-stream plan is already in flight")
+        reserved = self._blocks_for_next_decodes()
+        partial = [r for r in self.running if r.num_remaining_tokens > 1]
+        admitted: list[Request] = []
+        step = StepBuilder(
+            kv=self.kv,
+            running=admitted,
+            waiting=self.waiting,
+            max_num_batched_tokens=max_tokens,
+            max_num_seqs=self.sched.max_num_seqs - len(self.running),
+            rank=self._rank,
+            fail=self._fail_request,
+            swap=self.swap,
+            disk=self.disk,
+        )
+
+        def whole(remaining: int, left: int, _first: bool) -> int:
+            return min(remaining, left)
+
+        short = self.sched.long_prompt_threshold
+        step.admit_waiting_where(whole, lambda r: r.num_tokens <= short, reserved=reserved)
+        step.continue_without_preempting(sorted(partial, key=self._rank), whole, reserved)
+        step.admit_waiting_where(whole, lambda r: True, reserved=reserved)
+        self.running.extend(admitted)
+        if step.is_empty:
+            return None
+        disk_out, self._spills = self._spills, []
+        plan = step.build_plan(self._next_step_id, [], [], None, disk_out, None, ())
+        if self.swap is not None:
+            self.swap.end_step()
+        if self.disk is not None:
+            self.disk.end_step()
+        self._next_step_id += 1
+        self._prefill_step_id = plan.step_id
+        self._prefilling = {c.req_id: self._requests[c.req_id] for c in plan.chunks}
+        return plan
+
+    def schedule_decodes(self) -> StepPlan:
+        """The decode stream's next plan: the next token of every running request whose prompt
+        is done, none of the prefill stream's. Admits nobody (prompts are the prefill stream's);
+        when blocks run out it preempts among its own requests only (those of the prefill
+        stream keep every block their forward writes). Updated like any schedule() plan."""
+        hidden_ids = {r.req_id for r in self.running
+                      if r.req_id in self._prefilling or r.num_remaining_tokens != 1}
+        decoders = [r for r in self.running if r.req_id not in hidden_ids]
+        preempted_to = make_waiting_queue(self.sched.scheduling, self._rank)
+        step = StepBuilder(
+            kv=self.kv,
+            running=decoders,
+            waiting=preempted_to,
+            max_num_batched_tokens=self.sched.max_num_batched_tokens,
+            max_num_seqs=self.sched.max_num_seqs,
+            rank=self._rank,
+            fail=self._fail_request,
+            swap=self.swap,
+            choose_tier=self._choose_tier,
+            disk=self.disk,
+        )
+        step.schedule_running(step.running_by_rank(), lambda rem, left, _first: min(rem, left))
+        # The victims go back to the real queue, in the order the builder queued them.
+        for req in reversed(list(preempted_to)):
+            self.waiting.add_front(req)
+        kept = {r.req_id for r in decoders} | hidden_ids
+        self.running = [r for r in self.running if r.req_id in kept]
+        disk_out = self._spills + step.disk_out
+        self._spills = []
+        discard = self.disk.take_discards() if self.disk is not None else ()
+        plan = step.build_plan(self._next_step_id, None, None, None, disk_out, None, discard)
+        if self.swap is not None:
+            self.swap.end_step()
+        if self.disk is not None:
+            self.disk.end_step()
+        self._next_step_id += 1
+        self.num_preemptions_total += len(plan.preempted)
+        self.num_swap_preemptions_total += sum(1 for r in plan.preempted if self._swapped(r))
+        self._outstanding_step_id = None if plan.is_empty else plan.step_id
+        return plan
+
+    def drop_prefill(self, plan: StepPlan) -> None:
+        """The prefill team's forward failed on `plan` (it is never updated): its requests are
+        back in the scheduler's hands (the engine fails them)."""
+        if plan.step_id == self._prefill_step_id:
+            self._end_prefill()
+
+    def _end_prefill(self) -> None:
+        self._prefill_step_id = None
+        self._prefilling = {}
+        for req in self._free_after_prefill:
+            self.kv.free(req)
+        self._free_after_prefill = []
+
     # -- interjection: a short prompt run between two layers of a long step ------------------
     def may_interject(self, plan: StepPlan) -> bool:
         """Whether a short prompt arriving while `plan` computes may run between two of its
@@ -316,7 +442,8 @@ class Scheduler:
         if out.step_id != plan.step_id:
             raise ValueError(f"StepOutput of step {out.step_id} given for plan {plan.step_id}")
         if not plan.is_empty and plan.step_id not in (self._outstanding_step_id,
-                                                      self._interjection_step_id):
+                                                      self._interjection_step_id,
+                                                      self._prefill_step_id):
             raise ValueError(
                 f"plan {plan.step_id} is not the latest scheduled step (or was already updated)"
             )
@@ -341,6 +468,8 @@ class Scheduler:
             pass
         elif plan.step_id == self._interjection_step_id:
             self._interjection_step_id = None
+        elif plan.step_id == self._prefill_step_id:
+            self._end_prefill()
         else:
             self._outstanding_step_id = None
         if out.failed_disk_slots or skipped:
@@ -482,8 +611,10 @@ class Scheduler:
             self.waiting.remove(req)
         else:
             self.remote.discard(req)
-        if req.hold_kv_on_finish and status in (RequestStatus.FINISHED_STOPPED,
-                                                RequestStatus.FINISHED_LENGTH):
+        if req.req_id in self._prefilling:
+            self._free_after_prefill.append(req)  # the prefill team still writes its blocks
+        elif req.hold_kv_on_finish and status in (RequestStatus.FINISHED_STOPPED,
+                                                  RequestStatus.FINISHED_LENGTH):
             self.kv.lease(req)  # the decode side pulls it; the engine releases the lease
         else:
             self.kv.free(req)

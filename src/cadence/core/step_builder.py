@@ -137,6 +137,27 @@ class StepBuilder:
             if self._allocate_or_preempt(request, num_new):
                 self._add(request, num_new)
 
+    def continue_without_preempting(self, order: Iterable[Request], rule: ChunkRule,
+                                    reserved: int = 0) -> None:
+        """Give running requests (not necessarily in this builder's running list) their next
+        chunk in `order` from free blocks only, leaving `reserved` of them untouched; a request
+        whose chunk does not fit is passed over (the split engine's prefill stream: another
+        stream's requests may not be preempted from here)."""
+        for request in order:
+            if self.token_budget <= 0:
+                return
+            if request.status is not RequestStatus.RUNNING or request.req_id in self._scheduled:
+                continue
+            num_new = rule(request.num_remaining_tokens, self.token_budget, self.is_empty)
+            if num_new <= 0:
+                continue
+            if not self._kv.holds_enough(request, num_new):
+                if (self._kv.num_free_blocks_needed(request, num_new) + reserved
+                        > self._kv.pool.num_free_blocks):
+                    continue
+                self._kv.allocate(request, num_new)
+            self._add(request, num_new)
+
     def admit_waiting_where(self, rule: ChunkRule, accept: Callable[[Request], bool],
                             reserved: int = 0) -> None:
         """Admit waiting requests that `accept` (asked just before each admission, so it can

@@ -166,6 +166,8 @@ class LLMEngine:
             time.monotonic,
         )
         self.config = dataclasses.replace(cfg, scheduler=sched_cfg, cache=cache_cfg)
+        if sched_cfg.core_split == "auto" and loaded.device.type == "cpu":
+            self.enable_core_split()
         self.model_name = loaded.name
         self.model_config = loaded.config
         if cfg.trace_path:
@@ -214,6 +216,11 @@ class LLMEngine:
         self._emit: Callable[[list[RequestOutput]], None] | None = None
         self._interjected_outputs: list[RequestOutput] = []
         self._interjected_s = 0.0
+        # The latest colocated step's plan and executor seconds (the split stepper learns the
+        # colocated decode step time from it).
+        self.last_executed: tuple[StepPlan | None, float] = (None, 0.0)
+        self._split_enabled = False
+        self._split = None
 
     def set_interjection_hooks(self, poll: Callable[[], None] | None,
                                emit: Callable[[list[RequestOutput]], None] | None = None) -> None:
@@ -393,8 +400,44 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self._pending) or bool(self._texts) or self.scheduler.has_unfinished()
 
+    def enable_core_split(self, num_cores: int | None = None, pin: bool | None = None) -> None:
+        """Run prefill and decode side by side on split cores (--core-split auto; see
+        engine/split_stepper.py). `num_cores`: the cores to split (default: the calling
+        thread's torch thread count at the first step, so a later torch.set_num_threads of
+        the engine process counts). With one core every step stays colocated."""
+        self._split_cores = num_cores
+        self._split_pin = pin
+        self._split = None
+        self._split_enabled = True
+
+    @property
+    def split_stepper(self) -> Any:
+        """The SplitStepper once split steps started (None otherwise)."""
+        return getattr(self, "_split", None)
+
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; returns the outputs of requests that progressed or ended."""
+        if getattr(self, "_split_enabled", False):
+            if self._split is None:
+                from cadence.engine.split_stepper import SplitStepper
+
+                import torch
+
+                cores = self._split_cores or torch.get_num_threads()
+                self._split = SplitStepper(self, cores, self._split_pin)
+                self._split.on_change.append(self._record_split_change)
+            return self._split.step()
+        return self._step_colocated()
+
+    def _record_split_change(self, decision: Any, t: float) -> None:
+        """Trace files and listeners get each change of the core split."""
+        self.telemetry.record_event({"type": "core_split", "time": t,
+                                     "decode_threads": decision.decode_threads,
+                                     "prefill_threads": decision.prefill_threads})
+
+    def _step_colocated(self) -> list[RequestOutput]:
+        """One step of the policy over every request, on the calling thread's cores."""
+        self.last_executed = (None, 0.0)
         outputs, self._pending = self._pending, []
         t_start = self._clock()
         plan: StepPlan = self.scheduler.schedule()
@@ -415,8 +458,9 @@ class LLMEngine:
             # The executor's own time (not the engine clock, which tests may fake) feeds
             # policies that model step time (slo); the time of prompts interjected into it
             # is not the step's own.
-            self.scheduler.observe_step(
-                plan, max(0.0, time.perf_counter() - t_exec - self._interjected_s))
+            seconds = max(0.0, time.perf_counter() - t_exec - self._interjected_s)
+            self.scheduler.observe_step(plan, seconds)
+            self.last_executed = (plan, seconds)
             outputs += self._take_interjected()
         return outputs + self._finish_step(plan, out, t_start)
 
@@ -502,6 +546,8 @@ class LLMEngine:
 
     def close(self) -> None:
         """Flush telemetry listeners (trace files); remove the disk tier's files."""
+        if self.split_stepper is not None:
+            self._split.close()
         self.telemetry.close()
         close = getattr(self.executor, "close", None)
         if close is not None:

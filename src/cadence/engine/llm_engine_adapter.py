@@ -123,7 +123,11 @@ class LLMEngineAdapter:
         return self._telemetry.take()
 
     def stats(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.engine.scheduler.stats())
+        out = dataclasses.asdict(self.engine.scheduler.stats())
+        split = self.engine.split_stepper
+        if split is not None:  # --core-split: the split and the teams' utilisation
+            out.update(split.stats())
+        return out
 
     def close(self) -> None:
         self.templates.close()

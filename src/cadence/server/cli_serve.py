@@ -60,6 +60,8 @@ _FLAGS: tuple[tuple[str, type, str, Any], ...] = (
     ("--max-num-partial-prefills", SchedulerConfig, "max_num_partial_prefills", int),
     ("--max-long-partial-prefills", SchedulerConfig, "max_long_partial_prefills", int),
     ("--interject-short-prompts", SchedulerConfig, "interject_short_prompts", bool),
+    ("--core-split", SchedulerConfig, "core_split", str),
+    ("--split-prefill-chunk", SchedulerConfig, "split_prefill_chunk", int),
     ("--block-size", CacheConfig, "block_size", int),
     ("--num-gpu-blocks-override", CacheConfig, "num_blocks", int),
     ("--kv-cache-memory-bytes", CacheConfig, "kv_cache_memory_bytes", parse_size),

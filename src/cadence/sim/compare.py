@@ -34,6 +34,11 @@ def policy_variants(
         )
         for t in targets_ms
     ]
+    if targets_ms:
+        # Prefill and decode side by side on split cores (--core-split auto; colocated slo
+        # steps at the base config's target in between).
+        configs.append(dataclasses.replace(base, policy="slo", max_num_batched_tokens=slo_budget,
+                                           core_split="auto"))
     return configs
 
 

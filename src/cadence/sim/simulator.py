@@ -29,6 +29,11 @@ from cadence.telemetry.recorder import TelemetryRecorder
 from cadence.telemetry.request_timeline import RequestTimeline
 from cadence.telemetry.step_trace import StepRecord
 
+# A decode step beside a prefill, over its time alone on the same cores (shared memory
+# bandwidth), and the same for the prefill chunk: measured on this project's Zen 4 host with
+# benchmarks/core_split_contention.py (docs/performance.md).
+DECODE_CONTENTION = 1.15
+
 
 @dataclass(frozen=True)
 class SimStep:
@@ -93,8 +98,13 @@ def simulate(
     max_steps: int = 1_000_000,
     calibration: list | None = None,
     jitter: StepJitter | None = None,
+    num_cores: int = 2,
+    contention: float = DECODE_CONTENTION,
 ) -> SimResult:
     """Run `workload` to completion under `sched`; deterministic for a given input.
+    With `sched.core_split == "auto"` prompt chunks and decode steps run side by side on two
+    teams of `num_cores` (simulate_split); `contention`: how much slower both teams' steps run
+    beside each other than their core share alone predicts (shared memory bandwidth).
     `calibration`: (plan, seconds) samples of a machine profile, handed to the scheduler as
     the engine does at start (Scheduler.calibrate), so an slo policy starts from the same
     step-time model in the simulator as on the machine. `jitter`: multiplicative noise on each
@@ -104,6 +114,11 @@ def simulate(
     if calibration:
         scheduler.calibrate(calibration)
     executor = executor or HashSampler(vocab_size)
+    if sched.core_split == "auto" and num_cores > 1:
+        from cadence.sim.split_sim import simulate_split
+
+        return simulate_split(workload, scheduler, cost_model, executor, vocab_size, max_steps,
+                              jitter, num_cores, contention)
     clock = VirtualClock()
     telemetry = TelemetryRecorder(max_finished=max(1, len(workload.requests)))
     predict = getattr(scheduler.policy, "predict_step_s", None)

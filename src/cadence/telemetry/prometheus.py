@@ -102,6 +102,25 @@ class _EngineStatsCollector(Collector):
                         "is below what this machine reaches without slowing prefills by more "
                         "than --max-prefill-slowdown (= the target while it is reachable).",
                         reachable if reachable is not None else s["itl_target_s"])
+        if s.get("split_decode_threads") is not None:  # --core-split
+            yield gauge("core_split_prefill_threads", "--core-split: threads of the prefill "
+                        "team in the current interval (0: colocated steps on every core).",
+                        s["split_prefill_threads"])
+            yield gauge("core_split_decode_threads", "--core-split: threads of the decode "
+                        "team (every core while colocated).", s["split_decode_threads"])
+            yield gauge("core_split_prefill_team_utilisation", "--core-split: share of the "
+                        "latest window the prefill team computed.",
+                        s.get("prefill_team_utilisation", 0.0))
+            yield gauge("core_split_decode_team_utilisation", "--core-split: share of the "
+                        "latest window the decode team (or a colocated step) computed.",
+                        s.get("decode_team_utilisation", 0.0))
+            yield counter("core_split_changes", "--core-split: changes of the split.",
+                          "num_core_split_changes_total")
+            if s.get("decode_contention") is not None:
+                yield gauge("core_split_decode_contention", "--core-split: a decode step's "
+                            "time per row beside a prefill over colocated, beyond the core "
+                            "ratio (memory bandwidth both teams share).",
+                            s["decode_contention"])
         yield gauge("engine_up", "1 while an engine process serves, 0 while it is restarting.",
                     self.engine_up)
         restarts = CounterMetricFamily(PREFIX + "engine_restarts",

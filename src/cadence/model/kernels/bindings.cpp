@@ -2,7 +2,9 @@
 // are compiled once into one extension by cadence.model.kernels.cpu_ops).
 //
 // Every kernel works on float32 and bfloat16 tensors (templated on the storage type, computing in
-// float32) and parallelises with at::parallel_for, so it follows torch.set_num_threads.
+// float32) and parallelises with at::parallel_for, so it follows torch.set_num_threads (of the
+// calling thread: OpenMP's thread count is per calling thread). Every tensor kernel releases the
+// GIL, so two Python threads (the engine's prefill and decode teams) compute at once.
 //
 //  paged_attention   one query row per token, attending over its own context [0, ctx_len) read
 //                    straight from the paged cache through its block table: no gather, no copy.
@@ -30,33 +32,33 @@
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &cadence_kernels::paged_attention, "paged attention over block tables (no gather)");
-  m.def("rope_write_kv", &cadence_kernels::rope_write_kv, "rotary embedding in place + cache write");
-  m.def("rms_norm", &cadence_kernels::rms_norm, "RMS norm");
-  m.def("add_rms_norm", &cadence_kernels::add_rms_norm, "residual add + RMS norm");
-  m.def("silu_mul", &cadence_kernels::silu_mul, "silu(gate) * up");
-  m.def("linear_bf16", &cadence_kernels::linear_bf16, "bf16 x @ w.T for few rows");
-  m.def("prefill_attention", &cadence_kernels::prefill_attention, "causal bf16 flash attention of a prefill chunk over its context");
+  m.def("paged_attention", &cadence_kernels::paged_attention, "paged attention over block tables (no gather)", py::call_guard<py::gil_scoped_release>());
+  m.def("rope_write_kv", &cadence_kernels::rope_write_kv, "rotary embedding in place + cache write", py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &cadence_kernels::rms_norm, "RMS norm", py::call_guard<py::gil_scoped_release>());
+  m.def("add_rms_norm", &cadence_kernels::add_rms_norm, "residual add + RMS norm", py::call_guard<py::gil_scoped_release>());
+  m.def("silu_mul", &cadence_kernels::silu_mul, "silu(gate) * up", py::call_guard<py::gil_scoped_release>());
+  m.def("linear_bf16", &cadence_kernels::linear_bf16, "bf16 x @ w.T for few rows", py::call_guard<py::gil_scoped_release>());
+  m.def("prefill_attention", &cadence_kernels::prefill_attention, "causal bf16 flash attention of a prefill chunk over its context", py::call_guard<py::gil_scoped_release>());
   m.def("prefill_attention_f32", &cadence_kernels::prefill_attention_f32,
-        "causal float32 flash attention of a prefill chunk over its context (AVX2 tier)");
-  m.def("argmax_rows", &cadence_kernels::argmax_rows, "first index of each float32 row's maximum (torch.argmax(-1))");
-  m.def("pack_linear_bf16", &cadence_kernels::pack_linear_bf16, "pack a bf16 [N, K] weight for linear_packed_bf16");
+        "causal float32 flash attention of a prefill chunk over its context (AVX2 tier)", py::call_guard<py::gil_scoped_release>());
+  m.def("argmax_rows", &cadence_kernels::argmax_rows, "first index of each float32 row's maximum (torch.argmax(-1))", py::call_guard<py::gil_scoped_release>());
+  m.def("pack_linear_bf16", &cadence_kernels::pack_linear_bf16, "pack a bf16 [N, K] weight for linear_packed_bf16", py::call_guard<py::gil_scoped_release>());
   m.def("linear_packed_bf16", &cadence_kernels::linear_packed_bf16,
         "bf16 x @ w.T on a packed weight; float_out: the bf16-rounded result as float32; "
         "argmax_out ([M] int64, with float_out): filled with each row's torch.argmax",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(),
-        py::arg("float_out") = false, py::arg("argmax_out") = py::none());
+        py::arg("float_out") = false, py::arg("argmax_out") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("pack_weight_f32", &cadence_kernels::pack_weight_f32,
         "pack a float32/bf16 [N, K] weight for linear_packed_f32 in format 0 (float32), 1 (bf16), 3 (int4) or "
         "2 (int8, a scale per 16 columns x 32 k); returns (data, scales)",
-        py::arg("w"), py::arg("format"), py::arg("interleave_halves") = false);
+        py::arg("w"), py::arg("format"), py::arg("interleave_halves") = false, py::call_guard<py::gil_scoped_release>());
   m.def("quantize_activations_q8", &cadence_kernels::quantize_activations_q8,
-        "float32 [M, K] rows as the int8 GEMM sees them: quantized per group of 32 k and dequantized");
+        "float32 [M, K] rows as the int8 GEMM sees them: quantized per group of 32 k and dequantized", py::call_guard<py::gil_scoped_release>());
   m.def("linear_packed_f32", &cadence_kernels::linear_packed_f32,
         "float32 x @ w.T on a packed compressed weight (+ bias); argmax_out ([M] int64): each row's "
         "torch.argmax",
         py::arg("x"), py::arg("data"), py::arg("scales"), py::arg("format"), py::arg("N"),
-        py::arg("bias") = py::none(), py::arg("argmax_out") = py::none());
+        py::arg("bias") = py::none(), py::arg("argmax_out") = py::none(), py::call_guard<py::gil_scoped_release>());
   py::class_<cadence_kernels::DecodeStack>(m, "DecodeStack", py::module_local(),
                                            "every decoder layer of a bf16 model for a small batch in one call")
       .def(py::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,

@@ -218,6 +218,13 @@ function drawTables() {
   document.getElementById("kv").textContent =
     s.num_blocks_total ? (100 * s.num_blocks_used / s.num_blocks_total).toFixed(1) : "0";
   document.getElementById("preemptions").textContent = s.num_preemptions_total || state.preemptions;
+  if (s.split_decode_threads !== undefined) {  // --core-split: the split and team utilisation
+    document.getElementById("core-split").hidden = false;
+    document.getElementById("split-threads").textContent =
+      `${s.split_prefill_threads}/${s.split_decode_threads}`;
+    document.getElementById("split-busy").textContent =
+      `${Math.round(100 * (s.prefill_team_utilisation || 0))}/${Math.round(100 * (s.decode_team_utilisation || 0))}`;
+  }
   document.getElementById("stall-count").textContent = state.stalls.length;
   document.getElementById("stall-ms").textContent = Object.entries(state.stallMs)
     .filter(([, v]) => v > 0).map(([k, v]) => `${k} ${Math.round(v)} ms`).join(" · ");

@@ -1,0 +1,115 @@
+"""CoreSplit: how many of the engine's cores the prefill team gets in the next interval.
+
+The split engine (engine/split_stepper.py, --core-split auto) runs prompt chunks and decode
+steps side by side on two thread teams. Each time the prefill team is free to start a chunk,
+this decides the split from the measured load:
+- no prompt tokens waiting, or no request decoding, or a single core: 0 (colocated steps of
+  the --policy, with every core: a lone prompt gets the whole machine, decodes alone too);
+- otherwise the decode team gets the fewest cores whose measured step time, with a prefill
+  running beside it, stays within the ITL target (the contended time: both teams share the
+  memory bandwidth, so a decode step beside a prefill is slower than alone on the same
+  cores), and the prefill team the rest. A thread count not measured yet is predicted from
+  the nearest one measured, scaled by the core ratio (a pessimistic, compute-bound guess).
+
+It also keeps each team's utilisation (busy seconds over wall seconds since the last stats
+read) and the decode contention: contended step time per row over the colocated one's at all
+cores, scaled by the core ratio (1.0: no interference beyond having fewer cores).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Weight of a new measurement in the running averages.
+_EMA = 0.2
+
+
+@dataclass(frozen=True)
+class SplitDecision:
+    """Threads of the decode and prefill teams for the next interval; prefill 0: colocated."""
+
+    decode_threads: int
+    prefill_threads: int
+
+    @property
+    def is_split(self) -> bool:
+        return self.prefill_threads > 0
+
+
+class CoreSplit:
+    def __init__(self, num_cores: int, target_itl_s: float) -> None:
+        if num_cores < 1:
+            raise ValueError(f"num_cores must be >= 1, got {num_cores}")
+        self.num_cores = num_cores
+        self.target_itl_s = target_itl_s
+        # Decode step seconds per row, by decode-team threads, measured beside a prefill; and
+        # colocated (every core, no prefill beside).
+        self._contended_per_row: dict[int, float] = {}
+        self._alone_per_row: float | None = None
+        self._alone_fixed_s: float | None = None
+        self.current = SplitDecision(num_cores, 0)
+        self.num_changes = 0
+        # Busy seconds of each team since the last take_utilisation().
+        self._busy = {"decode": 0.0, "prefill": 0.0}
+
+    # -- measurements -------------------------------------------------------------------
+    def observe_decode(self, threads: int, rows: int, seconds: float, contended: bool) -> None:
+        """A decode step of `rows` rows took `seconds` on `threads` threads."""
+        if rows <= 0:
+            return
+        self._busy["decode"] += seconds
+        per_row = seconds / rows
+        if contended:
+            old = self._contended_per_row.get(threads)
+            self._contended_per_row[threads] = per_row if old is None else (
+                (1 - _EMA) * old + _EMA * per_row)
+        elif threads == self.num_cores:
+            old = self._alone_per_row
+            self._alone_per_row = per_row if old is None else (1 - _EMA) * old + _EMA * per_row
+
+    def observe_prefill(self, seconds: float) -> None:
+        self._busy["prefill"] += seconds
+
+    def take_busy(self) -> dict[str, float]:
+        """Busy seconds per team since the last call (utilisation = busy / wall)."""
+        busy, self._busy = self._busy, {"decode": 0.0, "prefill": 0.0}
+        return busy
+
+    @property
+    def contention(self) -> float | None:
+        """Decode slowdown beside a prefill beyond the core ratio (None until measured)."""
+        if self._alone_per_row is None or not self._contended_per_row:
+            return None
+        threads = max(self._contended_per_row)
+        ideal = self._alone_per_row * self.num_cores / threads
+        return self._contended_per_row[threads] / ideal
+
+    def predict_decode_s(self, threads: int, rows: int) -> float | None:
+        """Predicted contended decode step seconds on `threads` threads (None: no data)."""
+        if threads in self._contended_per_row:
+            return self._contended_per_row[threads] * rows
+        if self._contended_per_row:
+            nearest = min(self._contended_per_row, key=lambda t: abs(t - threads))
+            return self._contended_per_row[nearest] * nearest / threads * rows
+        if self._alone_per_row is not None:
+            return self._alone_per_row * self.num_cores / threads * rows
+        return None
+
+    # -- the decision -------------------------------------------------------------------
+    def decide(self, decode_rows: int, prompt_tokens_waiting: int) -> SplitDecision:
+        """The split for the next interval (see the module docstring)."""
+        cores = self.num_cores
+        if cores < 2 or decode_rows == 0 or prompt_tokens_waiting == 0:
+            decision = SplitDecision(cores, 0)
+        else:
+            decode = cores - 1
+            for threads in range(1, cores):
+                predicted = self.predict_decode_s(threads, decode_rows)
+                if predicted is None or predicted <= self.target_itl_s:
+                    decode = threads
+                    break
+            decision = SplitDecision(decode, cores - decode)
+        if decision != self.current:
+            self.num_changes += 1
+            self.current = decision
+        return decision

@@ -1,0 +1,186 @@
+"""SplitStepper: prefill and decode side by side in one engine, on split cores (--core-split).
+
+Each call of `step()` is one turn of the engine loop:
+    1. the prefill team's plan, if it finished, is taken by the scheduler (update): a request
+       whose prompt is done now decodes; it moves from one stream to the other by that state
+       change alone, its KV stays in its blocks (one pool, one set of weights);
+    2. when the prefill team is free, CoreSplit decides the next interval's split from the
+       measured load; no split means a colocated step of the --policy on every core (today's
+       behaviour, and always so with one core); a split starts the prefill stream's next plan
+       (Scheduler.schedule_prefill: prompt chunks only) on the prefill team's thread;
+    3. the decode stream's plan (Scheduler.schedule_decodes: the requests whose prompt is done,
+       none of the prefill stream's) runs on this thread with the decode team's thread count;
+       with nothing to decode, the turn waits a little for the prefill team instead (the loop
+       still polls its socket between turns, so arrivals are admitted during a long chunk).
+Every scheduler call, block allocation and prefix-cache update stays on this thread; the
+prefill team only computes (its KV writes go to blocks no other request holds). A request
+aborted while its chunk computes keeps its blocks until the chunk ends (Scheduler._finish).
+Tokens are those of a colocated run: both teams compute a row the same way, and neither the
+split nor its changes decide which rows share a step's kernels beyond what batching already
+may (invariant 1).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from typing import Any
+
+from cadence.core.core_split import CoreSplit, SplitDecision
+from cadence.core.plan import StepOutput, StepPlan
+from cadence.executor.thread_team import ThreadTeam, set_thread_count
+
+
+class SplitStepper:
+    # Longest wait for the prefill team in a turn with nothing to decode (the loop polls its
+    # socket between turns).
+    WAIT_S = 0.02
+
+    def __init__(self, engine: Any, num_cores: int, pin: bool | None = None) -> None:
+        self.engine = engine
+        self.scheduler = engine.scheduler
+        cfg = self.scheduler.sched
+        self.split = CoreSplit(num_cores, cfg.target_itl_ms / 1000.0)
+        self.chunk_tokens = cfg.split_prefill_chunk
+        if pin is None:  # CADENCE_PIN_TEAMS=0 leaves the prefill team unpinned
+            pin = os.environ.get("CADENCE_PIN_TEAMS", "1") != "0"
+        allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self._cores = allowed if pin and len(allowed) >= num_cores else None
+        self._team: ThreadTeam | None = None
+        # The prefill team's plan in flight: (plan, future, engine-clock start, perf start).
+        self._inflight: tuple[StepPlan, Future, float, float] | None = None
+        self._decode_threads = num_cores
+        self._wall_since = time.perf_counter()
+        # Listeners of split changes (the trace writer): f(decision, t).
+        self.on_change: list[Any] = []
+
+    # -- the turn -------------------------------------------------------------------------
+    def step(self) -> list[Any]:
+        engine, sched = self.engine, self.scheduler
+        outputs, engine._pending = engine._pending, []
+        outputs += self._collect(0.0)
+        if self._inflight is None:
+            decision = self._decide()
+            if decision.is_split:
+                plan = sched.schedule_prefill(self.chunk_tokens)
+                if plan is not None:
+                    self._launch(plan, decision)
+            if self._inflight is None:
+                return outputs + self._colocated()
+        set_thread_count(self._decode_threads)
+        plan = sched.schedule_decodes()
+        if plan.is_empty and not _moves_blocks(plan):
+            outputs += engine._finish_step(plan, StepOutput(step_id=plan.step_id), engine._clock())
+            return outputs + self._collect(self.WAIT_S)
+        t_start = engine._clock()
+        t0 = time.perf_counter()
+        try:
+            out = engine.executor.execute(plan)
+        except Exception as exc:  # fails the decode stream's requests, not the engine
+            return outputs + engine._fail_plan(plan, exc)
+        self.split.observe_decode(self._decode_threads, plan.num_decode_tokens,
+                                  time.perf_counter() - t0, contended=self._inflight is not None)
+        return outputs + engine._finish_step(plan, out, t_start)
+
+    def _colocated(self) -> list[Any]:
+        engine = self.engine
+        cores = self.split.num_cores
+        set_thread_count(cores)
+        self._decode_threads = cores
+        outputs = engine._step_colocated()
+        plan, seconds = engine.last_executed
+        if plan is not None and plan.num_prefill_tokens == 0:
+            self.split.observe_decode(cores, plan.num_decode_tokens, seconds, contended=False)
+        return outputs
+
+    def _decide(self) -> SplitDecision:
+        sched = self.scheduler
+        before = self.split.current
+        decision = self.split.decide(sched.num_decode_rows(), sched.num_prompt_tokens_waiting())
+        if decision != before:
+            now = self.engine._clock()
+            for listener in self.on_change:
+                listener(decision, now)
+        return decision
+
+    def _launch(self, plan: StepPlan, decision: SplitDecision) -> None:
+        cores = None
+        if self._cores is not None:
+            cores = self._cores[decision.decode_threads:decision.decode_threads
+                                + decision.prefill_threads]
+        if self._team is None:
+            self._team = ThreadTeam("prefill", decision.prefill_threads, cores)
+        else:
+            self._team.resize(decision.prefill_threads, cores)
+        self._decode_threads = decision.decode_threads
+        execute = self.engine.executor.execute
+        future = self._team.submit(lambda: execute(plan))
+        self._inflight = (plan, future, self.engine._clock(), time.perf_counter())
+
+    def _collect(self, timeout: float) -> list[Any]:
+        """The prefill team's finished plan, taken by the scheduler (waits up to `timeout`)."""
+        if self._inflight is None:
+            return []
+        plan, future, t_start, t0 = self._inflight
+        if not future.done():
+            if timeout <= 0 or not wait_futures([future], timeout=timeout).done:
+                return []
+        self._inflight = None
+        self.split.observe_prefill(time.perf_counter() - t0)
+        engine = self.engine
+        try:
+            out = future.result()
+        except Exception as exc:  # fails the prefill stream's requests, not the engine
+            self.scheduler.drop_prefill(plan)
+            return engine._fail_plan(plan, exc)
+        return engine._finish_step(plan, out, t_start)
+
+    # -- introspection --------------------------------------------------------------------
+    @property
+    def prefill_in_flight(self) -> bool:
+        return self._inflight is not None
+
+    # Seconds over which each team's utilisation is measured (stats() reports the latest
+    # whole window: it is read every loop turn and from the heartbeat thread).
+    UTILISATION_WINDOW_S = 2.0
+
+    def stats(self) -> dict[str, Any]:
+        """The current split, each team's utilisation (busy / wall over the latest window),
+        split changes so far and the measured decode contention."""
+        now = time.perf_counter()
+        wall = now - self._wall_since
+        if wall >= self.UTILISATION_WINDOW_S:
+            busy = self.split.take_busy()
+            self._utilisation = {team: min(1.0, busy[team] / wall) for team in busy}
+            self._wall_since = now
+        current = self.split.current
+        utilisation = getattr(self, "_utilisation", {"decode": 0.0, "prefill": 0.0})
+        return {
+            "split_decode_threads": current.decode_threads,
+            "split_prefill_threads": current.prefill_threads,
+            "decode_team_utilisation": utilisation["decode"],
+            "prefill_team_utilisation": utilisation["prefill"],
+            "num_core_split_changes_total": self.split.num_changes,
+            "decode_contention": self.split.contention,
+        }
+
+    def drain(self) -> list[Any]:
+        """Wait for the prefill team's plan in flight and take it (before a colocated call
+        such as abort-all or close)."""
+        outputs = []
+        while self._inflight is not None:
+            outputs += self._collect(1.0)
+        return outputs
+
+    def close(self) -> None:
+        self.drain()
+        if self._team is not None:
+            self._team.close()
+            self._team = None
+
+
+def _moves_blocks(plan: StepPlan) -> bool:
+    return bool(plan.block_copies or plan.swap_out or plan.swap_in or plan.disk_out
+                or plan.disk_in or plan.disk_discard)

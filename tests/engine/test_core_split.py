@@ -1,0 +1,229 @@
+"""--core-split: prefill chunks on one thread team, decode steps on another, one KV pool.
+
+On the FakeExecutor (its KV is checked: a block written by the wrong stream changes tokens)
+and on a tiny random Llama in float32 (both teams run real forwards at once): the tokens are
+those of a colocated run, the split changes mid-request, a request moves to the decode stream
+by its first token alone, an abort during its chunk keeps its blocks until the chunk ends, and
+with one core the engine steps exactly as the colocated default does.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.sampling_params import SamplingParams
+from cadence.core.scheduler import Scheduler
+from cadence.engine.config import EngineConfig
+from cadence.engine.llm_engine import LLMEngine
+from cadence.executor.fake_executor import FakeExecutor
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def fake_engine(split_cores: int | None, executor=None, **sched) -> tuple[LLMEngine, FakeExecutor]:
+    knobs = dict(policy="chunked", max_num_batched_tokens=64, max_num_seqs=8,
+                 max_model_len=1000, split_prefill_chunk=48)
+    knobs.update(sched)
+    scheduler = Scheduler(SchedulerConfig(**knobs),
+                          CacheConfig(block_size=4, num_blocks=400, enable_prefix_caching=True))
+    fake = executor or FakeExecutor(vocab_size=500)
+    engine = LLMEngine.from_parts(scheduler, fake, None)
+    if split_cores is not None:
+        engine.enable_core_split(split_cores, pin=False)
+    return engine, fake
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return [(seed * 37 + 11 * i) % 499 + 1 for i in range(n)]
+
+
+def drive(engine: LLMEngine, events=()):
+    """Step until done. `events`: (condition, requests) in order; each event's requests are
+    added before the first step at which its condition(engine, step index) holds, after the
+    event before it. Returns tokens per request."""
+    events = list(events)
+    tokens: dict[str, list[int]] = {}
+    for k in range(5000):
+        while events and events[0][0](engine, k):
+            for req_id, prompt in events.pop(0)[1]:
+                engine.add_request(req_id, prompt, GREEDY)
+        if not events and not engine.has_unfinished():
+            return tokens
+        for out in engine.step():
+            tokens.setdefault(out.req_id, []).extend(out.new_token_ids)
+        engine.scheduler.check_integrity()
+    raise AssertionError("engine did not finish")
+
+
+def at(step: int):
+    return lambda engine, k: k >= step
+
+
+def decoding(req_id: str, num_tokens: int = 2):
+    """Once `req_id` has `num_tokens` output tokens (its prompt is done, and a step ran since
+    it was handed over)."""
+    def cond(engine, k):
+        req = engine.scheduler.get_request(req_id)
+        return req is None or req.num_output_tokens >= num_tokens
+    return cond
+
+
+# Two streams, a document (the split starts), a stream arriving during it; when the document
+# decodes (colocated again: no prompt waits), another stream and then a second document (the
+# split starts again while the first streams still decode).
+WORKLOAD = [
+    (at(0), [("s1", ids(10, 1)), ("s2", ids(7, 2))]),
+    (at(3), [("doc", ids(160, 3))]),
+    (at(5), [("s3", ids(9, 4))]),
+    (decoding("doc"), [("s4", ids(6, 6))]),
+    (decoding("s4"), [("doc2", ids(100, 5))]),
+]
+
+
+class SlowFake(FakeExecutor):
+    """Prompt chunks take a while (so decodes run beside them); counts steps that overlap."""
+
+    def __init__(self) -> None:
+        super().__init__(vocab_size=500)
+        self._lock = threading.Lock()
+        self.active = 0
+        self.max_active = 0
+
+    def execute(self, plan, between_layers=None):
+        import time
+
+        with self._lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            time.sleep(0.005 if plan.num_prefill_tokens > 16 else 0.001)
+            return super().execute(plan)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+def test_split_tokens_equal_colocated_and_steps_overlap():
+    colocated, _ = fake_engine(None)
+    expected = drive(colocated, WORKLOAD)
+    engine, fake = fake_engine(2, executor=SlowFake())
+    got = drive(engine, WORKLOAD)
+    assert got == expected
+    assert all(len(t) == 12 for t in got.values())
+    split = engine.split_stepper.split
+    # Split while the documents prefilled, colocated between and after: several changes.
+    assert split.num_changes >= 3
+    assert fake.max_active == 2  # a decode step ran while a prompt chunk computed
+    # Each document was prefilled in chunks of at most split_prefill_chunk on the prefill team.
+    doc_chunks = [(s, e) for r, s, e in fake.computed if r == "doc"]
+    assert doc_chunks[0][0] == 0 and all(e - s <= 64 for s, e in doc_chunks)
+
+
+def test_one_core_steps_exactly_as_colocated():
+    colocated, fake_a = fake_engine(None)
+    expected = drive(colocated, WORKLOAD)
+    engine, fake_b = fake_engine(1)
+    got = drive(engine, WORKLOAD)
+    assert got == expected
+    assert fake_b.computed == fake_a.computed  # the same steps, in the same order
+    assert engine.split_stepper.split.num_changes == 0
+
+
+def test_a_request_aborted_during_its_chunk_keeps_its_blocks_until_the_chunk_ends():
+    gate = threading.Event()
+
+    class GatedFake(FakeExecutor):
+        def execute(self, plan, between_layers=None):
+            if plan.num_prefill_tokens > 16:
+                assert gate.wait(5)
+            return super().execute(plan)
+
+    engine, fake = fake_engine(2, executor=GatedFake(vocab_size=500))
+    engine.add_request("s1", ids(10, 1), GREEDY)
+    outs = engine.step()  # colocated: s1 prefilled, decoding
+    engine.add_request("doc", ids(200, 3), GREEDY)
+    outs += engine.step()  # split: doc's first chunk starts on the prefill team (at the gate)
+    sched = engine.scheduler
+    assert sched.prefill_in_flight
+    assert engine.abort_request("doc")
+    assert sched.kv.holds_blocks("doc")  # not freed under the prefill team's writes
+    outs += engine.step()  # a decode step beside it
+    sched.check_integrity()
+    gate.set()
+    while sched.prefill_in_flight:
+        outs += engine.step()
+    assert not sched.kv.holds_blocks("doc")
+    sched.check_integrity()
+    assert not [o for o in outs if o.req_id == "doc" and o.new_token_ids]
+    s1 = [t for o in outs if o.req_id == "s1" for t in o.new_token_ids]
+    s1 += drive(engine).get("s1", [])
+    assert len(s1) == 12
+
+
+@pytest.fixture(scope="module")
+def tiny_loaded(tiny_llama_d64_dir):
+    from cadence.model.loader import load_model
+
+    return load_model(tiny_llama_d64_dir, dtype="float32", device="cpu")
+
+
+def test_tiny_model_greedy_tokens_equal_colocated_with_split_changes(tiny_loaded):
+    tok = tiny_loaded.tokenizer
+    doc = tok.encode("Paged attention stores keys and values in fixed-size blocks. " * 10)
+    doc2 = tok.encode("Continuous batching mixes prefill chunks with decode steps. " * 8)
+    streams = [tok.encode(t) for t in ("The quick brown fox jumps.", "Hello world! How are you?",
+                                       "def forward(self, x):")]
+    workload = [(at(0), [("s0", streams[0]), ("s1", streams[1])]), (at(2), [("doc", doc)]),
+                (at(4), [("s2", streams[2])]), (decoding("doc"), [("doc2", doc2)])]
+
+    def engine_run(split: bool):
+        cfg = EngineConfig(scheduler=SchedulerConfig(
+            policy="chunked", max_model_len=1000, max_num_batched_tokens=64,
+            split_prefill_chunk=40, core_split="auto" if split else "off"),
+            cache=CacheConfig(block_size=16, num_blocks=200), startup_profile=False)
+        engine = LLMEngine.from_loaded(tiny_loaded, cfg)
+        if split:
+            engine.enable_core_split(2, pin=False)
+        tokens = drive(engine, workload)
+        changes = engine.split_stepper.split.num_changes if split else 0
+        engine.close()
+        return tokens, changes
+
+    colocated, _ = engine_run(False)
+    split, changes = engine_run(True)
+    assert changes >= 3  # split for each document, colocated between: mid-request for streams
+    assert split == colocated
+    assert all(len(t) == 12 for t in split.values())
+
+
+def test_split_stats_reach_prometheus_and_the_trace(tmp_path):
+    from cadence.engine.llm_engine_adapter import LLMEngineAdapter
+    from cadence.telemetry.prometheus import PrometheusMetrics
+    from cadence.telemetry.trace_writer import TraceWriter, read_trace
+
+    engine, fake = fake_engine(2, executor=SlowFake())
+    trace = tmp_path / "trace.jsonl"
+    engine.telemetry.add_listener(TraceWriter(trace))
+    drive(engine, WORKLOAD[:3])
+    split = engine.split_stepper
+    split.UTILISATION_WINDOW_S = 0.0  # every read closes a window
+    stats = split.stats()
+    assert stats["num_core_split_changes_total"] == split.split.num_changes >= 2
+    assert 0.0 <= stats["decode_team_utilisation"] <= 1.0
+    adapter = LLMEngineAdapter.__new__(LLMEngineAdapter)
+    adapter.engine = engine
+    metrics = PrometheusMetrics("m")
+    metrics.update_engine_stats(adapter.stats())
+    text = metrics.render().decode()
+    for name in ("core_split_prefill_threads", "core_split_decode_threads",
+                 "core_split_prefill_team_utilisation", "core_split_decode_team_utilisation",
+                 "core_split_changes_total"):
+        assert f"cadence:{name}{{" in text
+    engine.close()
+    events = [r for r in read_trace(trace) if r.get("type") == "core_split"]
+    assert len(events) == split.split.num_changes
+    assert events[0]["prefill_threads"] == 1 and events[0]["decode_threads"] == 1
+    assert events[-1]["prefill_threads"] == 0
