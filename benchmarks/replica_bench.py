@@ -68,9 +68,9 @@ def start(args: list[str], log_path: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError(f"not ready; see {log_path}")
 
 
-def prefix_counters(urls: list[str]) -> tuple[float, float]:
-    """(hits, queries) of the prefix caches, summed over the replicas."""
-    hits = queries = 0.0
+def prefix_counters(urls: list[str]) -> tuple[float, float, float]:
+    """(hits, queries, preemptions) of the replicas' engines, summed."""
+    hits = queries = preemptions = 0.0
     for url in urls:
         for family in text_string_to_metric_families(httpx.get(url + "/metrics",
                                                                timeout=10).text):
@@ -79,7 +79,9 @@ def prefix_counters(urls: list[str]) -> tuple[float, float]:
                     hits += s.value
                 elif s.name == "cadence:prefix_cache_queries_total":
                     queries += s.value
-    return hits, queries
+                elif s.name == "cadence:num_preemptions_total":
+                    preemptions += s.value
+    return hits, queries, preemptions
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -88,27 +90,28 @@ def words(rng: random.Random, n: int) -> str:
 
 def workload(seed: int, tag: str, num_conversations: int, num_systems: int,
              system_words: int, user_words: int, rate: float,
-             doc_words: int = 0) -> list[dict]:
+             doc_words: int = 0, think_s: float = 0.3) -> list[dict]:
     rng = random.Random(seed)
     systems = [f"[{tag}] You are assistant {i}. " + words(rng, system_words)
                for i in range(num_systems)]
     out, t = [], 0.0
     for c in range(num_conversations):
         t += rng.expovariate(rate)
-        out.append({"start": t, "system": systems[rng.randrange(num_systems)],
+        system = rng.randrange(num_systems)
+        out.append({"start": t, "system": systems[system], "system_index": system,
                     "users": [(f"Document {c}: " + words(rng, doc_words) + "\n" if k == 0
                                and doc_words else "") + f"Question {c}.{k}: "
                               + words(rng, user_words) for k in range(rng.randint(4, 8))],
-                    "think": [rng.expovariate(1 / 0.3) for _ in range(8)]})
+                    "think": [rng.expovariate(1 / think_s) for _ in range(8)]})
     return out
 
 
 async def one_turn(client: httpx.AsyncClient, url: str, messages: list[dict],
                    max_tokens: int) -> dict:
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    ttft, text, error = None, [], None
+    ttft, text, error, usage = None, [], None, {}
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -117,22 +120,27 @@ async def one_turn(client: httpx.AsyncClient, url: str, messages: list[dict],
             if "error" in event:
                 error = event["error"]
                 continue
+            usage = event.get("usage") or usage
             for choice in event.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
                     ttft = ttft if ttft is not None else time.perf_counter() - start
                     text.append(piece)
-    return {"ttft": ttft, "text": "".join(text), "error": error,
-            "e2e": time.perf_counter() - start}
+    details = usage.get("prompt_tokens_details") or {}
+    return {"ttft": ttft, "text": "".join(text), "error": error, "sent": start,
+            "e2e": time.perf_counter() - start, "prompt_tokens": usage.get("prompt_tokens", 0),
+            "cached_tokens": details.get("cached_tokens", 0),
+            "output_tokens": usage.get("completion_tokens", 0)}
 
 
-async def conversation(client, url, conv, max_tokens, t0, records) -> None:
+async def conversation(client, url, conv, max_tokens, t0, records, index) -> None:
     await asyncio.sleep(max(0.0, conv["start"] - (time.perf_counter() - t0)))
     messages = [{"role": "system", "content": conv["system"]}]
     for k, user in enumerate(conv["users"]):
         messages.append({"role": "user", "content": user})
         rec = await one_turn(client, url, messages, max_tokens)
-        rec["turn"] = k
+        rec.update(conversation=index, turn=k, system=conv["system_index"],
+                   sent=rec["sent"] - t0, think=conv["think"][k])
         records.append(rec)
         messages.append({"role": "assistant", "content": rec["text"]})
         await asyncio.sleep(conv["think"][k])
@@ -142,8 +150,8 @@ async def run_workload(url: str, convs: list[dict], max_tokens: int) -> tuple[li
     records: list[dict] = []
     async with httpx.AsyncClient(timeout=600) as client:
         t0 = time.perf_counter()
-        await asyncio.gather(*(conversation(client, url, c, max_tokens, t0, records)
-                               for c in convs))
+        await asyncio.gather(*(conversation(client, url, c, max_tokens, t0, records, i)
+                               for i, c in enumerate(convs)))
         return records, time.perf_counter() - t0
 
 
@@ -170,6 +178,8 @@ def main() -> int:
     parser.add_argument("--doc-words", type=int, default=0,
                         help="a document of this many words opens each conversation (RAG)")
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--think-s", type=float, default=0.3,
+                        help="mean think time between an answer and the next turn (exponential)")
     parser.add_argument("--rate", type=float, default=1.0, help="conversations per second")
     parser.add_argument("--slo-ttft", type=float, default=1.0, help="goodput: TTFT <= this (s)")
     parser.add_argument("--seed", type=int, default=0)
@@ -201,24 +211,40 @@ def main() -> int:
                 url = routers[policy]
                 convs = workload(args.seed, policy, args.conversations, args.systems,
                                  args.system_words, args.user_words, args.rate,
-                                 args.doc_words)
-                hits0, queries0 = prefix_counters(workers)
+                                 args.doc_words, args.think_s)
+                # The shared system prompts' tokens (what a simulation shares between
+                # conversations: `cadence sim --replicas` replays these records).
+                system_tokens = {c["system_index"]: len(httpx.post(
+                    workers[0] + "/tokenize", timeout=30, json={
+                        "messages": [{"role": "system", "content": c["system"]}],
+                        "add_generation_prompt": False}).json()["tokens"]) for c in convs}
+                hits0, queries0, preempt0 = prefix_counters(workers)
                 seq = httpx.get(url + "/decisions", params={"since": 1 << 40}).json()["next"]
                 records, wall = asyncio.run(run_workload(url, convs, args.max_tokens))
-                hits1, queries1 = prefix_counters(workers)
+                hits1, queries1, preempt1 = prefix_counters(workers)
                 placed = [d["worker"] for d in decisions(url, seq)]
                 ttfts = [r["ttft"] for r in records if r["ttft"] is not None and not r["error"]]
                 good = sum(1 for r in records if not r["error"] and r["ttft"] is not None
                            and r["ttft"] <= args.slo_ttft)
                 row = {"replicas": n, "policy": policy, "requests": len(records),
                        "errors": sum(1 for r in records if r["error"]),
-                       "prefix_hit_rate": (hits1 - hits0) / max(1.0, queries1 - queries0),
+                       # Cached prompt tokens / prompt tokens, over every request, as the
+                       # replicas reported each one (usage.prompt_tokens_details): a request
+                       # counts once. The engines' counters count each admission, so a
+                       # preempted request's recompute counts again: printed next to it.
+                       "prefix_hit_rate": sum(r["cached_tokens"] for r in records)
+                       / max(1, sum(r["prompt_tokens"] for r in records)),
+                       "prompt_tokens": sum(r["prompt_tokens"] for r in records),
+                       "counter_hit_rate": (hits1 - hits0) / max(1.0, queries1 - queries0),
+                       "preemptions": preempt1 - preempt0,
                        "ttft_p50": pct(ttfts, 0.5), "ttft_p99": pct(ttfts, 0.99),
                        "goodput_rps": good / wall, "wall_s": wall,
                        "per_replica": {w: placed.count(w) for w in workers},
-                       "ttfts": ttfts}
+                       "ttfts": ttfts, "records": records, "system_tokens": system_tokens,
+                       "load_avg": os.getloadavg()}
                 results.append(row)
-                print(f"N={n} {policy:>12}: hit {row['prefix_hit_rate']:.3f}  TTFT p50 "
+                print(f"N={n} {policy:>12}: hit {row['prefix_hit_rate']:.3f} (counters "
+                      f"{row['counter_hit_rate']:.3f}, preemptions {row['preemptions']:.0f})  TTFT p50 "
                       f"{1000 * (row['ttft_p50'] or 0):.0f} ms p99 "
                       f"{1000 * (row['ttft_p99'] or 0):.0f} ms  goodput "
                       f"{row['goodput_rps']:.2f} req/s  requests {row['requests']} errors "

@@ -105,19 +105,28 @@ def test_cache_aware_prefers_the_longest_cached_prefix_until_load_outweighs_it()
     sel.events["http://b"] = _trusted(_hashes(prompt.token_ids)[:8])  # b holds 32 of 40
     assert sel.cached_tokens(b, prompt) == (32, "events")
     assert [w.url for w in sel.order([a, b], prompt, 40)] == ["http://b", "http://a"]
-    # b busy: its queue (and the stall its streams would take) outweighs 32 cached tokens.
-    b.outstanding_tokens, b.outstanding_requests = 200, 2
+    # b busy: its queued work (and the stall its streams would take) outweighs 32 cached
+    # tokens; a long cached prefix in flight there is no work.
+    b.outstanding_tokens, b.outstanding_work, b.outstanding_requests = 2000, 0, 2
+    assert sel.order([a, b], prompt, 40)[0] is b
+    b.outstanding_work = 200
     assert sel.order([a, b], prompt, 40)[0] is a
+    b.outstanding_tokens = b.outstanding_work
     # Weight 0: the cache alone decides (no events: a, the first of two equal costs).
     assert ReplicaSelector("cache-aware", 0.0).order([a, b], prompt, 40)[0] is a
     sel0 = ReplicaSelector("cache-aware", 0.0)
     sel0.events["http://b"] = sel.events["http://b"]
     b.outstanding_requests = 0
     assert sel0.order([a, b], prompt, 40)[0] is b
-    # A nearly full KV cache counts no hit: its cached blocks are about to be evicted.
-    b.metrics["cadence:kv_cache_usage_perc"] = 0.99
-    assert sel0.cost(b, prompt) == sel0.cost(a, prompt)
+    # A KV pool that cannot hold what is in flight there and this request: it would wait.
+    b.outstanding_requests, b.outstanding_tokens, b.outstanding_work = 1, 200, 100
+    b.metrics["cadence:kv_cache_blocks_total"] = 60  # 240 tokens of 4-token blocks
+    assert sel0.cost(b, prompt, 16) == 8 * 2 + 100 + 8
+    assert sel0.order([a, b], prompt, 16)[0] is a
+    b.metrics["cadence:kv_cache_blocks_total"] = 64
+    assert sel0.cost(b, prompt, 16) == 8 * 2 and sel0.order([a, b], prompt, 16)[0] is b
     b.metrics.clear()
+    b.outstanding_requests = b.outstanding_tokens = b.outstanding_work = 0
     # A failed worker comes last whatever it holds.
     b.mark_failed(60.0)
     assert sel0.order([a, b], prompt, 40)[0] is a
@@ -128,13 +137,14 @@ def test_session_affinity_without_events_and_the_other_policies():
     turn1 = PromptBlocks(list(range(40)))
     turn2 = PromptBlocks(list(range(40)) + list(range(100, 116)))
     sel = ReplicaSelector("cache-aware")
-    b.outstanding_tokens = 5  # a is the less loaded one for a cold prompt
+    b.outstanding_work = 5  # a is the less loaded one for a cold prompt
     first = sel.order([a, b], turn1, 40)[0]
     assert first is a
     sel.sent_to(first, turn1)
-    a.outstanding_tokens = 10  # busier now, but holds the conversation's prefix
+    a.outstanding_work = 10  # busier now, but holds the conversation's prefix
     assert sel.cached_tokens(a, turn2) == (32, "affinity")  # two whole 16-token blocks
     assert sel.order([a, b], turn2, 56)[0] is a
     rr = ReplicaSelector("round-robin")
     assert [rr.order([a, b], None, 1)[0].url for _ in range(4)] == ["http://a", "http://b"] * 2
+    a.outstanding_tokens = 10  # least-loaded counts every token in flight
     assert ReplicaSelector("least-loaded").order([a, b], None, 1)[0] is b

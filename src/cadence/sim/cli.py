@@ -20,6 +20,7 @@ from cadence.sim.calibration import cost_model_from_samples, load_profile, load_
 from cadence.sim.calibration import save_profile
 from cadence.sim.compare import policy_variants, run_comparison
 from cadence.sim.cost_model import CostModel, RooflineCostModel
+from cadence.sim.fleet_cli import add_fleet_arguments, run_fleet
 from cadence.sim.hardware import PROFILES, get_profile
 from cadence.sim.model_shape import SMOLLM2_135M
 from cadence.sim.report import comparison_table, summaries_as_dicts
@@ -131,6 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pol.add_argument("--slo-budget", type=_positive_int, default=2048,
                      help="slo policy token budget (default: 2048)")
     parser.add_argument("--json", metavar="FILE", help="also write the summaries as JSON")
+    add_fleet_arguments(parser)
 
 
 def _machine_profile(args: argparse.Namespace):
@@ -138,6 +140,10 @@ def _machine_profile(args: argparse.Namespace):
     from cadence.model.loader import load_model
     from cadence.sim.validate import profile_machine_rounds
 
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype)
     rounds = profile_machine_rounds(loaded)
     if args.save_calibration:
@@ -247,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"cadence sim: {exc}", file=sys.stderr)
         return 2
+    if args.replicas or args.compare:
+        return run_fleet(args, cost_model, samples)
     jitter = None
     if args.step_jitter:
         jitter = StepJitter.from_rounds(rounds, seed=args.seed)

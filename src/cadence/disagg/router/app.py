@@ -138,7 +138,15 @@ class Router:
             if ids is not None:
                 prompt = PromptBlocks(ids)
                 tokens = len(ids)
-        order = self.replicas.order(self.decode.workers, prompt, tokens)
+        order = self.replicas.order(self.decode.workers, prompt, tokens, max_tokens)
+        # What the request costs each worker (its miss there + its output), taken before this
+        # routing adds its prompt to the session-affinity record.
+        misses = ({w.url: self.replicas.miss_tokens(w, prompt) for w in order}
+                  if prompt is not None else {})
+
+        def work(worker: Worker) -> int:
+            return misses.get(worker.url, tokens) + max_tokens
+
         decode = order[0] if order else None
         if decode is not None:
             self.model.observe_arrival(decode.outstanding_requests)
@@ -168,10 +176,10 @@ class Router:
                 self.metrics.requests.labels("disaggregated").inc()
                 return await self.forward.relay(
                     self.decode, path, {**body, "kv_transfer_params": handoff.kv_transfer_params},
-                    handoff.num_prompt_tokens + max_tokens, order=order)
+                    handoff.num_prompt_tokens + max_tokens, order=order, work=work)
         self.metrics.requests.labels("colocated").inc()
         return await self.forward.relay(self.decode, path, body, tokens + max_tokens,
-                                        order=order)
+                                        order=order, work=work)
 
     async def _prompt_token_ids(self, kind: str, body: dict[str, Any]) -> list[int] | None:
         """The prompt's token ids as the workers compute them: given, or from a worker's

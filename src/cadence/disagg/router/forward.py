@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,9 +85,11 @@ class Forwarder:
         return None
 
     async def relay(self, pool: WorkerPool, path: str, body: dict[str, Any], tokens: int,
-                    on_done=None, order: list[Worker] | None = None) -> Response:
+                    on_done=None, order: list[Worker] | None = None,
+                    work: Callable[[Worker], int] | None = None) -> Response:
         """Forward to the decode pool and pass the answer through (see module docstring).
-        `order`: the workers to try, best first (default: the pool's least loaded first)."""
+        `order`: the workers to try, best first (default: the pool's least loaded first);
+        `work`: the tokens the request costs on a worker (default: all of `tokens`)."""
         stream = bool(body.get("stream"))
         tried: set[str] = set()
 
@@ -104,7 +106,7 @@ class Forwarder:
                     "no_worker_available"), status_code=503)
             worker = order_now[0]
             tried.add(worker.url)
-            counter = Outstanding(worker, tokens)
+            counter = Outstanding(worker, tokens, work(worker) if work is not None else None)
             counter.__enter__()
             try:
                 request = self.client.build_request("POST", worker.url + path, json=body,

@@ -1,18 +1,25 @@
 """Which replica serves a request: `round-robin`, `least-loaded` or `cache-aware`.
 
-cache-aware weighs, per worker, in prompt tokens:
+cache-aware weighs, per worker, in prompt tokens (the time to prefill one is the unit):
 
-    cost = miss * (1 + streams) + load_weight * queued
+    cost = miss * (1 + streams) + load_weight * work + kv_wait
            miss    = prompt tokens beyond the longest prefix the worker holds (what it must
                      prefill; the hit comes from its KV events, or, while those are not to
                      be trusted, from the prefixes this router sent there: session affinity)
            streams = requests this router has in flight there: each one stalls while the
                      miss is prefilled (the interference the request causes there)
-           queued  = tokens this router has in flight there (prompts + expected outputs)
+           work    = the work this router has in flight there: the prompt tokens those
+                     requests had to compute (their misses when routed) plus their outputs,
+                     not their cached prefixes (a long conversation that hits costs little)
+           kv_wait = work + miss when the tokens its in-flight requests hold (prompts and
+                     outputs, cached or not) plus this request's exceed its KV pool
+                     (scraped): the request would wait for others to finish, or preempt them
 
-and takes the cheapest; a worker whose KV cache is nearly full (scraped) pays its whole
-prompt, as its cached blocks are about to be evicted. `load_weight` trades cache hits against
-balance: 0 follows the cache alone, large values make it least-loaded.
+and takes the cheapest. `load_weight` trades cache hits against balance: 0 follows the cache
+and the interference alone, large values make it least-loaded by work. (The first version
+charged every prompt token in flight as load and ignored hits on a replica whose KV was >= 95%
+used: with caches too small for the live conversations that spread each conversation over both
+replicas and lost to least-loaded.)
 Healthy workers always come before failed ones; the order returned is also the failover
 order (a worker that cannot be reached is replaced by the next).
 """
@@ -33,7 +40,6 @@ from cadence.disagg.router.workers import Worker
 # whether or not (and before) the workers' block size is known from their events.
 AFFINITY_BLOCKS = 200_000
 AFFINITY_BLOCK_SIZE = 16
-KV_NEARLY_FULL = 0.95
 
 
 class PromptBlocks:
@@ -99,7 +105,7 @@ class ReplicaSelector:
         return blocks * AFFINITY_BLOCK_SIZE, "affinity"
 
     def order(self, workers: list[Worker], prompt: PromptBlocks | None,
-              num_prompt_tokens: int) -> list[Worker]:
+              num_prompt_tokens: int, max_tokens: int = 16) -> list[Worker]:
         if not workers:
             return []
         if self.policy == "round-robin":
@@ -109,16 +115,25 @@ class ReplicaSelector:
         if self.policy == "least-loaded" or prompt is None:
             return sorted(workers, key=lambda w: (not w.healthy, w.outstanding_tokens,
                                                   w.outstanding_requests))
-        return sorted(workers, key=lambda w: (not w.healthy, self.cost(w, prompt)))
+        return sorted(workers, key=lambda w: (not w.healthy,
+                                              self.cost(w, prompt, max_tokens)))
 
-    def cost(self, worker: Worker, prompt: PromptBlocks) -> float:
-        hit = self.cached_tokens(worker, prompt)[0]
-        miss = max(0, len(prompt) - hit)
-        if worker.kv_use >= KV_NEARLY_FULL:
-            miss = len(prompt)
-        return (miss * (1 + worker.outstanding_requests)
-                + self.load_weight * worker.outstanding_tokens)
+    def miss_tokens(self, worker: Worker, prompt: PromptBlocks) -> int:
+        """Prompt tokens `worker` would compute (all but the longest prefix it holds)."""
+        return max(0, len(prompt) - self.cached_tokens(worker, prompt)[0])
 
+    def block_size(self, worker: Worker) -> int:
+        events = self.events.get(worker.url)
+        return events.block_size if events is not None and events.block_size else \
+            AFFINITY_BLOCK_SIZE
+
+    def cost(self, worker: Worker, prompt: PromptBlocks, max_tokens: int = 16) -> float:
+        miss = self.miss_tokens(worker, prompt)
+        cost = miss * (1 + worker.outstanding_requests) + self.load_weight * worker.outstanding_work
+        capacity = worker.kv_capacity_blocks * self.block_size(worker)
+        if capacity and worker.outstanding_tokens + len(prompt) + max_tokens > capacity:
+            cost += worker.outstanding_work + miss
+        return cost
     def sent_to(self, worker: Worker, prompt: PromptBlocks | None) -> None:
         if self.policy == "cache-aware" and prompt is not None:
             self.sent.setdefault(worker.url, SentPrefixes()).add(

@@ -14,6 +14,9 @@ class Worker:
     # What this router sent and has not seen finish (tokens: prompt + expected output).
     outstanding_tokens: int = 0
     outstanding_requests: int = 0
+    # The work in those tokens: prompt tokens it must compute (beyond the prefix it held when
+    # the request was routed) plus the expected output tokens.
+    outstanding_work: int = 0
     unhealthy_until: float = 0.0
     failures: int = 0
     # From the worker's /metrics (scraped): its own view of its queues.
@@ -25,6 +28,11 @@ class Worker:
     def kv_use(self) -> float:
         """Fraction of its KV blocks held by requests (scraped; 0 until known)."""
         return float(self.metrics.get("cadence:kv_cache_usage_perc", 0.0))
+
+    @property
+    def kv_capacity_blocks(self) -> int:
+        """Blocks of its KV pool (scraped; 0 until known)."""
+        return int(self.metrics.get("cadence:kv_cache_blocks_total", 0))
 
     @property
     def healthy(self) -> bool:
@@ -62,12 +70,14 @@ class Outstanding:
     counts once: a stream's request ends when its last event passes (before the client can
     send its next request), and again when the generator closes."""
 
-    def __init__(self, worker: Worker, tokens: int) -> None:
+    def __init__(self, worker: Worker, tokens: int, work: int | None = None) -> None:
         self.worker, self.tokens = worker, tokens
+        self.work = tokens if work is None else work
         self._open = False
 
     def __enter__(self) -> Worker:
         self.worker.outstanding_tokens += self.tokens
+        self.worker.outstanding_work += self.work
         self.worker.outstanding_requests += 1
         self._open = True
         return self.worker
@@ -77,4 +87,5 @@ class Outstanding:
             return
         self._open = False
         self.worker.outstanding_tokens -= self.tokens
+        self.worker.outstanding_work -= self.work
         self.worker.outstanding_requests -= 1

@@ -1,0 +1,237 @@
+"""N replicas behind the router's replica policy, on one virtual clock.
+
+Each replica is the simulated engine of simulator.py (the real cadence.core Scheduler, its
+prefix cache included, a step cost instead of a model); the router is the real one's
+ReplicaSelector (cadence.disagg.router.replicas: round-robin, least-loaded, cache-aware with the
+same cost), fed what the real router knows: the requests it has in flight on each replica
+(Outstanding: tokens, work, count), each replica's KV pool size, and its cached prefix blocks,
+read here straight from the simulated block pool (the real router's KV events lag it by one
+engine turn). Conversations (sim/conversations.py) are closed loops: a turn is sent when the
+previous answer has ended plus its think time, so routing changes when later turns arrive.
+
+Event loop: the earliest of (next turn sent, a replica's step ending). A turn is routed at once
+and joins its replica's scheduler (a busy replica takes it at its next step, as the engine
+does); a replica with work starts its next step when the last one ends. `hop_s` is what a
+request spends outside the engines before its first token reaches the client (HTTP to the
+router, its /tokenize call, HTTP to the replica, streaming back): added to every TTFT, and to
+the time between an answer and the next turn's arrival.
+"""
+
+from __future__ import annotations
+
+import heapq
+import statistics
+from dataclasses import dataclass, field
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.plan import StepOutput
+from cadence.core.request import Request
+from cadence.core.sampling_params import SamplingParams
+from cadence.core.scheduler import Scheduler
+from cadence.disagg.router.replicas import PromptBlocks, ReplicaSelector
+from cadence.disagg.router.workers import Outstanding, Worker
+from cadence.sim.conversations import ConversationWorkload, new_token_ids, system_token_ids
+from cadence.sim.cost_model import CostModel
+from cadence.sim.sim_executor import HashSampler
+
+
+class _PoolPrefixes:
+    """What a replica's KV events tell the router, read from its simulated block pool."""
+
+    trusted = True
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._pool = scheduler.kv.pool
+        self.block_size = scheduler.kv.block_size
+
+    def longest_prefix_blocks(self, block_hashes: list[bytes]) -> int:
+        n = 0
+        for h in block_hashes:
+            if self._pool.get_cached_block(h) is None:
+                break
+            n += 1
+        return n
+
+
+@dataclass
+class FleetRequest:
+    req_id: str
+    conv_id: int
+    turn: int
+    replica: int
+    sent_s: float
+    prompt_tokens: int
+    expected_cached_tokens: int
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    finished_s: float | None = None
+
+
+@dataclass
+class FleetResult:
+    num_replicas: int
+    policy: str
+    requests: list[FleetRequest] = field(default_factory=list)
+    preemptions: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Cached prompt tokens / prompt tokens over all requests (each counted once)."""
+        prompt = sum(r.prompt_tokens for r in self.requests)
+        return sum(r.cached_tokens for r in self.requests) / max(1, prompt)
+
+    def ttft_percentile(self, q: float) -> float | None:
+        values = sorted(r.ttft_s for r in self.requests if r.ttft_s is not None)
+        if not values:
+            return None
+        return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+    @property
+    def ttft_p50(self) -> float | None:
+        values = [r.ttft_s for r in self.requests if r.ttft_s is not None]
+        return statistics.median(values) if values else None
+
+    def goodput_rps(self, slo_ttft_s: float) -> float:
+        ends = [r.finished_s for r in self.requests if r.finished_s is not None]
+        if not ends:
+            return 0.0
+        span = max(ends) - min(r.sent_s for r in self.requests)
+        good = sum(1 for r in self.requests if r.ttft_s is not None and r.ttft_s <= slo_ttft_s)
+        return good / span if span > 0 else 0.0
+
+    def per_replica(self) -> list[int]:
+        counts = [0] * self.num_replicas
+        for r in self.requests:
+            counts[r.replica] += 1
+        return counts
+
+
+class _Replica:
+    def __init__(self, index: int, sched: SchedulerConfig, cache: CacheConfig,
+                 calibration: list | None) -> None:
+        self.index = index
+        self.scheduler = Scheduler(sched, cache)
+        if calibration:
+            self.scheduler.calibrate(calibration)
+        # The router's view of it: its in-flight counts and its scraped pool size.
+        self.worker = Worker(f"sim://replica-{index}", "decode")
+        self.worker.metrics["cadence:kv_cache_blocks_total"] = float(cache.num_blocks)
+        self.step_end: float | None = None  # None: idle
+        self.step_s = 0.0
+        self.plan = None
+
+
+def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: str,
+                   cost_model: CostModel, sched: SchedulerConfig, cache: CacheConfig,
+                   load_weight: float = 1.0, hop_s: float = 0.0, vocab_size: int = 49152,
+                   calibration: list | None = None,
+                   max_steps: int = 10_000_000) -> FleetResult:
+    """Serve every conversation of `workload` on `num_replicas` simulated replicas routed by
+    `policy` (round-robin | least-loaded | cache-aware); deterministic for a given input."""
+    if num_replicas < 1:
+        raise ValueError("num_replicas must be >= 1")
+    replicas = [_Replica(i, sched, cache, calibration) for i in range(num_replicas)]
+    selector = ReplicaSelector(policy, load_weight)
+    for r in replicas:
+        selector.events[r.worker.url] = _PoolPrefixes(r.scheduler)  # type: ignore[assignment]
+    by_url = {r.worker.url: r for r in replicas}
+    executor = HashSampler(vocab_size)
+    result = FleetResult(num_replicas, policy)
+    convs = {c.conv_id: c for c in workload.conversations}
+    history: dict[int, list[int]] = {}  # conversation -> its tokens so far (prompts + answers)
+    live: dict[str, tuple[FleetRequest, Outstanding, list[int]]] = {}
+    # (time a turn is sent, conversation, turn)
+    arrivals = [(c.start_s, c.conv_id, 0) for c in workload.conversations]
+    heapq.heapify(arrivals)
+    steps = 0
+
+    def send(now: float, conv_id: int, turn: int) -> None:
+        conv = convs[conv_id]
+        spec = conv.turns[turn]
+        tokens = history.setdefault(conv_id, system_token_ids(workload, conv.system, vocab_size))
+        tokens += new_token_ids(workload, conv_id, turn, spec.new_tokens, vocab_size)
+        prompt = PromptBlocks(list(tokens))
+        workers = [r.worker for r in replicas]
+        order = selector.order(workers, prompt, len(prompt), spec.output_tokens)
+        chosen = by_url[order[0].url]
+        miss = selector.miss_tokens(chosen.worker, prompt)
+        counter = Outstanding(chosen.worker, len(prompt) + spec.output_tokens,
+                              miss + spec.output_tokens)
+        counter.__enter__()
+        selector.sent_to(chosen.worker, prompt)
+        req_id = f"c{conv_id}-t{turn}"
+        req = FleetRequest(req_id, conv_id, turn, chosen.index, now, len(prompt),
+                           len(prompt) - miss)
+        live[req_id] = (req, counter, [])
+        params = SamplingParams(max_tokens=spec.output_tokens, temperature=0.0, ignore_eos=True)
+        chosen.scheduler.add_request(Request(req_id, list(tokens), params, now))
+        if chosen.step_end is None:
+            start_step(chosen, now)
+
+    def start_step(replica: _Replica, now: float) -> None:
+        nonlocal steps
+        scheduler = replica.scheduler
+        while scheduler.has_unfinished():
+            plan = scheduler.schedule()
+            if plan.is_empty:  # only failures to report (e.g. a prompt that never fits)
+                for u in scheduler.update(plan, StepOutput(plan.step_id)):
+                    if u.finished:
+                        finish(replica, u.req_id, now, u.num_cached_tokens)
+                continue
+            steps += 1
+            if steps > max_steps:
+                raise RuntimeError(f"fleet simulation did not finish in {max_steps} steps")
+            replica.plan = plan
+            replica.step_s = cost_model.step_time(plan)
+            replica.step_end = now + replica.step_s
+            return
+        replica.step_end = None
+
+    def finish(replica: _Replica, req_id: str, now: float, cached: int) -> None:
+        req, counter, output = live.pop(req_id)
+        counter.__exit__()
+        req.finished_s = now + hop_s
+        req.cached_tokens = max(0, cached)
+        req.output_tokens = len(output)
+        history[req.conv_id] += output
+        result.requests.append(req)
+        conv = convs[req.conv_id]
+        if req.turn + 1 < len(conv.turns):
+            heapq.heappush(arrivals, (req.finished_s + conv.turns[req.turn].think_s,
+                                      req.conv_id, req.turn + 1))
+
+    def end_step(replica: _Replica) -> None:
+        now = replica.step_end
+        plan = replica.plan
+        out = executor.execute(plan)
+        updates = replica.scheduler.update(plan, out)
+        replica.scheduler.observe_step(plan, replica.step_s)
+        for u in updates:
+            entry = live.get(u.req_id)
+            if entry is None:
+                continue
+            req, _, output = entry
+            if u.new_token_ids and req.ttft_s is None:
+                req.ttft_s = now + hop_s - req.sent_s
+            output.extend(u.new_token_ids)
+            if u.finished:
+                finish(replica, u.req_id, now, u.num_cached_tokens)
+        start_step(replica, now)
+
+    while True:
+        busy = [r for r in replicas if r.step_end is not None]
+        next_step = min(busy, key=lambda r: (r.step_end, r.index)) if busy else None
+        if arrivals and (next_step is None or arrivals[0][0] < next_step.step_end):
+            t, conv_id, turn = heapq.heappop(arrivals)
+            send(t, conv_id, turn)
+        elif next_step is not None:
+            end_step(next_step)
+        else:
+            break
+    if live:
+        raise RuntimeError(f"fleet simulation ended with {len(live)} requests unfinished")
+    result.requests.sort(key=lambda r: (r.sent_s, r.req_id))
+    result.preemptions = sum(r.scheduler.num_preemptions_total for r in replicas)
+    return result
+
