@@ -38,6 +38,7 @@ CONFIGS = {
     "eager": ["--policy", "eager"],
     "disagg": ["--disagg", "1:1"],
     "split": ["--core-split", "auto"],
+    "disjoint": ["--core-split", "disjoint"],
 }
 SLO_SHORT_TTFT, SLO_LONG_TTFT, SLO_ITL = 2.0, 15.0, 1.0
 

@@ -227,3 +227,32 @@ def test_split_stats_reach_prometheus_and_the_trace(tmp_path):
     assert len(events) == split.split.num_changes
     assert events[0]["prefill_threads"] == 1 and events[0]["decode_threads"] == 1
     assert events[-1]["prefill_threads"] == 0
+
+
+def test_auto_overlaps_the_teams_and_paces_decode_steps_when_they_are_short():
+    import time
+
+    class Timed(SlowFake):
+        def __init__(self):
+            super().__init__()
+            self.decode_starts = []
+
+        def execute(self, plan, between_layers=None):
+            if plan.num_prefill_tokens == 0:
+                self.decode_starts.append(time.perf_counter())
+            elif plan.num_prefill_tokens > 16:
+                time.sleep(0.1)  # chunks long enough for several paced decode steps
+            return super().execute(plan, between_layers)
+
+    expected = drive(fake_engine(None)[0], WORKLOAD)
+    engine, fake = fake_engine(2, executor=Timed(), core_split="auto", target_itl_ms=50.0)
+    got = drive(engine, WORKLOAD)
+    assert got == expected
+    stepper = engine.split_stepper
+    # The first chunk ran on split cores (1 + 1) and measured ~1 ms decode steps beside it,
+    # far below half the 50 ms target: later chunks had both cores, the decode thread on top.
+    assert stepper.num_overlapped_decode_steps > 0
+    starts = fake.decode_starts
+    gaps = sorted(b - a for a, b in zip(starts, starts[1:]))
+    assert gaps[-1] >= stepper.PACE * 0.05 * 0.9  # paced to the target while overlapped
+    engine.close()

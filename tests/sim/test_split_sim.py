@@ -23,26 +23,32 @@ COST = RooflineCostModel(SMOLLM2_135M, get_profile("cpu-2core"))
 BURST = doc_burst(num_streams=3, stream_prompt_tokens=30, stream_output_tokens=160,
                   doc_prompt_tokens=1650, doc_output_tokens=8)
 SPLIT = SchedulerConfig(core_split="auto")
+DISJOINT = SchedulerConfig(core_split="disjoint")
 
 
 def test_split_keeps_streams_steady_while_the_document_prefills_beside_them():
     colocated = summarize(simulate(BURST, SchedulerConfig(), COST))
     eager = summarize(simulate(BURST, SchedulerConfig(policy="eager"), COST))
-    result = simulate(BURST, SPLIT, COST, num_cores=2, contention=1.2)
-    split = summarize(result)
+    result = simulate(BURST, DISJOINT, COST, num_cores=2, contention=1.2)
+    disjoint = summarize(result)
     assert all(t.num_output_tokens == spec.output_tokens
                for t, spec in zip(sorted(result.timelines.values(), key=lambda t: t.req_id),
                                   sorted(BURST.requests, key=lambda r: r.req_id)))
     # Stream gaps during the document: a decode step on one core with contention, not a chunk.
-    assert split.stream_max_gap_during_doc_s < colocated.stream_max_gap_during_doc_s / 2
-    assert split.stream_max_gap_during_doc_s < eager.stream_max_gap_during_doc_s / 10
+    assert disjoint.stream_max_gap_during_doc_s < colocated.stream_max_gap_during_doc_s / 2
+    assert disjoint.stream_max_gap_during_doc_s < eager.stream_max_gap_during_doc_s / 10
     # The document's prefill had one core of two: slower than eager's whole machine.
-    assert split.doc_ttft_s > eager.doc_ttft_s
+    assert disjoint.doc_ttft_s > eager.doc_ttft_s
+    # Overlapped (auto): the prefill keeps both cores but for the paced decode steps' share,
+    # the streams keep the target's rhythm.
+    overlapped = summarize(simulate(BURST, SPLIT, COST, num_cores=2, contention=1.2))
+    assert overlapped.doc_ttft_s < disjoint.doc_ttft_s
+    assert overlapped.stream_max_gap_during_doc_s <= SPLIT.target_itl_ms / 1000
     # Contention is in the model: more of it, slower steps on both teams.
-    worse = summarize(simulate(BURST, SPLIT, COST, num_cores=2, contention=1.6))
-    assert worse.doc_ttft_s > split.doc_ttft_s
-    assert worse.stream_itl_p50_s > split.stream_itl_p50_s
-    assert "core split" in split.label
+    worse = summarize(simulate(BURST, DISJOINT, COST, num_cores=2, contention=1.6))
+    assert worse.doc_ttft_s > disjoint.doc_ttft_s
+    assert worse.stream_itl_p50_s > disjoint.stream_itl_p50_s
+    assert "core split disjoint" in disjoint.label
 
 
 def test_one_core_simulates_the_colocated_steps():

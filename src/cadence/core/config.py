@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 POLICIES = ("eager", "chunked", "slo")
 SCHEDULING_ORDERS = ("fcfs", "priority")
-CORE_SPLITS = ("off", "auto")
+CORE_SPLITS = ("off", "auto", "disjoint")
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,10 @@ class SchedulerConfig:
             "same weights and KV cache (prompt chunks on one, decode steps on the other; a "
             "request's first token hands it over), the split decided per interval from the "
             "measured decode step time against --target-itl-ms; colocated --policy steps "
-            "otherwise (and always with one core). 'off': colocated steps only.",
+            "otherwise (and always with one core). Where one decode thread's step takes at "
+            "most half the target, the prefill team gets every core and the decode steps run "
+            "on top, paced to the target. 'disjoint': as auto, the teams always on separate "
+            "cores. 'off': colocated steps only.",
             "choices": CORE_SPLITS,
         },
     )

@@ -11,6 +11,13 @@ this decides the split from the measured load:
   cores), and the prefill team the rest. A thread count not measured yet is predicted from
   the nearest one measured, scaled by the core ratio (a pessimistic, compute-bound guess).
 
+With overlap allowed (--core-split auto; not with 'disjoint'), when one decode thread's
+measured step time beside a prefill uses at most OVERLAP_DUTY of the ITL target, the prefill
+team gets every core and the decode team one thread on top, its steps paced to the target
+(the stepper waits out the rest of each target interval): the decode thread borrows a core
+for a short step now and then instead of holding one, so a document's prefill keeps most of
+the machine while the streams keep the target's rhythm.
+
 It also keeps each team's utilisation (busy seconds over wall seconds since the last stats
 read) and the decode contention: contended step time per row over the colocated one's at all
 cores, scaled by the core ratio (1.0: no interference beyond having fewer cores).
@@ -22,6 +29,8 @@ from dataclasses import dataclass
 
 # Weight of a new measurement in the running averages.
 _EMA = 0.2
+# Largest share of the ITL target one decode thread's step may take for the overlap split.
+OVERLAP_DUTY = 0.5
 
 
 @dataclass(frozen=True)
@@ -35,16 +44,23 @@ class SplitDecision:
     def is_split(self) -> bool:
         return self.prefill_threads > 0
 
+    def overlaps(self, num_cores: int) -> bool:
+        """The teams share cores (the decode team's steps are then paced to the target)."""
+        return self.prefill_threads > 0 and self.decode_threads + self.prefill_threads > num_cores
+
 
 class CoreSplit:
-    def __init__(self, num_cores: int, target_itl_s: float) -> None:
+    def __init__(self, num_cores: int, target_itl_s: float, allow_overlap: bool = True) -> None:
         if num_cores < 1:
             raise ValueError(f"num_cores must be >= 1, got {num_cores}")
         self.num_cores = num_cores
         self.target_itl_s = target_itl_s
-        # Decode step seconds per row, by decode-team threads, measured beside a prefill; and
+        self.allow_overlap = allow_overlap
+        # Decode step seconds per row, by decode-team threads, measured beside a prefill on
+        # disjoint cores; with one thread sharing the prefill team's cores (overlap); and
         # colocated (every core, no prefill beside).
         self._contended_per_row: dict[int, float] = {}
+        self._overlapped_per_row: float | None = None
         self._alone_per_row: float | None = None
         self._alone_fixed_s: float | None = None
         self.current = SplitDecision(num_cores, 0)
@@ -53,13 +69,19 @@ class CoreSplit:
         self._busy = {"decode": 0.0, "prefill": 0.0}
 
     # -- measurements -------------------------------------------------------------------
-    def observe_decode(self, threads: int, rows: int, seconds: float, contended: bool) -> None:
-        """A decode step of `rows` rows took `seconds` on `threads` threads."""
+    def observe_decode(self, threads: int, rows: int, seconds: float, contended: bool,
+                       overlapped: bool = False) -> None:
+        """A decode step of `rows` rows took `seconds` on `threads` threads (beside a prefill
+        when `contended`, on the prefill team's cores when `overlapped`)."""
         if rows <= 0:
             return
         self._busy["decode"] += seconds
         per_row = seconds / rows
-        if contended:
+        if overlapped:
+            old = self._overlapped_per_row
+            self._overlapped_per_row = per_row if old is None else (
+                (1 - _EMA) * old + _EMA * per_row)
+        elif contended:
             old = self._contended_per_row.get(threads)
             self._contended_per_row[threads] = per_row if old is None else (
                 (1 - _EMA) * old + _EMA * per_row)
@@ -109,6 +131,14 @@ class CoreSplit:
                     decode = threads
                     break
             decision = SplitDecision(decode, cores - decode)
+            if self.allow_overlap:
+                # One thread on the prefill team's cores: measured, else (not tried yet) the
+                # disjoint one-thread time, which it cannot beat.
+                per_row = self._overlapped_per_row
+                if per_row is None and 1 in self._contended_per_row:
+                    per_row = self._contended_per_row[1]
+                if per_row is not None and per_row * decode_rows <= OVERLAP_DUTY * self.target_itl_s:
+                    decision = SplitDecision(1, cores)
         if decision != self.current:
             self.num_changes += 1
             self.current = decision

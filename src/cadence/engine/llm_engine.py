@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -424,6 +425,9 @@ class LLMEngine:
                 import torch
 
                 cores = self._split_cores or torch.get_num_threads()
+                if self._split_cores is None and hasattr(os, "sched_getaffinity"):
+                    # Under taskset the process may use fewer cores than it has threads.
+                    cores = min(cores, len(os.sched_getaffinity(0)))
                 self._split = SplitStepper(self, cores, self._split_pin)
                 self._split.on_change.append(self._record_split_change)
             return self._split.step()

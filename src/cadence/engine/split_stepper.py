@@ -23,6 +23,7 @@ may (invariant 1).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
@@ -37,21 +38,34 @@ class SplitStepper:
     # Longest wait for the prefill team in a turn with nothing to decode (the loop polls its
     # socket between turns).
     WAIT_S = 0.02
+    # Overlapping teams: a decode step starts every PACE x the ITL target (a margin for the
+    # wake-up and the step's own variation).
+    PACE = 0.8
+    # The interpreter's GIL switch interval while split (sys.setswitchinterval).
+    GIL_SWITCH_S = 0.0005
 
     def __init__(self, engine: Any, num_cores: int, pin: bool | None = None) -> None:
         self.engine = engine
         self.scheduler = engine.scheduler
         cfg = self.scheduler.sched
-        self.split = CoreSplit(num_cores, cfg.target_itl_ms / 1000.0)
+        self.split = CoreSplit(num_cores, cfg.target_itl_ms / 1000.0,
+                               allow_overlap=cfg.core_split == "auto")
         self.chunk_tokens = cfg.split_prefill_chunk
-        if pin is None:  # CADENCE_PIN_TEAMS=0 leaves the prefill team unpinned
-            pin = os.environ.get("CADENCE_PIN_TEAMS", "1") != "0"
+        if pin is None:  # CADENCE_PIN_TEAMS=1 pins the prefill team to its cores
+            # Off by default: on a host shared with other processes a pinned team cannot move
+            # off a busy core; the thread counts alone keep the teams within the cores.
+            pin = os.environ.get("CADENCE_PIN_TEAMS", "0") == "1"
+        # The teams take turns at the GIL between their kernels: hand it over within 0.5 ms
+        # (not the default 5) so neither waits on the other's Python.
+        sys.setswitchinterval(min(sys.getswitchinterval(), self.GIL_SWITCH_S))
         allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self._cores = allowed if pin and len(allowed) >= num_cores else None
         self._team: ThreadTeam | None = None
         # The prefill team's plan in flight: (plan, future, engine-clock start, perf start).
         self._inflight: tuple[StepPlan, Future, float, float] | None = None
         self._decode_threads = num_cores
+        self._overlap = False  # the current split shares cores (decode steps paced)
+        self.num_overlapped_decode_steps = 0
         self._wall_since = time.perf_counter()
         # Listeners of split changes (the trace writer): f(decision, t).
         self.on_change: list[Any] = []
@@ -80,9 +94,19 @@ class SplitStepper:
             out = engine.executor.execute(plan)
         except Exception as exc:  # fails the decode stream's requests, not the engine
             return outputs + engine._fail_plan(plan, exc)
+        overlapped = self._inflight is not None and self._overlap
         self.split.observe_decode(self._decode_threads, plan.num_decode_tokens,
-                                  time.perf_counter() - t0, contended=self._inflight is not None)
-        return outputs + engine._finish_step(plan, out, t_start)
+                                  time.perf_counter() - t0, contended=self._inflight is not None,
+                                  overlapped=overlapped)
+        outputs += engine._finish_step(plan, out, t_start)
+        if overlapped:
+            self.num_overlapped_decode_steps += 1
+            # On the prefill team's cores: the next decode step waits for the target's
+            # rhythm (or the prefill's end), leaving the cores to the prefill meanwhile.
+            rest = t0 + self.PACE * self.split.target_itl_s - time.perf_counter()
+            if rest > 0:
+                outputs += self._collect(rest)
+        return outputs
 
     def _colocated(self) -> list[Any]:
         engine = self.engine
@@ -107,9 +131,10 @@ class SplitStepper:
 
     def _launch(self, plan: StepPlan, decision: SplitDecision) -> None:
         cores = None
+        self._overlap = decision.overlaps(self.split.num_cores)
         if self._cores is not None:
-            cores = self._cores[decision.decode_threads:decision.decode_threads
-                                + decision.prefill_threads]
+            first = 0 if self._overlap else decision.decode_threads
+            cores = self._cores[first:first + decision.prefill_threads]
         if self._team is None:
             self._team = ThreadTeam("prefill", decision.prefill_threads, cores)
         else:

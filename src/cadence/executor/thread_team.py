@@ -6,8 +6,8 @@ blocks). That works because torch ops and every cadence kernel release the GIL w
 compute, and because the number of threads a parallel region uses is per calling thread
 (OpenMP's nthreads ICV, which at::get_num_threads reads and torch.set_num_threads sets for the
 calling thread): each team sizes its own regions. The team's thread may also be pinned to its
-cores (sched_setaffinity on the thread id), so that its OpenMP workers, created by it and
-inheriting its mask, never run on the other team's cores; idle OpenMP workers sleep
+cores (sched_setaffinity on the thread id; CADENCE_PIN_TEAMS=1), so that its OpenMP workers,
+created by it and inheriting its mask, never run on the other team's cores; idle OpenMP workers sleep
 (OMP_WAIT_POLICY=PASSIVE, set by cadence at import), and the fused stacks' barrier yields.
 """
 

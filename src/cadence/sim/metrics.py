@@ -105,7 +105,7 @@ def summarize(result: SimResult, label: str | None = None) -> SimSummary:
 
 def describe(result: SimResult) -> str:
     s = result.sched
-    split = " + core split" if s.core_split == "auto" else ""
+    split = f" + core split {s.core_split}" if s.core_split != "off" else ""
     if s.policy == "slo":
         return f"slo {s.target_itl_ms:g} ms (budget {s.max_num_batched_tokens}){split}"
     return f"{s.policy} (budget {s.max_num_batched_tokens})"

@@ -114,7 +114,7 @@ def simulate(
     if calibration:
         scheduler.calibrate(calibration)
     executor = executor or HashSampler(vocab_size)
-    if sched.core_split == "auto" and num_cores > 1:
+    if sched.core_split != "off" and num_cores > 1:
         from cadence.sim.split_sim import simulate_split
 
         return simulate_split(workload, scheduler, cost_model, executor, vocab_size, max_steps,

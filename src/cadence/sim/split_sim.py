@@ -24,6 +24,11 @@ from cadence.sim.workload import Workload, prompt_token_ids
 from cadence.telemetry.recorder import TelemetryRecorder
 
 
+# The engine's pacing of overlapped decode steps (engine/split_stepper.py SplitStepper.PACE;
+# not imported: the simulator does not load the engine's torch side).
+PACE = 0.8
+
+
 def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostModel, executor,
                    vocab_size: int, max_steps: int, jitter: StepJitter | None, num_cores: int,
                    contention: float):
@@ -32,7 +37,10 @@ def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostMod
     sched = scheduler.sched
     clock = VirtualClock()
     telemetry = TelemetryRecorder(max_finished=max(1, len(workload.requests)))
-    split = CoreSplit(num_cores, sched.target_itl_ms / 1000.0)
+    split = CoreSplit(num_cores, sched.target_itl_ms / 1000.0,
+                      allow_overlap=sched.core_split == "auto")
+    pace_s = PACE * split.target_itl_s
+    overlap = False
     pending = sorted(workload.requests, key=lambda r: (r.arrival_s, r.req_id))
     steps: list[SimStep] = []
     next_arrival = 0
@@ -83,9 +91,14 @@ def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostMod
             if decision.is_split:
                 plan = scheduler.schedule_prefill(sched.split_prefill_chunk)
                 if plan is not None:
-                    beside = scheduler.num_decode_rows() > 0
-                    end = clock.now + duration(plan, decision.prefill_threads, beside)
-                    inflight = (plan, executor.execute(plan), clock.now, end)
+                    rows = scheduler.num_decode_rows()
+                    seconds = duration(plan, decision.prefill_threads, rows > 0)
+                    overlap = decision.overlaps(num_cores)
+                    if overlap and rows:
+                        # The paced decode thread takes one core for its steps' share of time.
+                        step_s = split.predict_decode_s(1, rows) or 0.0
+                        seconds /= 1.0 - min(0.9, step_s / pace_s) / num_cores
+                    inflight = (plan, executor.execute(plan), clock.now, clock.now + seconds)
                     decode_threads = decision.decode_threads
             if inflight is None:  # a colocated step on every core
                 plan = scheduler.schedule()
@@ -114,6 +127,9 @@ def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostMod
         t_start = clock.now
         clock.advance(seconds)
         record(plan, out, t_start, clock.now)
-        split.observe_decode(decode_threads, plan.num_decode_tokens, seconds, True)
+        split.observe_decode(decode_threads, plan.num_decode_tokens, seconds, True,
+                             overlapped=overlap)
+        if overlap:  # paced: the next decode step starts a pace after this one
+            clock.advance_to(max(clock.now, min(t_start + pace_s, inflight[3])))
     timelines = {t.req_id: t for t in telemetry.finished_timelines()}
     return SimResult(workload, sched, scheduler.cache, cost_model.name, timelines, steps)
