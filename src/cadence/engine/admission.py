@@ -22,6 +22,14 @@ from cadence.engine.engine_core import EngineCore
 from cadence.engine.wire import AddRequest, Tokenize, sampling_from_wire
 
 
+# Sizes of the per-request lists whose setup (at admission) and per-step work grow with them;
+# the front end refuses the same sizes first (server/protocol.py imports these).
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_LOGIT_BIAS_ENTRIES = 1024  # OpenAI allows 300
+MAX_TOKEN_ID_LIST = 1024  # stop_token_ids, bad_words (allowed_token_ids: the vocabulary)
+
+
 @dataclass(frozen=True)
 class AdmissionLimits:
     """Back-pressure: answer 429 past these many queued requests / queued prompt tokens."""
@@ -145,6 +153,7 @@ def _sampling_params(engine: EngineCore, msg: AddRequest, num_prompt: int) -> Sa
             400, f"min_tokens ({sampling['min_tokens']}) must not exceed max_tokens "
             f"({sampling['max_tokens']}, resolved against the context).", param="min_tokens",
             code="invalid_value")
+    check_list_sizes(sampling, engine.vocab_size)
     for name in ("stop_token_ids", "allowed_token_ids"):
         bad = [t for t in sampling.get(name) or () if not 0 <= t < engine.vocab_size]
         if bad:
@@ -167,6 +176,26 @@ def _sampling_params(engine: EngineCore, msg: AddRequest, num_prompt: int) -> Sa
         return sampling_from_wire(sampling)
     except (ValueError, TypeError) as exc:
         raise AdmissionError(400, str(exc), code="invalid_value") from exc
+
+
+def check_list_sizes(sampling: dict[str, Any], vocab_size: int) -> None:
+    """400 naming the field when a list whose setup grows with it is past its bound."""
+    stop = sampling.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else stop
+    limits = (("stop", len(stop), MAX_STOP_STRINGS),
+              ("stop", max((len(s) for s in stop if isinstance(s, str)), default=0),
+               MAX_STOP_CHARS),
+              ("logit_bias", len(sampling.get("logit_bias") or ()), MAX_LOGIT_BIAS_ENTRIES),
+              ("stop_token_ids", len(sampling.get("stop_token_ids") or ()), MAX_TOKEN_ID_LIST),
+              ("bad_words", len(sampling.get("bad_words") or ()), MAX_TOKEN_ID_LIST),
+              ("bad_words", max((len(w) for w in sampling.get("bad_words") or ()
+                                 if isinstance(w, str)), default=0), MAX_STOP_CHARS),
+              ("allowed_token_ids", len(sampling.get("allowed_token_ids") or ()), vocab_size))
+    for name, size, limit in limits:
+        if size > limit:
+            raise AdmissionError(400, f"{name} is too large: {size} where at most {limit} "
+                                 "are allowed (entries, or characters of one string).",
+                                 param=name, code="invalid_value")
 
 
 def msg_param(msg: AddRequest) -> str:
@@ -204,12 +233,18 @@ def prepare(engine: EngineCore, msg: AddRequest) -> AdmittedRequest:
             f"has {n} tokens, which leaves no room for a completion.", param=param,
             code="context_length_exceeded")
     params = _sampling_params(engine, msg, n)
-    compile_grammar = getattr(engine, "prepare_structured", None)
-    if compile_grammar is not None and params.structured_outputs is not None:
+    # The setup that grows with the request (stop-string matcher, bad words, token-edit
+    # tensors, the grammar's compilation), here rather than on the step loop.
+    setup = getattr(engine, "prepare_request", None)
+    if setup is not None:
         try:
-            compile_grammar(msg.req_id, params)
-        except ValueError as exc:  # does not compile, or past its compile budget
-            raise AdmissionError(400, str(exc), code="invalid_structured_output") from exc
+            params = setup(msg.req_id, params)
+        except ValueError as exc:  # a grammar that does not compile (or past its budget), ...
+            code = getattr(exc, "code", None)
+            if code is None:
+                field = next((f for f in ("bad_words", "stop") if f in str(exc)), None)
+                raise AdmissionError(400, str(exc), param=field, code="invalid_value") from exc
+            raise AdmissionError(400, str(exc), code=code) from exc
     return AdmittedRequest(ids, params, param)
 
 

@@ -31,6 +31,10 @@ from cadence.telemetry.trace_writer import TraceWriter
 
 __all__ = ["LLMEngine", "RequestOutput"]
 
+# Seconds a prepared setup waits for its add_request (a request refused after its setup never
+# comes).
+PREPARED_TTL_S = 120.0
+
 logger = logging.getLogger(__name__)
 
 
@@ -208,6 +212,8 @@ class LLMEngine:
         self._clock = clock
         # Text state of every request not yet reported finished, by id.
         self._texts: dict[str, RequestText] = {}
+        # Setups made by prepare_request (admission threads), by id, with when they were made.
+        self._prepared_texts: dict[str, tuple[RequestText, float]] = {}
         # Final outputs decided outside step() (aborts), handed out by the next step().
         self._pending: list[RequestOutput] = []
         # Interjection (set_interjection_hooks): the caller's poll for arrivals, where the
@@ -268,6 +274,27 @@ class LLMEngine:
         """Longest sequence a request may reach (the scheduler's limit)."""
         return self.scheduler.sched.max_model_len
 
+    def prepare_request(self, req_id: str, params: SamplingParams) -> SamplingParams:
+        """The per-request setup that grows with the request, done before add_request in the
+        caller's thread (the server's admission threads: never on the step loop): bad words
+        tokenized, the stop-string matcher built, the executor's grammar and token-edit
+        tensors. Returns the params with bad_words_token_ids filled; ValueError on bad input.
+        add_request takes what was prepared for the same id; unclaimed setups expire."""
+        if self.tokenizer is not None and not params.eos_token_ids:
+            params = dataclasses.replace(params, eos_token_ids=tuple(self.tokenizer.stop_token_ids))
+        if params.bad_words and not params.bad_words_token_ids:
+            params = dataclasses.replace(params, bad_words_token_ids=self._bad_word_ids(params))
+        text = RequestText(self.tokenizer, params)
+        prepare = getattr(self.executor, "prepare_request", None)
+        if prepare is not None:
+            prepare(req_id, params)
+        now = time.monotonic()
+        for old_id, (_, built) in list(self._prepared_texts.items()):
+            if now - built > PREPARED_TTL_S:  # refused after admission (queue limits)
+                self._prepared_texts.pop(old_id, None)
+        self._prepared_texts[req_id] = (text, now)
+        return params
+
     def add_request(
         self,
         req_id: str,
@@ -322,7 +349,8 @@ class LLMEngine:
             check(params)
         elif params.structured_outputs is not None:
             raise ValueError("this engine's executor does not support structured outputs")
-        text = RequestText(self.tokenizer, params)
+        prepared = self._prepared_texts.pop(req_id, None)
+        text = prepared[0] if prepared is not None else RequestText(self.tokenizer, params)
         arrival = self._clock() if arrival_time is None else float(arrival_time)
         request = Request(req_id, prompt_ids, params, arrival, priority)
         request.hold_kv_on_finish = hold_kv

@@ -85,11 +85,10 @@ class LLMEngineAdapter:
                            continue_final_message, templates=self.templates,
                            template_kwargs=chat_template_kwargs)
 
-    def prepare_structured(self, req_id: str, params: SamplingParams) -> None:
-        """Compile the request's grammar now, in an admission thread (ValueError: a 400)."""
-        prepare = getattr(self.engine.executor, "prepare_request", None)
-        if prepare is not None:
-            prepare(req_id, params)
+    def prepare_request(self, req_id: str, params: SamplingParams) -> SamplingParams:
+        """The request's setup (stop strings, bad words, token edits, grammar), in an
+        admission thread (LLMEngine.prepare_request; ValueError: a 400)."""
+        return self.engine.prepare_request(req_id, params)
 
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)

@@ -8,7 +8,8 @@ that is a proper prefix of some stop string, and on a match emits the text befor
 
 Why holding only that tail is enough: a stop string that starts inside already-emitted text
 would mean a longer held tail existed at the time, a contradiction; so every future match starts
-inside the held text plus the new piece, and only that buffer is searched.
+inside the held text plus the new piece. Matches are found by one automaton per stop string
+(Knuth-Morris-Pratt), so a token's work does not grow with the strings' lengths.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from collections.abc import Sequence
 
 
 class StopStringMatcher:
-    """Streaming stop-string filter for one request."""
+    """Streaming stop-string filter for one request.
+
+    Building it is the setup that grows with the stop strings (a KMP failure table per
+    string, O(total length)): the engine builds it at admission, off the step loop. Feeding a
+    piece then costs O(len(piece) x number of strings): each string's automaton state (the
+    longest tail of the text so far that is a prefix of it) advances one character at a time,
+    whatever the strings' lengths.
+    """
 
     def __init__(self, stop: Sequence[str], include_stop: bool = False) -> None:
         if isinstance(stop, str):
@@ -25,6 +33,9 @@ class StopStringMatcher:
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError(f"stop strings must be non-empty str, got {list(stop)!r}")
         self._stop = tuple(stop)
+        self._fail = tuple(_failure_table(s) for s in self._stop)
+        # Per string: how many of its first characters the text so far ends with.
+        self._state = [0] * len(self._stop)
         # vLLM's include_stop_str_in_output: the matched stop string ends the emitted text.
         self._include_stop = include_stop
         self._held = ""
@@ -44,15 +55,31 @@ class StopStringMatcher:
         if not self._stop:
             return piece
         buf = self._held + piece
-        match = _earliest_match(buf, self._stop)
-        if match is not None:
-            cut, matched = match
-            self.stopped = True
-            self.matched = matched
-            self._held = ""
-            return buf[: cut + len(matched)] if self._include_stop else buf[:cut]
-        hold = _longest_prefix_tail(buf, self._stop)
-        self._held = buf[len(buf) - hold :]
+        state = self._state
+        for j in range(len(self._held), len(buf)):
+            ch = buf[j]
+            done = None
+            for i, s in enumerate(self._stop):
+                k, fail = state[i], self._fail[i]
+                while k and s[k] != ch:
+                    k = fail[k - 1]
+                if s[k] == ch:
+                    k += 1
+                if k == len(s):
+                    # Completed here; on a tie the longer string started earlier.
+                    if done is None or len(s) > len(done):
+                        done = s
+                    k = fail[k - 1]
+                state[i] = k
+            if done is not None:
+                cut = j + 1 - len(done)
+                self.stopped = True
+                self.matched = done
+                self._held = ""
+                return buf[: cut + len(done)] if self._include_stop else buf[:cut]
+        # Hold the longest tail that is a proper prefix of some stop string.
+        hold = max(state)
+        self._held = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold]
 
     def flush(self) -> str:
@@ -61,30 +88,15 @@ class StopStringMatcher:
         return "" if self.stopped else text
 
 
-def _earliest_match(buf: str, stop: tuple[str, ...]) -> tuple[int, str] | None:
-    """(start, string) of the stop string that completes first (smallest end; on a tie,
-    earliest start).
-
-    Ordering by end, not start, is what generation does: the request stops at the token that
-    completes a stop string, so text after that point is never produced. It also makes the cut
-    independent of how the text was split into pieces ("\naa" with stops "a" and "\naa" cuts
-    to "\n" whether it arrives whole or as "\na" + "a").
-    """
-    best: tuple[int, int, str] | None = None  # (end, start, string)
-    for s in stop:
-        i = buf.find(s)
-        if i != -1 and (best is None or (i + len(s), i) < best[:2]):
-            best = (i + len(s), i, s)
-    return None if best is None else (best[1], best[2])
-
-
-def _longest_prefix_tail(buf: str, stop: tuple[str, ...]) -> int:
-    """Length of the longest tail of buf that is a proper prefix of some stop string."""
-    best = 0
-    for s in stop:
-        # Only tails shorter than s can be proper prefixes of it; try longest first.
-        for n in range(min(len(s) - 1, len(buf)), best, -1):
-            if s.startswith(buf[len(buf) - n :]):
-                best = n
-                break
-    return best
+def _failure_table(s: str) -> list[int]:
+    """KMP: fail[i] = length of the longest proper prefix of s[:i + 1] that is also its
+    suffix."""
+    fail = [0] * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = fail[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        fail[i] = k
+    return fail

@@ -12,28 +12,61 @@ min_tokens masks the request's EOS and stop tokens until that many tokens are ou
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from cadence.core.plan import ScheduledChunk
+from cadence.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class TokenEdits:
+    """A request's token-id edits as tensors (allowed_token_ids, bad words, logit_bias),
+    built once, at admission, instead of from Python tuples on every step: the setup grows
+    with the lists, a step then pays only the indexing."""
+
+    allowed: torch.Tensor | None  # int64 [A] ids kept (vLLM's allowed_token_ids)
+    banned: torch.Tensor | None  # int64 [B] ids banned (bad_words, one token each)
+    bias_ids: torch.Tensor | None  # int64 [L]
+    bias: torch.Tensor | None  # float32 [L], added to bias_ids' logits
+
+
+def has_token_edits(p: SamplingParams) -> bool:
+    return bool(p.logit_bias) or p.allowed_token_ids is not None or bool(p.bad_words_token_ids)
+
+
+def token_edits(p: SamplingParams, vocab: int) -> TokenEdits:
+    """The tensors of a request's token-id edits (ids past `vocab` dropped)."""
+    def ids(values) -> torch.Tensor:
+        return torch.tensor([t for t in values if t < vocab], dtype=torch.int64)
+
+    bias = [(t, b) for t, b in p.logit_bias if t < vocab]
+    return TokenEdits(
+        allowed=ids(p.allowed_token_ids) if p.allowed_token_ids is not None else None,
+        banned=ids(p.bad_words_token_ids) if p.bad_words_token_ids else None,
+        bias_ids=torch.tensor([t for t, _ in bias], dtype=torch.int64) if bias else None,
+        bias=torch.tensor([b for _, b in bias], dtype=torch.float32) if bias else None)
 
 
 def needs_processing(chunk: ScheduledChunk) -> bool:
     p = chunk.sampling
-    return (bool(p.logit_bias) or p.needs_history or p.allowed_token_ids is not None
-            or bool(p.bad_words_token_ids))
+    return p.needs_history or has_token_edits(p)
 
 
 def apply_logits_processors(
     logits: torch.Tensor,
     chunks: Sequence[ScheduledChunk],
     masks: Mapping[int, torch.Tensor] | None = None,
+    edits: MutableMapping[str, TokenEdits] | None = None,
 ) -> tuple[torch.Tensor, list[int]]:
     """logits [S, V] float32 -> (processed logits [S, V], rows that changed).
 
-    `masks`: row -> bool [V] of allowed tokens (grammars). The input is not modified: the
-    caller keeps raw logits for logprobs; the result is a copy when any row changes.
+    `masks`: row -> bool [V] of allowed tokens (grammars). `edits`: req_id -> its TokenEdits
+    (built at admission); a request missing there gets them built now and kept there. The
+    input is not modified: the caller keeps raw logits for logprobs; the result is a copy
+    when any row changes.
     """
     rows = [i for i, c in enumerate(chunks) if needs_processing(c) or (masks and i in masks)]
     if not rows:
@@ -46,19 +79,21 @@ def apply_logits_processors(
         row = out[i]  # [V] view
         if masks and i in masks:
             row.masked_fill_(~masks[i], float("-inf"))
-        if p.allowed_token_ids is not None:  # vLLM's allowed_token_ids: every other id banned
-            allowed = torch.tensor([t for t in p.allowed_token_ids if t < vocab],
-                                   dtype=torch.int64, device=row.device)
-            keep = row.index_select(0, allowed)
-            row.fill_(float("-inf"))
-            row.index_copy_(0, allowed, keep)
-        if p.bad_words_token_ids:  # vLLM's bad_words (one token each, resolved by the engine)
-            banned = [t for t in p.bad_words_token_ids if t < vocab]
-            row[torch.tensor(banned, dtype=torch.int64, device=row.device)] = float("-inf")
-        if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias if t < vocab], dtype=torch.int64)
-            bias = torch.tensor([b for t, b in p.logit_bias if t < vocab], dtype=row.dtype)
-            row.index_add_(0, ids.to(row.device), bias.to(row.device))
+        if has_token_edits(p):
+            e = edits.get(chunk.req_id) if edits is not None else None
+            if e is None:
+                e = token_edits(p, vocab)
+                if edits is not None:
+                    edits[chunk.req_id] = e
+            if e.allowed is not None:  # vLLM's allowed_token_ids: every other id banned
+                allowed = e.allowed.to(row.device)
+                keep = row.index_select(0, allowed)
+                row.fill_(float("-inf"))
+                row.index_copy_(0, allowed, keep)
+            if e.banned is not None:  # vLLM's bad_words (one token each, resolved at admission)
+                row[e.banned.to(row.device)] = float("-inf")
+            if e.bias_ids is not None:
+                row.index_add_(0, e.bias_ids.to(row.device), e.bias.to(row.device, row.dtype))
         history = chunk.history
         if history is None:
             continue

@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from typing import Any
 
 import torch
 
 from cadence.core.plan import StepOutput, StepPlan
 from cadence.executor.inputs import ModelInputs
+from cadence.executor.logits_processors import has_token_edits, token_edits
 from cadence.executor.sampler import sample
-from cadence.executor.structured_output import StructuredOutputs
+from cadence.executor.structured_output import PREPARED_TTL_S, StructuredOutputs
 from cadence.model.kv_cache import KVCache
 from cadence.model.loader import LoadedModel
 
@@ -68,6 +70,11 @@ class ModelExecutor:
         # Seconds the last step spent computing grammar masks (the structured-output cost).
         self.last_mask_time_s = 0.0
         self._masks_thread = None  # started on the first constrained request
+        # Token-id edits (logit_bias, allowed_token_ids, bad words) as tensors, by request:
+        # built at admission (prepare_request), dropped at release; with the time each was
+        # built, so those of requests refused after admission do not pile up.
+        self.token_edits: dict[str, Any] = {}
+        self._edits_built_at: dict[str, float] = {}
         self.generator = torch.Generator(device=self.device)
         if seed is not None:
             self.generator.manual_seed(seed)
@@ -93,18 +100,29 @@ class ModelExecutor:
             self.structured.check(params.structured_outputs)
 
     def prepare_request(self, req_id: str, params) -> None:
-        """Compile the request's grammar before it joins the loop (admission threads; see
-        structured_output.StructuredOutputs.prepare). ValueError when it does not compile."""
+        """Per-request setup before the request joins the loop (admission threads): its
+        grammar compiled (structured_output.StructuredOutputs.prepare; ValueError when it
+        does not compile) and its token-id edits as tensors."""
         if params.structured_outputs is not None:
             self.structured.prepare(req_id, params.structured_outputs)
+        if has_token_edits(params):
+            now = time.monotonic()
+            for old_id, built in list(self._edits_built_at.items()):
+                if now - built > PREPARED_TTL_S:  # a live request rebuilds its own if needed
+                    self.token_edits.pop(old_id, None)
+                    self._edits_built_at.pop(old_id, None)
+            self.token_edits[req_id] = token_edits(params, self.config.vocab_size)
+            self._edits_built_at[req_id] = now
 
     def grammar_unfinished(self, req_id: str) -> bool:
         """Whether the request's grammar is incomplete: an EOS now was forced, not allowed."""
         return self.structured.unfinished(req_id)
 
     def release_request(self, req_id: str) -> None:
-        """The request finished: drop its per-request state (grammar matcher)."""
+        """The request finished: drop its per-request state (grammar matcher, token edits)."""
         self.structured.release(req_id)
+        self.token_edits.pop(req_id, None)
+        self._edits_built_at.pop(req_id, None)
 
     def _check_plan(self, plan: StepPlan) -> None:
         if plan.block_size != self.block_size:
@@ -285,7 +303,7 @@ class ModelExecutor:
         if inputs.sample_chunks:
             masks = pending.result() if pending is not None else None
             sampled = sample(logits, inputs.sample_chunks, self.generator, greedy=argmax,
-                             masks=masks)
+                             masks=masks, edits=self.token_edits)
         elapsed = time.perf_counter() - start  # sample() reads ids back to the host: synced
         return StepOutput(
             step_id=plan.step_id,

@@ -15,12 +15,12 @@ rows (one generator each), never over the vocabulary.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 
 import torch
 
 from cadence.core.plan import ScheduledChunk, SampledToken
-from cadence.executor.logits_processors import apply_logits_processors
+from cadence.executor.logits_processors import TokenEdits, apply_logits_processors
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 
 
@@ -42,6 +42,7 @@ def sample(
     generator: torch.Generator | None = None,
     greedy: torch.Tensor | None = None,
     masks: Mapping[int, torch.Tensor] | None = None,
+    edits: MutableMapping[str, TokenEdits] | None = None,
 ) -> list[SampledToken]:
     """Sample one token per row.
 
@@ -51,6 +52,8 @@ def sample(
     greedy: logits.argmax(-1) when the caller already has it ([S] int64, e.g. from the LM
     head's kernel); computed here otherwise.
     masks: row -> bool [V] allowed tokens (structured output grammars).
+    edits: req_id -> TokenEdits, the requests' token-id edits built at admission (filled in
+    here for requests that were not prepared).
     Returns S SampledTokens, in row order. Logprobs are of the raw logits (vLLM's default),
     the token is drawn from the processed ones (logits_processors.py).
     """
@@ -68,7 +71,7 @@ def sample(
     if greedy is not None and tuple(greedy.shape) != (num_rows,):
         raise ValueError(f"greedy ids must be [{num_rows}], got shape {tuple(greedy.shape)}")
     raw = logits
-    logits, changed = apply_logits_processors(raw, chunks, masks)
+    logits, changed = apply_logits_processors(raw, chunks, masks, edits)
     token_ids = greedy_ids(logits) if greedy is None else greedy.clone()
     if changed and greedy is not None:
         token_ids[changed] = logits[changed].argmax(dim=-1)

@@ -15,17 +15,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from cadence.engine.admission import MAX_LOGIT_BIAS_ENTRIES, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from cadence.engine.chat_render import chat_template_kwargs_problem
 
 # OpenAI caps logprobs alternatives at 20 (as does SamplingParams).
 MAX_LOGPROBS = 20
-MAX_STOP_SEQUENCES = 16
-# The stop-string matcher checks every held tail against every stop string on each token:
-# its per-token work grows with the strings' lengths, so they are bounded.
-MAX_STOP_CHARS = 256
-# The sampler adds a request's logit_bias to its row on every step (work per entry), so the
-# entries are bounded (OpenAI allows 300).
-MAX_LOGIT_BIAS_ENTRIES = 1024
+# The engine's bounds on lists whose setup grows with them (stop strings: a matcher table per
+# string; logit_bias: tensors built at admission, indexed on every step), checked here first.
+MAX_STOP_SEQUENCES = MAX_STOP_STRINGS
 
 
 def unencodable_string_path(value: Any, path: str = "") -> str | None:
