@@ -1,14 +1,26 @@
-"""Every command in README.md and docs/*.md's bash blocks is one this checkout has: `cadence`
-lines parse with the real argument parser (flags, choices, value types), scripts and modules
-exist, make targets are in the Makefile. (The README's quick start is run for real in
-test_readme_quickstart.py; benchmarks are too slow to run here.)"""
+"""Every command in README.md and docs/*.md's bash blocks is one this checkout has, and the
+cheap ones run:
+
+- run for real: the README's quick start (serve, curl, the openai and offline snippets:
+  test_readme_quickstart.py) and `cadence generate` lines (here, on the tiny model);
+- parsed only, because they serve until stopped, need several machines or run for minutes:
+  `cadence serve / router / bench / sweep` lines with cadence's own parser (flags, choices,
+  value types), benchmark scripts and `python -m` modules with their own argparse parser
+  (each run up to its parsing, then stopped: docs_parse_only.py), `ray` lines with Ray's
+  CLI; `pip install` names a package (or an extra pyproject.toml declares), `make` a target
+  the Makefile has, a `python -c` line compiles.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import pathlib
 import re
 import shlex
+import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -67,3 +79,38 @@ def test_command_exists_and_parses(page, command):
         pass  # run by test_readme_quickstart.py
     else:
         pytest.fail(f"{page}: a command this test does not know how to check: {command}")
+
+
+def _python_programs() -> list[list[str]]:
+    """["path", FILE, flags...] / ["module", NAME, flags...] of the pages' python lines."""
+    out = []
+    for _, command in COMMANDS:
+        words = shlex.split(command)
+        if words[0] != ".venv/bin/python" or words[1] == "-c":
+            continue
+        out.append(["module", *words[2:]] if words[1] == "-m" else ["path", *words[1:]])
+    return out
+
+
+def test_scripts_and_modules_parse_their_documented_flags():
+    programs = _python_programs()
+    assert len(programs) > 10
+    out = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name(
+        "docs_parse_only.py")), json.dumps(programs)], capture_output=True, text=True,
+        timeout=300, cwd=ROOT)
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    wrong = {command: result for command, result in results.items() if result != "ok"}
+    assert not wrong and len(results) == len({" ".join(p) for p in programs}), (wrong,
+                                                                             out.stderr[-2000:])
+
+
+def test_generate_lines_run_for_real(tiny_llama_dir):
+    lines = [shlex.split(c) for _, c in COMMANDS if c.startswith(".venv/bin/cadence generate")]
+    assert lines
+    for words in lines:
+        # The page's flags, on the tiny model (its --model wins: the last flag given).
+        out = subprocess.run([sys.executable, "-m", "cadence.cli", *words[1:], "--model",
+                              tiny_llama_dir, "--dtype", "float32", "--no-startup-profile"],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT,
+                             env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+        assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
