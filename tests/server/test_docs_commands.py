@@ -114,3 +114,13 @@ def test_generate_lines_run_for_real(tiny_llama_dir):
                              capture_output=True, text=True, timeout=300, cwd=ROOT,
                              env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
         assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
+
+
+def test_links_to_performance_sections_resolve():
+    """Pages link to their numbers in docs/performance.md: every #section they name exists."""
+    headings = {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-")
+                for h in re.findall(r"^#+ (.+)$", (ROOT / "docs" / "performance.md").read_text(),
+                                    re.M)}
+    links = [(page.name, anchor) for page in PAGES
+             for anchor in re.findall(r"performance\.md#([\w-]+)", page.read_text())]
+    assert links and all(anchor in headings for _, anchor in links), (links, headings)
