@@ -55,3 +55,11 @@ def test_cors_preflight_and_headers(vllm_style_server):
     assert got.headers["access-control-allow-origin"] == "https://app.example"
     other = httpx.get(base + "/v1/models", headers={"Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_first_start_says_what_it_is_doing(vllm_style_server):
+    """Issue 32: the kernel load (a compile on a first run) and the startup profile each print
+    a progress line instead of sitting silent."""
+    log = vllm_style_server.log()
+    assert "CPU kernels: loading" in log, log
+    assert "startup profile: timing model steps" in log, log
