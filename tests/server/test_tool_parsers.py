@@ -182,6 +182,13 @@ def test_tool_choice_errors_and_none_is_plain_text(tool_server):
                    "sometimes"):
         r = _chat(tool_server, x, tool_choice=choice, guided_choice=None)
         assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
+    for tools in ([1], [{"type": "function", "function": {"name": "f", "parameters": "x"}}],
+                  [{"type": "function"}]):
+        r = _chat(tool_server, x, tools=tools, tool_choice="required", guided_choice=None)
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("tools"), r.text
+    r = _chat(tool_server, x, tool_choice={"type": "function", "function": {"name": 5}},
+              guided_choice=None)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
     # The grammar of "required" is the request's structured output: not both.
     r = _chat(tool_server, x, tool_choice="required")
     assert r.status_code == 400 and r.json()["error"]["param"] == "guided_choice", r.text
