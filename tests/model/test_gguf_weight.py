@@ -150,6 +150,28 @@ def test_leading_dimensions_and_take_rows():
     torch.testing.assert_close(picked.linear(x.reshape(6, -1)), y.reshape(6, -1)[:, order], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("T", [1, 6])
+def test_linear_many_is_each_linear_side_by_side(T):
+    """Several weights of one input (a layer's q/k/v: Q4_K, Q4_K, Q6_K; and a mix of per-32 and
+    per-256 quantized, float and row-wise types) in one call give exactly each weight's own
+    linear, concatenated: same bits, whatever the thread split over the weights."""
+    gen = torch.Generator().manual_seed(13)
+    q = GGUFWeight.from_data(Q.Q4_K, (64, 512), random_blocks(Q.Q4_K, 64, 512, seed=14))
+    k = GGUFWeight.from_data(Q.Q4_K, (16, 512), random_blocks(Q.Q4_K, 16, 512, seed=15))
+    v = GGUFWeight.from_data(Q.Q6_K, (21, 512), random_blocks(Q.Q6_K, 21, 512, seed=16))  # 2 octets + 5 row-wise
+    others = [GGUFWeight.from_data(Q.Q8_0, (9, 512), random_blocks(Q.Q8_0, 9, 512, seed=17)),
+              GGUFWeight.quantize(torch.randn(5, 512, generator=gen), Q.F16)]
+    x = torch.randn(T, 512, generator=gen)
+    bias = torch.randn(16, generator=gen)
+    for weights, biases in (([q, k, v], [None, bias, None]), ([v, *others, q], None)):
+        together = GGUFWeight.linear_many(weights, x, biases)
+        alone = torch.cat([w.linear(x, None if biases is None else biases[i]) for i, w in enumerate(weights)], dim=-1)
+        assert together.shape == (T, sum(w.shape[0] for w in weights))
+        torch.testing.assert_close(together, alone, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="features"):
+        GGUFWeight.linear_many([q, GGUFWeight.from_data(Q.Q8_0, (4, 256), random_blocks(Q.Q8_0, 4, 256, seed=1))], x)
+
+
 @pytest.mark.skipif(KERNELS is None, reason="the repack is a compiled kernel")
 @pytest.mark.parametrize(("qtype", "octet_block"), [(Q.Q4_K, 1216), (Q.Q6_K, 1696)])
 def test_k_quant_repacked_octets_match_row_wise_blocks(qtype, octet_block):
@@ -202,6 +224,43 @@ def test_memory_mapped_file_is_used_in_place(tmp_path):
         copy = GGUFWeight.from_data(qtype, shape, np.array(raw))
         x = torch.randn(2, shape[1])
         torch.testing.assert_close(weight.linear(x), copy.linear(x), rtol=0, atol=0)
+
+
+def test_rows_of_a_file_tensor_read_in_place(tmp_path):
+    """from_reader_tensor(rows=...): a weight of some rows of a file tensor in another order (the
+    q/k permutation, a fused tensor's part). With every column repacked it keeps the file's
+    blocks in place (no copy of the rows) and computes, dequantizes and looks up exactly what a
+    copy of those rows gives; otherwise it is that copy."""
+    path = tmp_path / "w.gguf"
+    raw = random_blocks(Q.Q4_K, 64, 512, seed=18)
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("a.weight", raw, raw_dtype=Q.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = GGUFReader(str(path))
+    tensor = reader.tensors[0]
+    full = GGUFWeight.from_data(Q.Q4_K, (64, 512), np.array(raw))
+    gen = torch.Generator().manual_seed(19)
+    x = torch.randn(3, 512, generator=gen)
+    for order in (torch.randperm(64, generator=gen), torch.randperm(64, generator=gen)[:16], torch.arange(5, 17)):
+        weight = GGUFWeight.from_reader_tensor(tensor, order)
+        copy = full.take_rows(order)
+        assert weight.shape == (order.numel(), 512)
+        in_place = KERNELS is not None and order.numel() % 8 == 0
+        assert (weight.row_order is not None) == in_place
+        if in_place:
+            start = reader.data.ctypes.data
+            assert start <= weight.blocks.data_ptr() < start + reader.data.nbytes
+            assert weight.nbytes == weight.packed.numel()
+        assert torch.equal(weight.dequantize(), copy.dequantize())
+        assert torch.equal(weight.embedding(torch.tensor([3, 0, 3])), copy.embedding(torch.tensor([3, 0, 3])))
+        torch.testing.assert_close(weight.linear(x), copy.linear(x), rtol=0, atol=0)
+        torch.testing.assert_close(GGUFWeight.linear_many([weight, full], x),
+                                   torch.cat([copy.linear(x), full.linear(x)], dim=-1), rtol=0, atol=0)
+        assert torch.equal(weight.take_rows(torch.tensor([2, 1])).dequantize(), copy.dequantize()[[2, 1]])
+        torch.testing.assert_close(weight._torch_linear(x, None), copy._torch_linear(x, None), rtol=0, atol=0)
 
 
 GEMMA3_FILE = "/work/cache/gemma/gemma-3-270m-q4_k_m.gguf"

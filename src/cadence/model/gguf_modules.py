@@ -10,6 +10,8 @@ out_features, forward), so the decoder calls them as it calls the float ones.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -64,6 +66,15 @@ class GGUFEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, type={self.gguf_weight.ggml_type.name}"
+
+
+def linear_side_by_side(x: torch.Tensor, linears: Sequence[nn.Module]) -> torch.Tensor:
+    """x [T, in] -> [T, sum out]: the linears' outputs side by side (torch.cat(..., -1)); GGUF
+    linears of one input in one kernel call (GGUFWeight.linear_many)."""
+    if all(isinstance(lin, GGUFLinear) for lin in linears):
+        out = GGUFWeight.linear_many([lin.gguf_weight for lin in linears], x, [lin.bias for lin in linears])
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+    return torch.cat([lin(x) for lin in linears], dim=-1)
 
 
 def gguf_module_bytes(model: nn.Module) -> int:

@@ -5,7 +5,9 @@ becomes a GGUFWeight over the file's memory map, in the module that uses it (GGU
 GGUFEmbedding); only the 1-D tensors (norms, biases) are decoded to float32. No float copy of
 a matrix exists at any moment, and the process holds what the page cache holds of the file.
 Rows that llama.cpp's converter reordered (q/k of llama-family files) or fused (Phi-3's qkv and
-gate/up) are taken apart by row index: a copy of the same blocks, bit for bit.
+gate/up) are taken apart by row index (GGUFWeight.from_reader_tensor(rows=...)): gathered for the
+repack only, the file's blocks read in place otherwise (a copy of the same blocks where a weight
+keeps row-wise columns).
 """
 
 from __future__ import annotations
@@ -62,20 +64,20 @@ def _weights_of(tensor, arch: str, config: ModelConfig, source: str):
             heads = config.num_heads if ".q_proj." in name else config.num_kv_heads
             values = unpermute_rotary(values, heads)
         return [(name, values)]
+    rows = int(tensor.shape[1])  # ggml lists the fastest dimension first: [K, N]
     try:
         check_supported(tensor.tensor_type)
-        weight = GGUFWeight.from_reader_tensor(tensor)
+        if fused:
+            parts = split_fused(tensor.name, _row_index(rows), config.q_size, config.kv_size)
+            if parts is None:
+                raise ModelLoadError(f"{source}: unexpected GGUF tensor {tensor.name!r} for architecture {arch!r}")
+            return [(part_name, GGUFWeight.from_reader_tensor(tensor, index[:, 0])) for part_name, index in parts]
+        if arch in ROTARY_PERMUTED_ARCHS and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
+            heads = config.num_heads if ".attn_q." in tensor.name else config.num_kv_heads
+            return [(name, GGUFWeight.from_reader_tensor(tensor, unpermute_rotary(_row_index(rows), heads)[:, 0]))]
+        return [(name, GGUFWeight.from_reader_tensor(tensor))]
     except ValueError as exc:
         raise ModelLoadError(f"{source}: tensor {tensor.name!r}: {exc}") from exc
-    if fused:
-        parts = split_fused(tensor.name, _row_index(weight.shape[0]), config.q_size, config.kv_size)
-        if parts is None:
-            raise ModelLoadError(f"{source}: unexpected GGUF tensor {tensor.name!r} for architecture {arch!r}")
-        return [(part_name, weight.take_rows(index[:, 0])) for part_name, index in parts]
-    if arch in ROTARY_PERMUTED_ARCHS and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
-        heads = config.num_heads if ".attn_q." in tensor.name else config.num_kv_heads
-        weight = weight.take_rows(unpermute_rotary(_row_index(weight.shape[0]), heads)[:, 0])
-    return [(name, weight)]
 
 
 def _install(model: nn.Module, name: str, weight: GGUFWeight, source: str) -> None:

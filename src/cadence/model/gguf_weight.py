@@ -22,7 +22,13 @@ only by `dequantize` / `embedding`), so the process holds the packed copy, not b
                     multiplied with F.linear, never the whole matrix.
   dequantize()      [N, K] float32, exactly gguf-py's dequantize (reference and tests only).
   embedding(ids)    [T, K] float32: only the requested rows are dequantized.
-  take_rows(index)  a new weight of the rows in that order (llama.cpp's q/k row permutation).
+  linear_many(ws, x) several weights of the same input in one call: [..., sum N], their outputs
+                    side by side (a layer's q/k/v, gate/up: one quantization, one thread wake-up).
+  take_rows(index)  a new weight of the rows in that order (a copy of their blocks).
+  from_reader_tensor(t, rows)  the same from a file without the copy where every column is
+                    repacked: the rows are gathered for the repack only, `row_order` says
+                    which file row each is (llama.cpp's q/k row permutation, Phi-3's fused
+                    tensors; an 8B file's q/k were otherwise held twice, ~0.75 GiB).
 
 Accuracy of `linear` on quantized types: the result is x_q @ dequant(W)^T up to float32 summation
 order, where x_q is x quantized per row and 32 k as above: its error against x @ dequant(W)^T
@@ -37,6 +43,7 @@ a Q4_K_M file) in place of a float weight and calls `linear` on each.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -118,18 +125,27 @@ class GGUFWeight:
     # Q4_K / Q6_K with compiled kernels: the whole octets of columns repacked,
     # [N // 8, K / 256 * (1216 | 1696)] uint8 (made in __post_init__); None otherwise.
     packed: torch.Tensor | None = field(default=None, repr=False)
+    # [N] int64 or None: row i of the weight is row row_order[i] of `blocks` (rows a file stores in
+    # another order or fused with others, read in place: from_reader_tensor(rows=...)). Only with
+    # `packed` holding every column (N a multiple of 8): the kernels never read `blocks` then.
+    row_order: torch.Tensor | None = field(default=None, repr=False)
+    # What the kernels get as the row-wise blocks: `blocks`, or none with row_order.
+    kernel_blocks: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         qtype = check_supported(self.ggml_type)
         object.__setattr__(self, "ggml_type", qtype)
         N, K = self.shape
-        expected = (N, row_bytes(qtype, K))
+        expected = (N if self.row_order is None else self.blocks.shape[0], row_bytes(qtype, K))
         if self.blocks.dtype != torch.uint8 or tuple(self.blocks.shape) != expected or not self.blocks.is_contiguous():
             raise ValueError(f"GGUFWeight {qtype.name} [{N}, {K}]: blocks must be contiguous uint8 {list(expected)}, "
                              f"got {self.blocks.dtype} {list(self.blocks.shape)}")
+        if self.row_order is not None and (self.packed is None or N % 8 or self.row_order.shape != (N,)):
+            raise ValueError("GGUFWeight: row_order needs [N] rows, N a multiple of 8, every column packed")
         kernels = load_cpu_kernels()
         if self.packed is None and qtype in _REPACKED_TYPES and N >= 8 and kernels is not None:
             object.__setattr__(self, "packed", kernels.gguf_repack(self.blocks, int(qtype), N, K))
+        object.__setattr__(self, "kernel_blocks", self.blocks if self.row_order is None else self.blocks.new_empty(0))
 
     @classmethod
     def from_data(cls, ggml_type: GGMLQuantizationType | int, shape: tuple[int, int],
@@ -140,14 +156,30 @@ class GGUFWeight:
         return cls(qtype, (N, K), _as_byte_rows(data, N))
 
     @classmethod
-    def from_reader_tensor(cls, tensor) -> GGUFWeight:
-        """A 2-D tensor of a gguf.GGUFReader, read in place from the file's memory map."""
+    def from_reader_tensor(cls, tensor, rows: torch.Tensor | None = None) -> GGUFWeight:
+        """A 2-D tensor of a gguf.GGUFReader, read in place from the file's memory map; with
+        `rows` ([n] int), the weight of those rows in that order (llama.cpp's q/k row
+        permutation undone, a fused tensor split). Where the kernels repack every column, the
+        rows are gathered only for the repack (a temporary), and the weight keeps the file's
+        blocks in place with `row_order`: a permuted 8B model holds no copy of its q/k rows."""
         if len(tensor.shape) != 2:
             raise ValueError(f"{tensor.name}: a GGUFWeight is 2-D, this tensor has shape {list(tensor.shape)}")
         K, N = (int(v) for v in tensor.shape)  # ggml lists the fastest dimension first
-        weight = cls.from_data(tensor.tensor_type, (N, K), tensor.data)
+        qtype = check_supported(tensor.tensor_type)
+        raw = _as_byte_rows(tensor.data, N)
+        if rows is None:
+            weight = cls(qtype, (N, K), raw)
+        else:
+            rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+            n = rows.numel()
+            kernels = load_cpu_kernels()
+            if qtype in _REPACKED_TYPES and n >= 8 and n % 8 == 0 and kernels is not None:
+                packed = kernels.gguf_repack(raw.index_select(0, rows), int(qtype), n, K)
+                weight = cls(qtype, (n, K), raw, packed, rows)
+            else:
+                return cls(qtype, (n, K), raw.index_select(0, rows))  # a copy of those rows' blocks
         if weight.packed is not None:
-            _release_file_pages(weight.blocks)
+            _release_file_pages(raw)
         return weight
 
     @classmethod
@@ -186,22 +218,31 @@ class GGUFWeight:
             return rows.view(_FLOAT_DTYPES[self.ggml_type]).to(torch.float32)
         return torch.from_numpy(gguf_quants.dequantize(rows.numpy(), self.ggml_type))
 
+    def _block_rows(self, start: int, end: int) -> torch.Tensor:
+        """The blocks of the weight's rows [start, end): [end - start, row_bytes] uint8."""
+        if self.row_order is None:
+            return self.blocks[start:end]
+        return self.blocks.index_select(0, self.row_order[start:end])
+
     def dequantize(self) -> torch.Tensor:
         """The whole weight [N, K] as float32 (reference and tests only)."""
-        return self._dequantize_rows(self.blocks).reshape(self.shape).clone()
+        return self._dequantize_rows(self._block_rows(0, self.shape[0])).reshape(self.shape).clone()
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [T] (int) of the weight as float32 [T, K]: only those rows are dequantized."""
         ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.shape[0]):
             raise IndexError(f"embedding: ids outside [0, {self.shape[0]})")
+        if self.row_order is not None:
+            ids = self.row_order[ids]
         return self._dequantize_rows(self.blocks.index_select(0, ids)).reshape(-1, self.shape[1]).clone()
 
     def take_rows(self, index: torch.Tensor) -> GGUFWeight:
         """A weight whose row i is row index[i] of this one (a copy of those rows' blocks, bit
         for bit: e.g. undoing llama.cpp's q/k row permutation, or splitting a fused tensor)."""
         index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
-        return GGUFWeight(self.ggml_type, (index.numel(), self.shape[1]), self.blocks.index_select(0, index))
+        source = index if self.row_order is None else self.row_order[index]
+        return GGUFWeight(self.ggml_type, (index.numel(), self.shape[1]), self.blocks.index_select(0, source))
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] -> x @ W^T (+ bias) [..., N] float32 (see the module docstring)."""
@@ -213,16 +254,38 @@ class GGUFWeight:
         b = None if bias is None else bias.to(torch.float32).contiguous()
         kernels = load_cpu_kernels()
         if kernels is not None and x2.device.type == "cpu":
-            out = kernels.gguf_linear(x2, self.blocks, int(self.ggml_type), N, K, b, self.packed)
+            out = kernels.gguf_linear(x2, self.kernel_blocks, int(self.ggml_type), N, K, b, self.packed)
         else:
             out = self._torch_linear(x2, b)
         return out.reshape(*lead, N)
+
+    @staticmethod
+    def linear_many(weights: Sequence[GGUFWeight], x: torch.Tensor,
+                    biases: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
+        """x [..., K] -> [..., sum N]: each weight's x @ W^T (+ its bias) side by side (a layer's q,
+        k and v; its gate and up), as torch.cat of their `linear`s gives, in one kernel call: the
+        activations quantized once and one parallel region for all of them (see linear.cpp)."""
+        K = weights[0].shape[1]
+        if any(w.shape[1] != K for w in weights) or x.shape[-1] != K:
+            raise ValueError(f"linear_many: x has {x.shape[-1]} features, the weights "
+                             f"{[w.shape[1] for w in weights]}")
+        biases = [None] * len(weights) if biases is None else list(biases)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, K).to(torch.float32).contiguous()
+        bs = [None if b is None else b.to(torch.float32).contiguous() for b in biases]
+        kernels = load_cpu_kernels()
+        if kernels is not None and x2.device.type == "cpu":
+            out = kernels.gguf_linear_many(x2, [w.kernel_blocks for w in weights], [int(w.ggml_type) for w in weights],
+                                           [w.shape[0] for w in weights], K, bs, [w.packed for w in weights])
+        else:
+            out = torch.cat([w._torch_linear(x2, b) for w, b in zip(weights, bs)], dim=-1)
+        return out.reshape(*lead, out.shape[-1])
 
     def _torch_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The path without compiled kernels: slabs of rows dequantized one at a time."""
         N, K = self.shape
         step = max(1, _SLAB_VALUES // K)
-        parts = [F.linear(x, self._dequantize_rows(self.blocks[n:n + step]).reshape(-1, K))
+        parts = [F.linear(x, self._dequantize_rows(self._block_rows(n, n + step)).reshape(-1, K))
                  for n in range(0, N, step)]
         out = torch.cat(parts, dim=-1)
         return out if bias is None else out + bias

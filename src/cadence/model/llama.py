@@ -39,6 +39,7 @@ from cadence.model.config import ModelConfig
 from cadence.model.fused_decode import (INTEGER_FORMATS, WEIGHT_FORMATS, build_decode_stack, has_f32_stack,
                                         lm_head_format, resolve_weight_format, round_weights_to_format,
                                         takes_stack)
+from cadence.model.gguf_modules import linear_side_by_side
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 from cadence.model.kv_cache import KVCache
 from cadence.model.rope import RotaryEmbedding, apply_rope
@@ -223,8 +224,8 @@ class LlamaAttention(_FusedProjections):
 
     def _qkv(self, x: torch.Tensor, kernels: ModuleType | None) -> torch.Tensor:
         """x: [T, H] -> [T, q_size + 2 kv_size] (q heads, k heads, v heads)."""
-        if self.fused_weight is None:
-            return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        if self.fused_weight is None:  # GGUF-native projections: one call, each its own blocks
+            return linear_side_by_side(x, [self.q_proj, self.k_proj, self.v_proj])
         return fused_linear(x, self.fused_weight, self.fused_bias, kernels, self.quantize_inputs)
 
     def _heads(self, qkv: torch.Tensor, cos: torch.Tensor | None,
@@ -343,7 +344,7 @@ class LlamaMLP(_FusedProjections):
                 gate_up = gate_up.view(t, -1, 2, 16).transpose(1, 2).reshape(t, -1)
             return down.linear(self._activated(gate_up, kernels), self.down_proj.bias, kernels)
         if self.fused_weight is None:  # GGUF-native projections, each in its own blocks
-            gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)  # [T, 2I]
+            gate_up = linear_side_by_side(x, [self.gate_proj, self.up_proj])  # [T, 2I]
             return self.down_proj(self._activated(gate_up, kernels))
         gate_up = fused_linear(x, self.fused_weight, self.fused_bias, kernels, self.quantize_inputs)  # [T, 2I]
         return fused_linear(self._activated(gate_up, kernels), self.down_proj.weight, self.down_proj.bias,

@@ -23,6 +23,7 @@
 //                    bf16 GEMM on weights packed once for AVX512-BF16 (packed_gemm.h): the LM
 //                    head and, inside DecodeStack, every projection.
 //  gguf_linear       float32 x @ W.T on a GGUF weight's own blocks (Q4_K, Q6_K, Q8_0, ...: gguf/).
+//  gguf_linear_many  several GGUF weights of one input in one call (q/k/v, gate/up), side by side.
 //  argmax_rows       torch.argmax(logits, -1) of float32 rows over both cores (greedy sampling).
 //  DecodeStack       every decoder layer of a small bf16 batch in one call (decode_stack.cpp).
 #include <torch/extension.h>
@@ -77,6 +78,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "float32 x @ W.T (+ bias) on a GGUF weight's blocks as stored, ggml type by id",
         py::arg("x"), py::arg("blocks"), py::arg("type"), py::arg("N"), py::arg("K"), py::arg("bias") = py::none(),
         py::arg("packed") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("gguf_linear_many", &cadence_kernels::gguf_linear_many,
+        "float32 x @ [W_0; W_1; ...].T (+ biases): several GGUF weights of one input, outputs side by side",
+        py::arg("x"), py::arg("blocks"), py::arg("types"), py::arg("Ns"), py::arg("K"), py::arg("biases"),
+        py::arg("packed"), py::call_guard<py::gil_scoped_release>());
   m.def("gguf_repack", &cadence_kernels::gguf_repack,
         "a Q4_K / Q6_K weight's whole octets of columns, 8 columns interleaved (lossless), for gguf_linear's packed",
         py::arg("blocks"), py::arg("type"), py::arg("N"), py::arg("K"), py::call_guard<py::gil_scoped_release>());

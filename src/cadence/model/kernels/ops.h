@@ -5,6 +5,7 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace cadence_kernels {
 
@@ -42,6 +43,12 @@ at::Tensor linear_packed_f32(at::Tensor x, at::Tensor data, at::Tensor scales, i
 // packed: gguf_repack's copy of a Q4_K / Q6_K weight (8 columns interleaved), used for the whole octets.
 at::Tensor gguf_linear(at::Tensor x, at::Tensor blocks, int64_t type, int64_t N, int64_t K,
                        c10::optional<at::Tensor> bias, c10::optional<at::Tensor> packed);
+// Several GGUF weights of the same input (each its own type, N, bias, packed) in one call: their
+// outputs side by side, [M, sum N]; the activations quantized once, one parallel region.
+at::Tensor gguf_linear_many(at::Tensor x, const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types,
+                            const std::vector<int64_t>& Ns, int64_t K,
+                            const std::vector<c10::optional<at::Tensor>>& biases,
+                            const std::vector<c10::optional<at::Tensor>>& packed);
 // A Q4_K or Q6_K weight's whole octets of columns repacked losslessly with 8 columns interleaved
 // ([N / 8, K / 256 * 1216 or 1696] uint8, gguf/q4k_x8.h, q6k_x8.h).
 at::Tensor gguf_repack(at::Tensor blocks, int64_t type, int64_t N, int64_t K);

@@ -15,11 +15,12 @@ int64_t x8_block_bytes(int type);
 
 #if CADENCE_HAVE_AVX2
 
-// One GEMM call: y[M, N] (ldo = N) = x[M, K] @ W^T, W [N, row_bytes] as the file stores it.
+// One GEMM call: y[M, N] (row m at out + m * ldo) = x[M, K] @ W^T, W [N, row_bytes] as the
+// file stores it.
 struct GemmArgs {
   int type;
   const uint8_t* w;
-  int64_t row_bytes, N, K, M;
+  int64_t row_bytes, N, K, M, ldo;
   const float* x;                    // float rows [M, K] (the float types)
   const uint16_t* x_bf16;            // x rounded to bf16 (BF16 weights on the avx512bf16 tier), else null
   const avx2::QuantizedRows* xq;     // the rows quantized per 32 k (the quantized types)

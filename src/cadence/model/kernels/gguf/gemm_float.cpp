@@ -9,7 +9,7 @@ namespace gguf {
 
 bool gemm_float_columns(const GemmArgs& g, int64_t n_begin, int64_t n_end) {
 #define CADENCE_RUN(TYPE) \
-  float_gemm_columns<TYPE>(g.x, g.K, g.x_bf16, g.M, g.w, g.row_bytes, g.K, g.out, g.N, n_begin, n_end); \
+  float_gemm_columns<TYPE>(g.x, g.K, g.x_bf16, g.M, g.w, g.row_bytes, g.K, g.out, g.ldo, n_begin, n_end); \
   return true
   switch (g.type) {
     case F32: CADENCE_RUN(F32);

@@ -26,8 +26,8 @@ void x8_repack(int type, const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
 }
 
 void x8_gemm_columns(const GemmArgs& g, const uint8_t* packed, int64_t o_begin, int64_t o_end) {
-  if (g.type == Q4_K) q4k_x8_columns(*g.xq, g.M, packed, g.K, g.out, g.N, o_begin, o_end);
-  else q6k_x8_columns(*g.xq, g.half_sums, g.M, packed, g.K, g.out, g.N, o_begin, o_end);
+  if (g.type == Q4_K) q4k_x8_columns(*g.xq, g.M, packed, g.K, g.out, g.ldo, o_begin, o_end);
+  else q6k_x8_columns(*g.xq, g.half_sums, g.M, packed, g.K, g.out, g.ldo, o_begin, o_end);
 }
 
 #endif  // CADENCE_HAVE_AVX2

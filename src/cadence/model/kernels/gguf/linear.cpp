@@ -1,8 +1,16 @@
-// gguf_linear: y = x @ W^T (+ bias) for a GGUF weight in its own block format (blocks.h),
-// computed on the blocks as stored: the activations are quantized once per call (the quantized
-// types) or rounded to bf16 (BF16 weights on the avx512bf16 tier), then the threads split the
-// output columns (at::parallel_for, so torch.set_num_threads applies) and each runs its
-// family's GEMM (gemm.h) over its columns for every row.
+// gguf_linear / gguf_linear_many: y = x @ W^T (+ bias) for GGUF weights in their own block
+// formats (blocks.h), computed on the blocks as stored. One call may carry several weights of
+// the same input (a layer's q, k and v; its gate and up), each in its own type: their outputs
+// sit side by side in one [M, sum N] result. The activations are quantized once per call and
+// kind (per 256 k for the K-quants, per 32 for the other quantized types; rounded to bf16 for
+// BF16 weights on the avx512bf16 tier), then one parallel region splits every weight's 8-column
+// groups over the threads by the bytes they read, and each thread runs each family's GEMM
+// (gemm.h) over its columns for every row. One call in place of three (or two) saves the
+// repeated quantization, the threads' wake-ups and the concatenation: a 1B model's decode step
+// is ~100 such calls, each a few hundred microseconds.
+//
+// A column's result never depends on the thread split, the other weights of the call or the
+// rows beside it (the column kernels' order over K is fixed): batch-invariant, bit for bit.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -16,41 +24,69 @@
 #include "../ops.h"
 #include "blocks.h"
 #include "gemm.h"
+#include "quantize.h"
 
 namespace cadence_kernels {
 
 #if CADENCE_HAVE_AVX2
 namespace {
 
-// The K-quants' activations as llama.cpp quantizes them (its q8_K): one scale per 256 k, the
-// largest |x| of the 256 over 127, shared by the 8 groups of 32 the kernels read. The other
-// types take a scale per 32 (q8_0's), quantize_row_q8. Multiplying what llama.cpp multiplies
-// keeps a file's numbers its numbers (Gemma 3 270M Q4_K_M: perplexity next to llama.cpp's).
-constexpr int64_t KQUANT_SPAN = 256;
+bool is_float_type(int type) { return type == gguf::F32 || type == gguf::F16 || type == gguf::BF16; }
 
-bool shares_scale_per_256(int type) { return type == gguf::Q4_K || type == gguf::Q5_K || type == gguf::Q6_K; }
+bool shares_scale_per_256(int type, int64_t K) {
+  return (type == gguf::Q4_K || type == gguf::Q5_K || type == gguf::Q6_K) && K % gguf::KQUANT_SPAN == 0;
+}
 
-void quantize_row_q8_per_256(const float* x, int64_t K, int8_t* q, uint8_t* mag, float* scale, float* sum) {
-  constexpr int64_t G = avx2::Q8_GROUP;
-  for (int64_t s = 0; s < K / KQUANT_SPAN; ++s) {
-    const float* xs = x + s * KQUANT_SPAN;
-    float m = 0.0f;
-    for (int64_t i = 0; i < KQUANT_SPAN; ++i) m = std::max(m, std::fabs(xs[i]));
-    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
-    for (int64_t g = 0; g < KQUANT_SPAN / G; ++g) {
-      const int64_t at = s * KQUANT_SPAN + g * G, group = at / G;
-      int32_t total = 0;
-      for (int64_t i = 0; i < G; ++i) {
-        // Round half to even, as _mm256_cvtps_epi32 in quantize_row_q8 (|v| <= 127).
-        const int32_t v = static_cast<int32_t>(std::nearbyint(x[at + i] * inv));
-        q[at + i] = static_cast<int8_t>(v);
-        mag[at + i] = static_cast<uint8_t>(v < 0 ? -v : v);
-        total += v;
-      }
-      scale[group] = m / 127.0f;
-      sum[group] = scale[group] * static_cast<float>(total);
+// Rows [M, K] of x quantized into `out` (per 256 k, or per 32), many rows split over the threads.
+void quantize_rows(const float* x, int64_t M, int64_t K, bool per_256, avx2::QuantizedRows& out) {
+  const int64_t groups = K / avx2::Q8_GROUP;
+  out.K = K;
+  out.q.resize(static_cast<size_t>(M * K));
+  out.mag.resize(static_cast<size_t>(M * K));
+  out.scale.resize(static_cast<size_t>(M * groups));
+  out.sum.resize(static_cast<size_t>(M * groups));
+  at::parallel_for(0, M, M * K >= (1 << 16) ? 16 : M, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      int8_t* q = out.q.data() + m * K;
+      uint8_t* mag = out.mag.data() + m * K;
+      float* scale = out.scale.data() + m * groups;
+      float* sum = out.sum.data() + m * groups;
+      if (per_256) gguf::quantize_row_q8_per_256(x + m * K, K, q, mag, scale, sum);
+      else avx2::quantize_row_q8(x + m * K, K, q, mag, scale, sum);
     }
+  });
+}
+
+// One weight of a call: its GEMM arguments (out pointing at its first column), its repacked
+// octets (or null), its bias (or null), and the bytes one 8-column group of it reads.
+struct Part {
+  gguf::GemmArgs g;
+  const uint8_t* packed_x8;
+  const float* bias;
+  int64_t groups;
+  double group_bytes;
+};
+
+constexpr int64_t COLS = 8;  // columns per unit of the thread split (an octet of the repacked types)
+
+// Columns of groups [begin, end) of one weight, every row.
+void run_groups(const Part& p, int64_t begin, int64_t end) {
+  const gguf::GemmArgs& g = p.g;
+  const int64_t n0 = begin * COLS, n1 = std::min(g.N, end * COLS);
+  int64_t rowwise = n0;  // columns from here on run on the row-wise blocks
+  if (p.packed_x8 != nullptr) {
+    const int64_t octets_end = std::min(end, g.N / 8);
+    if (octets_end > begin) gguf::x8_gemm_columns(g, p.packed_x8, begin, octets_end);
+    rowwise = std::max(n0, octets_end * 8);
   }
+  if (rowwise < n1) {
+    const bool done = gguf::gemm_blocks32_columns(g, rowwise, n1) || gguf::gemm_kquant_columns(g, rowwise, n1) ||
+                      gguf::gemm_float_columns(g, rowwise, n1);
+    TORCH_CHECK(done, "gguf_linear: no kernel for ggml type ", g.type);
+  }
+  if (p.bias != nullptr)
+    for (int64_t m = 0; m < g.M; ++m)
+      for (int64_t n = n0; n < n1; ++n) g.out[m * g.ldo + n] += p.bias[n];
 }
 
 }  // namespace
@@ -72,109 +108,128 @@ at::Tensor gguf_repack(at::Tensor blocks, int64_t type, int64_t N, int64_t K) {
   return out;
 }
 
-at::Tensor gguf_linear(at::Tensor x, at::Tensor blocks, int64_t type, int64_t N, int64_t K,
-                       c10::optional<at::Tensor> bias, c10::optional<at::Tensor> packed) {
-  const gguf::BlockSize size = gguf::block_size(static_cast<int>(type));
-  TORCH_CHECK(size.elements > 0, "gguf_linear: unsupported ggml type ", type);
-  TORCH_CHECK(K > 0 && N > 0 && K % size.elements == 0, "gguf_linear: K = ", K, " is not a multiple of the type's ",
-              size.elements, "-weight blocks");
-  const int64_t row_bytes = K / size.elements * size.bytes;
-  TORCH_CHECK(blocks.device().is_cpu() && blocks.is_contiguous() && blocks.scalar_type() == at::kByte &&
-                  blocks.numel() == N * row_bytes,
-              "gguf_linear: blocks must be contiguous uint8 of N * ", row_bytes, " bytes");
+at::Tensor gguf_linear_many(at::Tensor x, const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types,
+                            const std::vector<int64_t>& Ns, int64_t K,
+                            const std::vector<c10::optional<at::Tensor>>& biases,
+                            const std::vector<c10::optional<at::Tensor>>& packed) {
+  const size_t P = blocks.size();
+  TORCH_CHECK(P > 0 && types.size() == P && Ns.size() == P && biases.size() == P && packed.size() == P,
+              "gguf_linear_many: one type, N, bias and packed per weight");
   TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
                   x.size(1) == K,
               "gguf_linear: x [M, ", K, "] float32 contiguous");
-  const uint8_t* packed_x8 = nullptr;  // whole octets of columns, interleaved (gemm_x8.cpp)
-  if (packed.has_value() && packed->defined()) {
-    const int64_t octet_block = gguf::x8_block_bytes(static_cast<int>(type));
-    TORCH_CHECK(octet_block > 0 && packed->is_contiguous() && packed->scalar_type() == at::kByte &&
-                    packed->numel() == N / 8 * (K / 256 * octet_block),
-                "gguf_linear: packed must be gguf_repack's output for this weight");
-    packed_x8 = packed->data_ptr<uint8_t>();
-  }
-  const float* bp = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == N,
-                "gguf_linear: bias [N] float32");
-    bp = bias->data_ptr<float>();
+  int64_t total_N = 0;
+  for (size_t i = 0; i < P; ++i) {
+    const int type = static_cast<int>(types[i]);
+    const gguf::BlockSize size = gguf::block_size(type);
+    const int64_t N = Ns[i];
+    TORCH_CHECK(size.elements > 0, "gguf_linear: unsupported ggml type ", type);
+    TORCH_CHECK(K > 0 && N > 0 && K % size.elements == 0, "gguf_linear: K = ", K, " is not a multiple of the type's ",
+                size.elements, "-weight blocks");
+    const at::Tensor& b = blocks[i];
+    const bool has_packed = packed[i].has_value() && packed[i]->defined();
+    // No row-wise blocks are needed (an empty tensor will do) when the packed octets hold every column.
+    TORCH_CHECK(b.device().is_cpu() && b.is_contiguous() && b.scalar_type() == at::kByte &&
+                    (b.numel() == N * (K / size.elements * size.bytes) || (b.numel() == 0 && has_packed && N % 8 == 0)),
+                "gguf_linear: blocks must be contiguous uint8 of N * ", K / size.elements * size.bytes, " bytes");
+    if (has_packed) {
+      const int64_t octet_block = gguf::x8_block_bytes(type);
+      TORCH_CHECK(octet_block > 0 && packed[i]->is_contiguous() && packed[i]->scalar_type() == at::kByte &&
+                      packed[i]->numel() == N / 8 * (K / 256 * octet_block),
+                  "gguf_linear: packed must be gguf_repack's output for this weight");
+    }
+    if (biases[i].has_value() && biases[i]->defined())
+      TORCH_CHECK(biases[i]->is_contiguous() && biases[i]->scalar_type() == at::kFloat && biases[i]->numel() == N,
+                  "gguf_linear: bias [N] float32");
+    total_N += N;
   }
 #if CADENCE_HAVE_AVX2
   const int64_t M = x.size(0);
-  auto out = at::empty({M, N}, x.options());
+  auto out = at::empty({M, total_N}, x.options());
   if (M == 0) return out;
-  const bool is_float = type == gguf::F32 || type == gguf::F16 || type == gguf::BF16;
-  gguf::GemmArgs g{static_cast<int>(type), blocks.data_ptr<uint8_t>(), row_bytes, N, K, M,
-                   x.data_ptr<float>(), nullptr, nullptr, out.data_ptr<float>()};
-  // Prepared once per call, read by every thread.
-  avx2::QuantizedRows xq;
-  std::vector<uint16_t> x_bf16;
-  if (!is_float) {
-    const int64_t groups = K / avx2::Q8_GROUP;
-    xq.K = K;
-    xq.q.resize(static_cast<size_t>(M * K));
-    xq.mag.resize(static_cast<size_t>(M * K));
-    xq.scale.resize(static_cast<size_t>(M * groups));
-    xq.sum.resize(static_cast<size_t>(M * groups));
-    const bool per_256 = shares_scale_per_256(static_cast<int>(type)) && K % KQUANT_SPAN == 0;
-    at::parallel_for(0, M, M * K >= (1 << 16) ? 16 : M, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) {
-        if (per_256)
-          quantize_row_q8_per_256(g.x + m * K, K, xq.q.data() + m * K, xq.mag.data() + m * K,
-                                  xq.scale.data() + m * groups, xq.sum.data() + m * groups);
-        else
-          avx2::quantize_row_q8(g.x + m * K, K, xq.q.data() + m * K, xq.mag.data() + m * K,
-                                xq.scale.data() + m * groups, xq.sum.data() + m * groups);
-      }
-    });
-    g.xq = &xq;
+  const float* xp = x.data_ptr<float>();
+  // Prepared once per call, read by every thread: each kind of activations a weight needs.
+  bool need_32 = false, need_256 = false, need_half_sums = false, need_bf16 = false;
+  for (size_t i = 0; i < P; ++i) {
+    const int type = static_cast<int>(types[i]);
+    if (is_float_type(type)) {
+      need_bf16 |= type == gguf::BF16;
+    } else if (shares_scale_per_256(type, K)) {
+      need_256 = true;
+      need_half_sums |= type == gguf::Q6_K && packed[i].has_value() && packed[i]->defined();
+    } else {
+      need_32 = true;
+    }
   }
+  avx2::QuantizedRows xq32, xq256;
+  if (need_32) quantize_rows(xp, M, K, false, xq32);
+  if (need_256) quantize_rows(xp, M, K, true, xq256);
   // Repacked Q6_K subtracts 32 * (sum of a row's bytes) per 16 k: once per row here, not per octet.
   std::vector<int32_t> half_sums;
-  if (packed_x8 != nullptr && type == gguf::Q6_K) {
+  if (need_half_sums) {
     half_sums.resize(static_cast<size_t>(M * (K / 16)));
     for (int64_t i = 0; i < M * (K / 16); ++i) {
       int32_t s = 0;
-      for (int t = 0; t < 16; ++t) s += xq.q[i * 16 + t];
+      for (int t = 0; t < 16; ++t) s += xq256.q[i * 16 + t];
       half_sums[i] = s;
     }
-    g.half_sums = half_sums.data();
   }
+  std::vector<uint16_t> x_bf16;
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-  if (type == gguf::BF16) {
+  if (need_bf16) {
     x_bf16.resize(static_cast<size_t>(M * K));
-    for (int64_t i = 0; i < M * K; ++i) x_bf16[i] = c10::BFloat16(g.x[i]).x;  // round to nearest even
-    g.x_bf16 = x_bf16.data();
+    for (int64_t i = 0; i < M * K; ++i) x_bf16[i] = c10::BFloat16(xp[i]).x;  // round to nearest even
   }
 #endif
-  // Threads take ranges of 8-column groups. One thread streams a small weight whole: a second
-  // adds less than waking it costs.
-  constexpr int64_t COLS = 8;
-  const int64_t groups = (N + COLS - 1) / COLS;
-  const bool parallel = N * row_bytes >= (2 << 20) || M * N * K >= (1 << 22);
-  at::parallel_for(0, groups, parallel ? 1 : groups, [&](int64_t begin, int64_t end) {
+  std::vector<Part> parts(P);
+  double total_bytes = 0.0;
+  int64_t col = 0;
+  for (size_t i = 0; i < P; ++i) {
+    const int type = static_cast<int>(types[i]);
+    const int64_t N = Ns[i], row_bytes = K / gguf::block_size(type).elements * gguf::block_size(type).bytes;
+    Part& p = parts[i];
+    p.g = gguf::GemmArgs{type, blocks[i].data_ptr<uint8_t>(), row_bytes, N, K, M, total_N, xp,
+                         x_bf16.empty() ? nullptr : x_bf16.data(),
+                         is_float_type(type) ? nullptr : (shares_scale_per_256(type, K) ? &xq256 : &xq32),
+                         out.data_ptr<float>() + col};
+    p.g.half_sums = half_sums.empty() ? nullptr : half_sums.data();
+    p.packed_x8 = packed[i].has_value() && packed[i]->defined() ? packed[i]->data_ptr<uint8_t>() : nullptr;
+    p.bias = biases[i].has_value() && biases[i]->defined() ? biases[i]->data_ptr<float>() : nullptr;
+    p.groups = (N + COLS - 1) / COLS;
+    p.group_bytes = static_cast<double>(COLS * row_bytes);
+    total_bytes += p.group_bytes * p.groups;
+    col += N;
+  }
+  // One thread streams small weights whole: a second adds less than waking it costs.
+  const double work = static_cast<double>(M) * static_cast<double>(total_N) * static_cast<double>(K);
+  const int64_t threads = (total_bytes >= (2 << 20) || work >= (1 << 22)) ? at::get_num_threads() : 1;
+  // Thread t takes the groups whose first byte (counting every weight's groups in order) falls in
+  // [t, t + 1) * total_bytes / threads: equal bytes per thread, each weight's columns contiguous.
+  at::parallel_for(0, threads, 1, [&](int64_t t_begin, int64_t t_end) {
     const avx2::FlushDenormals ftz;
-    const int64_t n0 = begin * COLS, n1 = std::min(N, end * COLS);
-    int64_t rowwise = n0;  // columns from here on run on the row-wise blocks
-    if (packed_x8 != nullptr) {
-      const int64_t octets_end = std::min(end, N / 8);
-      if (octets_end > begin) gguf::x8_gemm_columns(g, packed_x8, begin, octets_end);
-      rowwise = std::max(n0, octets_end * 8);
+    const double lo = total_bytes * static_cast<double>(t_begin) / static_cast<double>(threads);
+    const double hi = total_bytes * static_cast<double>(t_end) / static_cast<double>(threads);
+    double start = 0.0;
+    for (const Part& p : parts) {
+      const auto first_at_or_after = [&](double bound) {
+        const double g = std::ceil((bound - start) / p.group_bytes);
+        return std::clamp<int64_t>(static_cast<int64_t>(g), 0, p.groups);
+      };
+      const int64_t begin = first_at_or_after(lo), end = t_end == threads ? p.groups : first_at_or_after(hi);
+      if (end > begin) run_groups(p, begin, end);
+      start += p.group_bytes * p.groups;
     }
-    if (rowwise < n1) {
-      const bool done = gguf::gemm_blocks32_columns(g, rowwise, n1) || gguf::gemm_kquant_columns(g, rowwise, n1) ||
-                        gguf::gemm_float_columns(g, rowwise, n1);
-      TORCH_CHECK(done, "gguf_linear: no kernel for ggml type ", type);
-    }
-    if (bp != nullptr)
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = n0; n < n1; ++n) g.out[m * N + n] += bp[n];
   });
   return out;
 #else
   TORCH_CHECK(false, "gguf_linear: built without AVX2/FMA");
   return x;
 #endif
+}
+
+at::Tensor gguf_linear(at::Tensor x, at::Tensor blocks, int64_t type, int64_t N, int64_t K,
+                       c10::optional<at::Tensor> bias, c10::optional<at::Tensor> packed) {
+  return gguf_linear_many(x, {blocks}, {type}, {N}, K, {bias}, {packed});
 }
 
 }  // namespace cadence_kernels

@@ -57,70 +57,99 @@ inline void repack_q4k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
   }
 }
 
-// out[(m0 + r) * ldo + 8o + c], c < 8, r < R: rows of x against the octet at `packed`.
-template <int R>
-inline void q4k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t K, float* out,
-                        int64_t ldo, int64_t n0) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+// out[(m0 + r) * ldo + n0 + 8i + c], c < 8, r < R, i < O: rows of x against O consecutive octets
+// (packed: the first, octet_bytes apart). Each (row, octet) pair keeps two integer sums per group
+// (the low and the high nibbles'), so a tile runs 2 * R * O independent vpdpbusd chains instead of
+// R chains 8 deep (a decode row had one: its latency, not memory, bounded the GEMV). The sums are
+// exact integers, added once per group; every (row, column) pair runs the same instructions in
+// the same order whatever R and O: a row's result does not depend on the rows beside it.
+template <int R, int O>
+inline void q4k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t octet_bytes,
+                        int64_t K, float* out, int64_t ldo, int64_t n0) {
+  __m256 acc[R][O];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < O; ++i) acc[r][i] = _mm256_setzero_ps();
   const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
   const int64_t groups = K / avx2::Q8_GROUP;
   for (int64_t blk = 0; blk < K / 256; ++blk) {
-    const uint8_t* hdr = packed + blk * Q4K_X8_BYTES;
-    _mm_prefetch(reinterpret_cast<const char*>(hdr + 2048), _MM_HINT_T0);
-    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr));
-    const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 32));
+    for (int i = 0; i < O; ++i)
+      _mm_prefetch(reinterpret_cast<const char*>(packed + i * octet_bytes + blk * Q4K_X8_BYTES + 2048), _MM_HINT_T0);
     for (int j = 0; j < 8; ++j) {
-      const uint8_t* q = hdr + Q4K_X8_HEADER + j * 128;
-      _mm_prefetch(reinterpret_cast<const char*>(q + 2048), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(q + 2048 + 64), _MM_HINT_T0);
-      const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 64 + 8 * j)))));
-      const __m256 b = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 128 + 8 * j)))));
       const int64_t g = blk * 8 + j;
-      __m256i isum[R];
-      for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+      __m256i lo_sum[R][O], hi_sum[R][O];
+      for (int r = 0; r < R; ++r)
+        for (int i = 0; i < O; ++i) lo_sum[r][i] = hi_sum[r][i] = _mm256_setzero_si256();
+      for (int i = 0; i < O; ++i) {
+        const uint8_t* q = packed + i * octet_bytes + blk * Q4K_X8_BYTES + Q4K_X8_HEADER + j * 128;
+        _mm_prefetch(reinterpret_cast<const char*>(q + 2048), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(q + 2048 + 64), _MM_HINT_T0);
+      }
       for (int kk = 0; kk < 4; ++kk) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kk * 32));
-        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         const int64_t k = g * avx2::Q8_GROUP + kk * 8;
+        __m256i lo[O], hi[O];
+        for (int i = 0; i < O; ++i) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+              packed + i * octet_bytes + blk * Q4K_X8_BYTES + Q4K_X8_HEADER + j * 128 + kk * 32));
+          lo[i] = _mm256_and_si256(v, low4);
+          hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
         for (int r = 0; r < R; ++r) {
-          isum[r] = avx2::udot4_add(isum[r], lo, avx2::broadcast4(xq.q_at(m0 + r, k)), ones16);
-          isum[r] = avx2::udot4_add(isum[r], hi, avx2::broadcast4(xq.q_at(m0 + r, k + 4)), ones16);
+          const __m256i x_lo = avx2::broadcast4(xq.q_at(m0 + r, k)), x_hi = avx2::broadcast4(xq.q_at(m0 + r, k + 4));
+          for (int i = 0; i < O; ++i) {
+            lo_sum[r][i] = avx2::udot4_add(lo_sum[r][i], lo[i], x_lo, ones16);
+            hi_sum[r][i] = avx2::udot4_add(hi_sum[r][i], hi[i], x_hi, ones16);
+          }
         }
       }
-      for (int r = 0; r < R; ++r) {
-        const float* row_scale = xq.scale.data() + (m0 + r) * groups;
-        const float* row_sum = xq.sum.data() + (m0 + r) * groups;
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(a, _mm256_set1_ps(row_scale[g])), acc[r]);
-        acc[r] = _mm256_fnmadd_ps(b, _mm256_set1_ps(row_sum[g]), acc[r]);
+      for (int i = 0; i < O; ++i) {
+        const uint8_t* hdr = packed + i * octet_bytes + blk * Q4K_X8_BYTES;
+        const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr));
+        const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 32));
+        const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 64 + 8 * j)))));
+        const __m256 b = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 128 + 8 * j)))));
+        for (int r = 0; r < R; ++r) {
+          const __m256i isum = _mm256_add_epi32(lo_sum[r][i], hi_sum[r][i]);
+          const float row_scale = xq.scale[(m0 + r) * groups + g], row_sum = xq.sum[(m0 + r) * groups + g];
+          acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(a, _mm256_set1_ps(row_scale)), acc[r][i]);
+          acc[r][i] = _mm256_fnmadd_ps(b, _mm256_set1_ps(row_sum), acc[r][i]);
+        }
       }
     }
   }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + (m0 + r) * ldo + n0, acc[r]);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < O; ++i) _mm256_storeu_ps(out + (m0 + r) * ldo + n0 + 8 * i, acc[r][i]);
 }
 
-template <int R>
-inline void q4k_x8_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed, int64_t K,
-                        float* out, int64_t ldo, int64_t n0) {
+template <int R, int O>
+inline void q4k_x8_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed,
+                        int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
   int64_t m = m0;
-  for (; m + R <= m0 + rows; m += R) q4k_x8_tile<R>(xq, m, packed, K, out, ldo, n0);
+  for (; m + R <= m0 + rows; m += R) q4k_x8_tile<R, O>(xq, m, packed, octet_bytes, K, out, ldo, n0);
   if constexpr (R > 1) {
-    if (m < m0 + rows) q4k_x8_rows<R - 1>(xq, m, m0 + rows - m, packed, K, out, ldo, n0);
+    if (m < m0 + rows) q4k_x8_rows<R - 1, O>(xq, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
   }
 }
 
 // Octets [o_begin, o_end) of a repacked Q4_K weight for every row (row blocks that stay in L2,
-// as int_gemm_columns).
+// as int_gemm_columns). One row (a decode step) takes the octets two at a time: independent
+// chains hide the dot products' latency; more rows share each octet's decode across 4 rows.
 inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8_t* packed, int64_t K, float* out,
                            int64_t ldo, int64_t o_begin, int64_t o_end) {
   constexpr int ROWS = 4;
   const int64_t octet_bytes = K / 256 * Q4K_X8_BYTES;
+  if (M == 1) {
+    int64_t o = o_begin;
+    for (; o + 2 <= o_end; o += 2) q4k_x8_tile<1, 2>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q4k_x8_tile<1, 1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    return;
+  }
   const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
   for (int64_t mb = 0; mb < M; mb += row_block) {
     const int64_t rows = std::min(row_block, M - mb);
-    for (int64_t o = o_begin; o < o_end; ++o) q4k_x8_rows<ROWS>(xq, mb, rows, packed + o * octet_bytes, K, out, ldo, 8 * o);
+    for (int64_t o = o_begin; o < o_end; ++o)
+      q4k_x8_rows<ROWS, 1>(xq, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
   }
 }
 

@@ -56,62 +56,81 @@ inline void repack_q6k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
   }
 }
 
-// half_sums: [M][K / 16] sums of xq's bytes per 16 k (for the q - 32 offset).
-template <int R>
+// half_sums: [M][K / 16] sums of xq's bytes per 16 k (for the q - 32 offset). As q4k_x8_tile:
+// O consecutive octets (octet_bytes apart) and two exact integer sums per (row, octet) and 16 k,
+// added once: 2 * R * O independent dot-product chains, the same instructions per (row, column)
+// whatever R and O.
+template <int R, int O>
 inline void q6k_x8_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, const uint8_t* packed,
-                        int64_t K, float* out, int64_t ldo, int64_t n0) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+                        int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
+  __m256 acc[R][O];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < O; ++i) acc[r][i] = _mm256_setzero_ps();
   const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
   const int64_t groups = K / avx2::Q8_GROUP;
   for (int64_t blk = 0; blk < K / 256; ++blk) {
-    const uint8_t* base = packed + blk * Q6K_X8_BYTES;
-    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base));
     for (int j = 0; j < 8; ++j) {
-      const uint8_t* ql = base + Q6K_X8_QL + j * 128;
-      _mm_prefetch(reinterpret_cast<const char*>(ql + 2048), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(ql + 2048 + 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + 2048), _MM_HINT_T0);
+      for (int i = 0; i < O; ++i) {
+        const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048 + 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + 2048), _MM_HINT_T0);
+      }
       const int64_t g = blk * 8 + j;
       for (int p = 0; p < 2; ++p) {
-        const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q6K_X8_QH + (j * 2 + p) * 32));
-        __m256i isum[R];
-        for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+        __m256i lo_sum[R][O], hi_sum[R][O];
+        for (int r = 0; r < R; ++r)
+          for (int i = 0; i < O; ++i) lo_sum[r][i] = hi_sum[r][i] = _mm256_setzero_si256();
         for (int sub = 0; sub < 2; ++sub) {
           const int kk = 2 * p + sub;
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + kk * 32));
-          // bits 4-5 of each byte: the high bits of q[8kk + t] (lo) and q[8kk + 4 + t] (hi).
-          const __m256i h_lo = _mm256_and_si256(sub == 0 ? _mm256_slli_epi16(hv, 4) : hv, bits45);
-          const __m256i h_hi = _mm256_and_si256(sub == 0 ? _mm256_slli_epi16(hv, 2) : _mm256_srli_epi16(hv, 2), bits45);
-          const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), h_lo);
-          const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), h_hi);
+          __m256i lo[O], hi[O];
+          for (int i = 0; i < O; ++i) {
+            const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
+            const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q6K_X8_QH + (j * 2 + p) * 32));
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q6K_X8_QL + j * 128 + kk * 32));
+            // bits 4-5 of each byte: the high bits of q[8kk + t] (lo) and q[8kk + 4 + t] (hi).
+            const __m256i h_lo = _mm256_and_si256(sub == 0 ? _mm256_slli_epi16(hv, 4) : hv, bits45);
+            const __m256i h_hi =
+                _mm256_and_si256(sub == 0 ? _mm256_slli_epi16(hv, 2) : _mm256_srli_epi16(hv, 2), bits45);
+            lo[i] = _mm256_or_si256(_mm256_and_si256(v, low4), h_lo);
+            hi[i] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), h_hi);
+          }
           const int64_t k = g * avx2::Q8_GROUP + kk * 8;
           for (int r = 0; r < R; ++r) {
-            isum[r] = avx2::udot4_add(isum[r], lo, avx2::broadcast4(xq.q_at(m0 + r, k)), ones16);
-            isum[r] = avx2::udot4_add(isum[r], hi, avx2::broadcast4(xq.q_at(m0 + r, k + 4)), ones16);
+            const __m256i x_lo = avx2::broadcast4(xq.q_at(m0 + r, k)), x_hi = avx2::broadcast4(xq.q_at(m0 + r, k + 4));
+            for (int i = 0; i < O; ++i) {
+              lo_sum[r][i] = avx2::udot4_add(lo_sum[r][i], lo[i], x_lo, ones16);
+              hi_sum[r][i] = avx2::udot4_add(hi_sum[r][i], hi[i], x_hi, ones16);
+            }
           }
         }
-        const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + 32 + (2 * j + p) * 8)))));
-        for (int r = 0; r < R; ++r) {
-          const int32_t x_sum = half_sums[(m0 + r) * (K / 16) + 2 * g + p];
-          const __m256i centred = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(32 * x_sum));
-          const float xs = xq.scale[(m0 + r) * groups + g];
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centred), _mm256_mul_ps(scale, _mm256_set1_ps(xs)), acc[r]);
+        for (int i = 0; i < O; ++i) {
+          const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
+          const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base));
+          const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                                    reinterpret_cast<const __m128i*>(base + 32 + (2 * j + p) * 8)))));
+          for (int r = 0; r < R; ++r) {
+            const int32_t x_sum = half_sums[(m0 + r) * (K / 16) + 2 * g + p];
+            const __m256i isum = _mm256_add_epi32(lo_sum[r][i], hi_sum[r][i]);
+            const __m256i centred = _mm256_sub_epi32(isum, _mm256_set1_epi32(32 * x_sum));
+            const float xs = xq.scale[(m0 + r) * groups + g];
+            acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centred), _mm256_mul_ps(scale, _mm256_set1_ps(xs)), acc[r][i]);
+          }
         }
       }
     }
   }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + (m0 + r) * ldo + n0, acc[r]);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < O; ++i) _mm256_storeu_ps(out + (m0 + r) * ldo + n0 + 8 * i, acc[r][i]);
 }
 
-template <int R>
+template <int R, int O>
 inline void q6k_x8_rows(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows,
-                        const uint8_t* packed, int64_t K, float* out, int64_t ldo, int64_t n0) {
+                        const uint8_t* packed, int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
   int64_t m = m0;
-  for (; m + R <= m0 + rows; m += R) q6k_x8_tile<R>(xq, half_sums, m, packed, K, out, ldo, n0);
+  for (; m + R <= m0 + rows; m += R) q6k_x8_tile<R, O>(xq, half_sums, m, packed, octet_bytes, K, out, ldo, n0);
   if constexpr (R > 1) {
-    if (m < m0 + rows) q6k_x8_rows<R - 1>(xq, half_sums, m, m0 + rows - m, packed, K, out, ldo, n0);
+    if (m < m0 + rows) q6k_x8_rows<R - 1, O>(xq, half_sums, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
   }
 }
 
@@ -119,10 +138,18 @@ inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_su
                            int64_t K, float* out, int64_t ldo, int64_t o_begin, int64_t o_end) {
   constexpr int ROWS = 4;
   const int64_t octet_bytes = K / 256 * Q6K_X8_BYTES;
+  if (M == 1) {
+    int64_t o = o_begin;
+    for (; o + 2 <= o_end; o += 2)
+      q6k_x8_tile<1, 2>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q6k_x8_tile<1, 1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    return;
+  }
   const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
   for (int64_t mb = 0; mb < M; mb += row_block) {
     const int64_t rows = std::min(row_block, M - mb);
-    for (int64_t o = o_begin; o < o_end; ++o) q6k_x8_rows<ROWS>(xq, half_sums, mb, rows, packed + o * octet_bytes, K, out, ldo, 8 * o);
+    for (int64_t o = o_begin; o < o_end; ++o)
+      q6k_x8_rows<ROWS, 1>(xq, half_sums, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
   }
 }
 

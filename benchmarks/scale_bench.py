@@ -1,0 +1,199 @@
+"""cadence at real model sizes next to llama.cpp on the same GGUF file, same threads, same run.
+
+For one GGUF file (benchmarks/gguf_shapes.py makes random-weight files of the 1B-8B shapes),
+loaded with default settings (`--quantization auto`: a Q4_K_M file computes on its own blocks,
+model/gguf_native.py), one run prints:
+  * this machine's memory read bandwidth and float32 GEMM rate, measured in the run;
+  * cadence decode at batch 1 / 8 / 32 and contexts 512 / 4096 (one step, forward + greedy
+    sample, tok/s = batch / median step time) with its share of the floor: the bytes a step must
+    read (the layers' and the head's GGUF weights as the kernels read them, plus every sequence's
+    KV) over the bandwidth;
+  * cadence prefill of 512 and 2048 tokens (one prompt, logits of its last row), with its share
+    of the floor: GEMM and attention FLOPs over the GEMM rate;
+  * llama-bench pp512 / tg128 on the same file with the same threads, in every round, right
+    after cadence's numbers of that round: cadence / llama.cpp per round and the median.
+
+Each sequence has its own KV blocks, scattered (shuffled ids) as a real pool ends up, unless
+batch x context x KV bytes exceeds --kv-budget-gib: then the sequences share one context's
+blocks (marked "shared ctx": the attention reads the same pages, fewer bytes than the floor
+counts, so that row's share is optimistic).
+
+    CADENCE_LLAMACPP_CACHE=/work/cache/llamacpp .venv/bin/python benchmarks/scale_bench.py \
+        --model /work/cache/shapes/llama-3.2-1b-random-Q4_K_M.gguf --rounds 2
+    CADENCE_ISA=avx2 ...  (the AVX2 kernel tier; llama.cpp stays the native build)
+
+Timings on shared cores are noisy: read the ratios of one round, and the load average printed.
+Reports, never asserts.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server runs (cadence/__init__.py)
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+import llamacpp_peer  # noqa: E402
+from perf_bench import BLOCK_SIZE, GREEDY, Machine, measure_machine  # noqa: E402
+
+from _common import median_time  # noqa: E402
+from cadence.core.plan import ScheduledChunk, StepPlan  # noqa: E402
+from cadence.executor.model_runner import ModelExecutor  # noqa: E402
+from cadence.model.config import ModelConfig  # noqa: E402
+from cadence.model.gguf_modules import GGUFLinear  # noqa: E402
+from cadence.model.kernels.isa import describe  # noqa: E402
+from cadence.model.kv_cache import kv_bytes_per_block  # noqa: E402
+from cadence.model.loader import LoadedModel, load_model  # noqa: E402
+
+
+def streamed_weight_bytes(loaded: LoadedModel) -> int:
+    """Bytes of weights one decode step reads: every linear's weight as the kernels read it
+    (GGUF blocks or their repacked copy), each shared weight once; the embedding's rows are
+    looked up, not streamed."""
+    seen: dict[int, int] = {}
+    for module in loaded.model.modules():
+        if isinstance(module, GGUFLinear):
+            seen[id(module.gguf_weight)] = module.gguf_weight.nbytes
+        elif isinstance(module, torch.nn.Linear) and module.weight.numel():
+            seen[id(module.weight)] = module.weight.numel() * module.weight.element_size()
+    return sum(seen.values())
+
+
+def matmul_params(c: ModelConfig) -> int:
+    per_layer = c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size
+    return c.num_layers * (per_layer + 3 * c.hidden_size * c.intermediate_size)
+
+
+def prefill_flops(c: ModelConfig, n: int) -> float:
+    """GEMMs of n tokens, causal attention (half the pairs, QK^T and PV), one logits row."""
+    return 2 * matmul_params(c) * n + 2 * 2 * c.num_layers * c.q_size * n * n / 2 + 2 * c.hidden_size * c.vocab_size
+
+
+def kv_bytes_per_token(loaded: LoadedModel) -> int:
+    return kv_bytes_per_block(loaded.config, 1, loaded.dtype)
+
+
+def decode_step_s(loaded: LoadedModel, batch: int, context: int, steps: int, kv_budget: float) -> tuple[float, bool]:
+    """(median seconds of one decode step of `batch` sequences at `context`, shared context)."""
+    shared = batch * context * kv_bytes_per_token(loaded) > kv_budget
+    per_seq = context // BLOCK_SIZE + 1
+    if shared:  # one context's blocks read by all, a private last block each for the new K/V
+        ctx_blocks = context // BLOCK_SIZE
+        num_blocks = ctx_blocks + batch
+        tables = [tuple(range(ctx_blocks)) + (ctx_blocks + i,) for i in range(batch)]
+    else:
+        num_blocks = batch * per_seq
+        order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0)).tolist()
+        tables = [tuple(order[i * per_seq:(i + 1) * per_seq]) for i in range(batch)]
+    executor = ModelExecutor(loaded, num_blocks=num_blocks, block_size=BLOCK_SIZE, seed=0)
+    executor.kv_cache.storage.normal_(0, 1)
+    chunks = tuple(ScheduledChunk(f"d{i}", (100 + i,), context, tables[i], True, GREEDY, 1, is_prefill=False)
+                   for i in range(batch))
+    seconds = median_time(lambda: executor.execute(StepPlan(0, chunks, BLOCK_SIZE)), steps)
+    del executor
+    return seconds, shared
+
+
+def prefill_s(loaded: LoadedModel, n: int, repeats: int) -> float:
+    blocks = -(-n // BLOCK_SIZE)
+    executor = ModelExecutor(loaded, num_blocks=blocks, block_size=BLOCK_SIZE, seed=0)
+    ids = tuple(torch.randint(3, loaded.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist())
+    chunk = ScheduledChunk("p", ids, 0, tuple(range(blocks)), True, GREEDY, 0)
+    return median_time(lambda: executor.execute(StepPlan(0, (chunk,), BLOCK_SIZE)), repeats)
+
+
+def cpu_line() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return "?"
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    flags = fields.get("Flags", "").split()
+    wanted = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                          "avx_vnni") if f in flags]
+    return (f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} CPUs, "
+            f"L2 {fields.get('L2 cache', '?').strip()}, L3 {fields.get('L3 cache', '?').strip()}, flags {' '.join(wanted)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="a GGUF file")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
+    p.add_argument("--prompt-lens", type=int, nargs="+", default=[512, 2048])
+    p.add_argument("--decode-steps", type=int, default=8, help="decode steps per row and round (median)")
+    p.add_argument("--prefill-repeats", type=int, default=1)
+    p.add_argument("--kv-budget-gib", type=float, default=4.0,
+                   help="above this much KV a decode row shares one context's blocks")
+    p.add_argument("--no-llamacpp", action="store_true")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"CPU: {cpu_line()}")
+    print(f"load average at start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; {args.threads} threads; "
+          f"CADENCE_ISA={os.environ.get('CADENCE_ISA', '(native)')}")
+    machine: Machine = measure_machine(3, (torch.float32,))
+    gemm = machine.gemm_flops[torch.float32]
+    print(f"measured: memory read {machine.bandwidth / 1e9:.1f} GB/s, float32 GEMM {gemm / 1e9:.0f} GFLOP/s")
+    start = time.perf_counter()
+    loaded = load_model(args.model, dtype="auto", device="cpu", quantization="auto")
+    c = loaded.config
+    weights = streamed_weight_bytes(loaded)
+    print(f"cadence: {os.path.basename(args.model)}, {loaded.model.decode_weight_format} weights "
+          f"({weights / 2**20:.0f} MiB read per decode step), {describe()}, loaded in {time.perf_counter() - start:.1f} s")
+    if not args.no_llamacpp and llamacpp_peer.binary("llama-bench") is None:
+        print("llama.cpp is not built (benchmarks/llamacpp_peer.py --build, or CADENCE_LLAMACPP_CACHE)")
+        args.no_llamacpp = True
+    budget = args.kv_budget_gib * 2**30
+    ratios: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        print(f"round {r + 1} (load {os.getloadavg()[0]:.2f}):", flush=True)
+        rates: dict[str, float] = {}
+        with torch.inference_mode():
+            for n in args.prompt_lens:
+                tok_s = n / prefill_s(loaded, n, args.prefill_repeats)
+                rates[f"prefill {n}"] = tok_s
+                floor = n / (prefill_flops(c, n) / gemm)
+                print(f"  prefill {n:<5}         {tok_s:9.1f} tok/s   floor {floor:9.1f}  = {tok_s / floor:6.1%} "
+                      f"({prefill_flops(c, n) * tok_s / n / 1e9:.0f} GFLOP/s)", flush=True)
+            for context in args.contexts:
+                for batch in args.batches:
+                    step, shared = decode_step_s(loaded, batch, context, args.decode_steps, budget)
+                    tok_s = batch / step
+                    rates[f"decode b{batch} ctx{context}"] = tok_s
+                    bytes_ = weights + batch * context * kv_bytes_per_token(loaded)
+                    floor_s = bytes_ / machine.bandwidth
+                    print(f"  decode b{batch:<3} ctx{context:<5} {tok_s:9.1f} tok/s  {step * 1e3:8.1f} ms  floor "
+                          f"{floor_s * 1e3:7.1f} ms = {floor_s / step:6.1%} ({bytes_ / step / 1e9:.1f} GB/s)"
+                          f"{'  shared ctx' if shared else ''}", flush=True)
+        if args.no_llamacpp:
+            continue
+        peer = llamacpp_peer.llama_bench(args.model, args.threads, "pp512,tg128", repetitions=1)
+        if isinstance(peer, str):
+            print(f"  llama-bench: {peer}")
+            continue
+        print(f"  llama.cpp pp512 {peer['pp512']:.1f} tok/s, tg128 {peer['tg128']:.1f} tok/s "
+              f"(tg128 = {weights * peer['tg128'] / machine.bandwidth:.1%} of cadence's b1 floor)")
+        for name, tok_s in rates.items():
+            if name.startswith("decode b1 "):
+                ratios.setdefault(f"{name} / tg128", []).append(tok_s / peer["tg128"])
+            elif name.startswith("prefill"):
+                ratios.setdefault(f"{name} / pp512", []).append(tok_s / peer["pp512"])
+        print("  " + "; ".join(f"{k} {v[-1]:.2f}x" for k, v in ratios.items()), flush=True)
+    if ratios:
+        print(f"median of {args.rounds} rounds: " + "; ".join(f"{k} {statistics.median(v):.2f}x"
+                                                              for k, v in ratios.items()))
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
