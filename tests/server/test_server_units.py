@@ -101,7 +101,8 @@ def test_cli_flags_come_from_config_metadata():
     assert engine["scheduler"]["max_num_batched_tokens"] == 256
     assert engine["scheduler"]["scheduling"] == "priority"
     assert engine["cache"] == {"block_size": 16, "num_blocks": 100,
-                               "kv_cache_memory_bytes": 2**30, "enable_prefix_caching": False,
+                               "kv_cache_memory_bytes": 2**30, "kv_cache_memory_fraction": None,
+                               "enable_prefix_caching": False,
                                "num_swap_blocks": 0, "kv_offload_dir": None,
                                "kv_offload_disk_blocks": 1024,
                                "kv_offload_prefix_spill": True}
