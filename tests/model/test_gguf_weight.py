@@ -187,6 +187,20 @@ def test_k_quant_repacked_octets_match_row_wise_blocks(qtype, octet_block):
         torch.testing.assert_close(weight.linear(x), row_wise, rtol=1e-5, atol=1e-5 * float(row_wise.abs().max()))
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_k_quant_octets_same_bits_alone_or_paired(qtype):
+    """The AVX-512 tiers run repacked octets in pairs (16 columns per register), a lone octet on
+    the 256-bit tile: a column's result is the same bits either way, for one row or several."""
+    pair = GGUFWeight.from_data(qtype, (16, 512), random_blocks(qtype, 16, 512, seed=20))
+    lone = pair.take_rows(torch.arange(8, 16))
+    three = GGUFWeight.from_data(qtype, (24, 512), random_blocks(qtype, 24, 512, seed=21))
+    for T in (1, 5):
+        x = torch.randn(T, 512, generator=torch.Generator().manual_seed(22))
+        torch.testing.assert_close(pair.linear(x)[:, 8:], lone.linear(x), rtol=0, atol=0)
+        torch.testing.assert_close(three.linear(x)[:, :8], three.take_rows(torch.arange(8)).linear(x),
+                                   rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.IQ2_XXS, Q.IQ4_XS, Q.Q8_1])
 def test_unsupported_types_raise_naming_the_type(qtype):
     with pytest.raises(ValueError, match=rf"{qtype.name} is not supported.*Q4_K.*Q6_K"):

@@ -17,6 +17,7 @@
 
 #include "../avx2/q4_gemm.h"
 #include "blocks.h"
+#include "x16_pairs.h"
 
 namespace cadence_kernels {
 namespace gguf {
@@ -122,6 +123,65 @@ inline void q4k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t
     for (int i = 0; i < O; ++i) _mm256_storeu_ps(out + (m0 + r) * ldo + n0 + 8 * i, acc[r][i]);
 }
 
+#ifdef CADENCE_GGUF_X16
+// q4k_x8_tile<R, 2> on the AVX-512 tiers: the octets at `packed` and packed + octet_bytes in the
+// two halves of each register (x16_pairs.h), the same operations lane for lane.
+template <int R>
+inline void q4k_x16_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t octet_bytes,
+                         int64_t K, float* out, int64_t ldo, int64_t n0) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const int64_t groups = K / avx2::Q8_GROUP;
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    const uint8_t* h0 = packed + blk * Q4K_X8_BYTES;
+    const uint8_t* h1 = h0 + octet_bytes;
+    _mm_prefetch(reinterpret_cast<const char*>(h0 + 2048), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(h1 + 2048), _MM_HINT_T0);
+    const __m512 d = load_pair_ps(h0, h1), dmin = load_pair_ps(h0 + 32, h1 + 32);
+    for (int j = 0; j < 8; ++j) {
+      const int64_t g = blk * 8 + j;
+      const uint8_t* q0 = h0 + Q4K_X8_HEADER + j * 128;
+      const uint8_t* q1 = h1 + Q4K_X8_HEADER + j * 128;
+      _mm_prefetch(reinterpret_cast<const char*>(q0 + 2048), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q0 + 2048 + 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q1 + 2048), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q1 + 2048 + 64), _MM_HINT_T0);
+      __m512i lo_sum[R], hi_sum[R];
+      for (int r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();
+      for (int kk = 0; kk < 4; ++kk) {
+        const __m512i v = load_pair(q0 + kk * 32, q1 + kk * 32);
+        const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        const int64_t k = g * avx2::Q8_GROUP + kk * 8;
+        for (int r = 0; r < R; ++r) {
+          lo_sum[r] = udot4_add_512(lo_sum[r], lo, broadcast4_512(xq.q_at(m0 + r, k)));
+          hi_sum[r] = udot4_add_512(hi_sum[r], hi, broadcast4_512(xq.q_at(m0 + r, k + 4)));
+        }
+      }
+      const __m512 a = _mm512_mul_ps(d, bytes_pair_ps(h0 + 64 + 8 * j, h1 + 64 + 8 * j, false));
+      const __m512 b = _mm512_mul_ps(dmin, bytes_pair_ps(h0 + 128 + 8 * j, h1 + 128 + 8 * j, false));
+      for (int r = 0; r < R; ++r) {
+        const __m512i isum = _mm512_add_epi32(lo_sum[r], hi_sum[r]);
+        const float row_scale = xq.scale[(m0 + r) * groups + g], row_sum = xq.sum[(m0 + r) * groups + g];
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(a, _mm512_set1_ps(row_scale)), acc[r]);
+        acc[r] = _mm512_fnmadd_ps(b, _mm512_set1_ps(row_sum), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) store_pair(out + (m0 + r) * ldo + n0, acc[r]);
+}
+
+template <int R>
+inline void q4k_x16_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed,
+                         int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
+  int64_t m = m0;
+  for (; m + R <= m0 + rows; m += R) q4k_x16_tile<R>(xq, m, packed, octet_bytes, K, out, ldo, n0);
+  if constexpr (R > 1) {
+    if (m < m0 + rows) q4k_x16_rows<R - 1>(xq, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
+  }
+}
+#endif
+
 template <int R, int O>
 inline void q4k_x8_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed,
                         int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
@@ -139,6 +199,22 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
                            int64_t ldo, int64_t o_begin, int64_t o_end) {
   constexpr int ROWS = 4;
   const int64_t octet_bytes = K / 256 * Q4K_X8_BYTES;
+#ifdef CADENCE_GGUF_X16
+  if (M == 1) {
+    int64_t o = o_begin;
+    for (; o + 2 <= o_end; o += 2) q4k_x16_tile<1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q4k_x8_tile<1, 1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    return;
+  }
+  const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
+  for (int64_t mb = 0; mb < M; mb += row_block) {
+    const int64_t rows = std::min(row_block, M - mb);
+    int64_t o = o_begin;
+    for (; o + 2 <= o_end; o += 2)
+      q4k_x16_rows<X16_ROWS>(xq, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q4k_x8_rows<ROWS, 1>(xq, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+  }
+#else
   if (M == 1) {
     int64_t o = o_begin;
     for (; o + 2 <= o_end; o += 2) q4k_x8_tile<1, 2>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
@@ -151,6 +227,7 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
     for (int64_t o = o_begin; o < o_end; ++o)
       q4k_x8_rows<ROWS, 1>(xq, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
   }
+#endif
 }
 
 #endif  // CADENCE_HAVE_AVX2

@@ -16,6 +16,7 @@
 
 #include "../avx2/q4_gemm.h"
 #include "blocks.h"
+#include "x16_pairs.h"
 
 namespace cadence_kernels {
 namespace gguf {
@@ -124,6 +125,68 @@ inline void q6k_x8_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums,
     for (int i = 0; i < O; ++i) _mm256_storeu_ps(out + (m0 + r) * ldo + n0 + 8 * i, acc[r][i]);
 }
 
+#ifdef CADENCE_GGUF_X16
+// q6k_x8_tile<R, 2> on the AVX-512 tiers: two octets in the halves of each register (x16_pairs.h).
+template <int R>
+inline void q6k_x16_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, const uint8_t* packed,
+                         int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  const int64_t groups = K / avx2::Q8_GROUP;
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    const uint8_t* b0 = packed + blk * Q6K_X8_BYTES;
+    const uint8_t* b1 = b0 + octet_bytes;
+    const __m512 d = load_pair_ps(b0, b1);
+    for (int j = 0; j < 8; ++j) {
+      for (const uint8_t* base : {b0, b1}) {
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048 + 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + 2048), _MM_HINT_T0);
+      }
+      const int64_t g = blk * 8 + j;
+      for (int p = 0; p < 2; ++p) {
+        const __m512i hv = load_pair(b0 + Q6K_X8_QH + (j * 2 + p) * 32, b1 + Q6K_X8_QH + (j * 2 + p) * 32);
+        __m512i lo_sum[R], hi_sum[R];
+        for (int r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();
+        for (int sub = 0; sub < 2; ++sub) {
+          const int kk = 2 * p + sub;
+          const __m512i v = load_pair(b0 + Q6K_X8_QL + j * 128 + kk * 32, b1 + Q6K_X8_QL + j * 128 + kk * 32);
+          const __m512i h_lo = _mm512_and_si512(sub == 0 ? _mm512_slli_epi16(hv, 4) : hv, bits45);
+          const __m512i h_hi = _mm512_and_si512(sub == 0 ? _mm512_slli_epi16(hv, 2) : _mm512_srli_epi16(hv, 2), bits45);
+          const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low4), h_lo);
+          const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), h_hi);
+          const int64_t k = g * avx2::Q8_GROUP + kk * 8;
+          for (int r = 0; r < R; ++r) {
+            lo_sum[r] = udot4_add_512(lo_sum[r], lo, broadcast4_512(xq.q_at(m0 + r, k)));
+            hi_sum[r] = udot4_add_512(hi_sum[r], hi, broadcast4_512(xq.q_at(m0 + r, k + 4)));
+          }
+        }
+        const __m512 scale = _mm512_mul_ps(d, bytes_pair_ps(b0 + 32 + (2 * j + p) * 8, b1 + 32 + (2 * j + p) * 8, true));
+        for (int r = 0; r < R; ++r) {
+          const int32_t x_sum = half_sums[(m0 + r) * (K / 16) + 2 * g + p];
+          const __m512i isum = _mm512_add_epi32(lo_sum[r], hi_sum[r]);
+          const __m512i centred = _mm512_sub_epi32(isum, _mm512_set1_epi32(32 * x_sum));
+          const float xs = xq.scale[(m0 + r) * groups + g];
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(scale, _mm512_set1_ps(xs)), acc[r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) store_pair(out + (m0 + r) * ldo + n0, acc[r]);
+}
+
+template <int R>
+inline void q6k_x16_rows(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows,
+                         const uint8_t* packed, int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
+  int64_t m = m0;
+  for (; m + R <= m0 + rows; m += R) q6k_x16_tile<R>(xq, half_sums, m, packed, octet_bytes, K, out, ldo, n0);
+  if constexpr (R > 1) {
+    if (m < m0 + rows) q6k_x16_rows<R - 1>(xq, half_sums, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
+  }
+}
+#endif
+
 template <int R, int O>
 inline void q6k_x8_rows(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows,
                         const uint8_t* packed, int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
@@ -138,6 +201,22 @@ inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_su
                            int64_t K, float* out, int64_t ldo, int64_t o_begin, int64_t o_end) {
   constexpr int ROWS = 4;
   const int64_t octet_bytes = K / 256 * Q6K_X8_BYTES;
+#ifdef CADENCE_GGUF_X16
+  if (M == 1) {
+    int64_t o = o_begin;
+    for (; o + 2 <= o_end; o += 2) q6k_x16_tile<1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q6k_x8_tile<1, 1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    return;
+  }
+  const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
+  for (int64_t mb = 0; mb < M; mb += row_block) {
+    const int64_t rows = std::min(row_block, M - mb);
+    int64_t o = o_begin;
+    for (; o + 2 <= o_end; o += 2)
+      q6k_x16_rows<X16_ROWS>(xq, half_sums, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q6k_x8_rows<ROWS, 1>(xq, half_sums, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+  }
+#else
   if (M == 1) {
     int64_t o = o_begin;
     for (; o + 2 <= o_end; o += 2)
@@ -151,6 +230,7 @@ inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_su
     for (int64_t o = o_begin; o < o_end; ++o)
       q6k_x8_rows<ROWS, 1>(xq, half_sums, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
   }
+#endif
 }
 
 #endif  // CADENCE_HAVE_AVX2

@@ -1,0 +1,59 @@
+// Two octets of repacked K-quant columns (q4k_x8.h, q6k_x8.h) in one 512-bit register: on the
+// AVX-512 tiers a tile of 16 columns runs each decode, dot product and float step once for both
+// octets, half the instructions per weight of the 256-bit tiles (a prefill is bound by issuing
+// them: ~3.3 instructions per cycle). Lane for lane the same operations as the 256-bit tiles (the
+// integer sums exact, the float steps the same multiply, convert and fma per column), so both
+// widths give the same bits: which one a column runs on never changes its result.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace cadence_kernels {
+namespace gguf {
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define CADENCE_GGUF_X16 1
+
+// Rows per 16-column prefill tile: each decoded weight register serves this many rows.
+constexpr int X16_ROWS = 6;
+
+// 32 bytes at a (low half) and 32 at b (high half).
+inline __m512i load_pair(const uint8_t* a, const uint8_t* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+}
+inline __m512 load_pair_ps(const uint8_t* a, const uint8_t* b) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(reinterpret_cast<const float*>(a))),
+                            _mm256_loadu_ps(reinterpret_cast<const float*>(b)), 1);
+}
+// 8 bytes at a then 8 at b, widened to 16 float lanes (unsigned or signed bytes).
+inline __m512 bytes_pair_ps(const uint8_t* a, const uint8_t* b, bool is_signed) {
+  const __m128i both = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                                          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+  return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(both) : _mm512_cvtepu8_epi32(both));
+}
+inline __m512i broadcast4_512(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+// acc + the exact int32 sums of u * s over each 4 bytes (u <= 15 or 63: maddubs never saturates).
+inline __m512i udot4_add_512(__m512i acc, __m512i u, __m512i s) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(acc, u, s);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
+inline void store_pair(float* out, __m512 v) {
+  _mm256_storeu_ps(out, _mm512_castps512_ps256(v));
+  _mm256_storeu_ps(out + 8, _mm512_extractf32x8_ps(v, 1));
+}
+
+#endif
+
+}  // namespace gguf
+}  // namespace cadence_kernels
