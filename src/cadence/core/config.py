@@ -134,9 +134,9 @@ class SchedulerConfig:
             "same weights and KV cache (prompt chunks on one, decode steps on the other; a "
             "request's first token hands it over), the split decided per interval from the "
             "measured decode step time against --target-itl-ms; colocated --policy steps "
-            "otherwise (and always with one core). Where one decode thread's step takes at "
-            "most half the target, the prefill team gets every core and the decode steps run "
-            "on top, paced to the target. 'disjoint': as auto, the teams always on separate "
+            "otherwise (and always with one core). First the prefill team gets every core and "
+            "one decode thread runs on top, its steps paced to the target (kept while they "
+            "take at most 0.8 of it). 'disjoint': as auto, the teams always on separate "
             "cores. 'off': colocated steps only.",
             "choices": CORE_SPLITS,
         },

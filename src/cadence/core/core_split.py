@@ -11,9 +11,9 @@ this decides the split from the measured load:
   cores), and the prefill team the rest. A thread count not measured yet is predicted from
   the nearest one measured, scaled by the core ratio (a pessimistic, compute-bound guess).
 
-With overlap allowed (--core-split auto; not with 'disjoint'), when one decode thread's
-measured step time beside a prefill uses at most OVERLAP_DUTY of the ITL target, the prefill
-team gets every core and the decode team one thread on top, its steps paced to the target
+With overlap allowed (--core-split auto; not with 'disjoint'), the prefill team gets every
+core and the decode team one thread on top, its steps paced to the target (tried first, kept
+while one such step takes at most OVERLAP_DUTY of the target)
 (the stepper waits out the rest of each target interval): the decode thread borrows a core
 for a short step now and then instead of holding one, so a document's prefill keeps most of
 the machine while the streams keep the target's rhythm.
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 # Weight of a new measurement in the running averages.
 _EMA = 0.2
-# Largest share of the ITL target one decode thread's step may take for the overlap split.
-OVERLAP_DUTY = 0.5
+# Largest share of the ITL target one decode thread's step on the prefill team's cores may
+# take for the overlap split (the engine paces its steps at 0.8 x the target).
+OVERLAP_DUTY = 0.8
 
 
 @dataclass(frozen=True)
@@ -132,12 +133,10 @@ class CoreSplit:
                     break
             decision = SplitDecision(decode, cores - decode)
             if self.allow_overlap:
-                # One thread on the prefill team's cores: measured, else (not tried yet) the
-                # disjoint one-thread time, which it cannot beat.
+                # One thread on the prefill team's cores, tried first and kept while its
+                # measured steps leave room in the target's rhythm.
                 per_row = self._overlapped_per_row
-                if per_row is None and 1 in self._contended_per_row:
-                    per_row = self._contended_per_row[1]
-                if per_row is not None and per_row * decode_rows <= OVERLAP_DUTY * self.target_itl_s:
+                if per_row is None or per_row * decode_rows <= OVERLAP_DUTY * self.target_itl_s:
                     decision = SplitDecision(1, cores)
         if decision != self.current:
             self.num_changes += 1

@@ -31,7 +31,7 @@ from typing import Any
 
 from cadence.core.core_split import CoreSplit, SplitDecision
 from cadence.core.plan import StepOutput, StepPlan
-from cadence.executor.thread_team import ThreadTeam, set_thread_count
+from cadence.executor.thread_team import ThreadTeam, set_thread_count, torch_threads
 
 
 class SplitStepper:
@@ -64,6 +64,9 @@ class SplitStepper:
         # The prefill team's plan in flight: (plan, future, engine-clock start, perf start).
         self._inflight: tuple[StepPlan, Future, float, float] | None = None
         self._decode_threads = num_cores
+        # The loop thread's own thread count, restored by close() (the decode team's count is
+        # set on this thread).
+        self._threads_before = torch_threads()
         self._overlap = False  # the current split shares cores (decode steps paced)
         self.num_overlapped_decode_steps = 0
         self._wall_since = time.perf_counter()
@@ -204,6 +207,7 @@ class SplitStepper:
         if self._team is not None:
             self._team.close()
             self._team = None
+        set_thread_count(self._threads_before)
 
 
 def _moves_blocks(plan: StepPlan) -> bool:

@@ -33,6 +33,11 @@ def set_thread_count(num_threads: int) -> None:
         torch.set_num_threads(num_threads)
 
 
+def torch_threads() -> int:
+    """The calling thread's parallel-region size."""
+    return torch.get_num_threads()
+
+
 def pin_thread(cores: Iterable[int] | None) -> None:
     """Pin the calling thread (and the OpenMP workers it creates from now on) to `cores`;
     None leaves it where it is."""
