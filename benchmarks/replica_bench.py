@@ -2,7 +2,11 @@
 workload, in the same run.
 
     .venv/bin/python benchmarks/replica_bench.py                   # 2 and 4 replicas
-    .venv/bin/python benchmarks/replica_bench.py --replicas 2 --conversations 12 --quick
+    # the working set fits the two replicas' caches together but not one's (docs/disaggregation.md):
+    .venv/bin/python benchmarks/replica_bench.py --replicas 2 --conversations 12 --rate 0.25 \
+        --system-words 30 --doc-words 150 --user-words 15 --max-tokens 16 --think-s 2 \
+        --serve-args "--num-kv-blocks 64" --out /tmp/replicas
+    .venv/bin/cadence sim --calibrate --threads 1 --compare /tmp/replicas/results.json
 
 Per replica count: `cadence serve --data-parallel-size N --routing-policy cache-aware` (N
 `--role both` replicas with an equal share of the cores, and its router), then two more
@@ -10,12 +14,14 @@ Per replica count: `cadence serve --data-parallel-size N --routing-policy cache-
 gets the same workload (same seed) with its texts tagged by the policy's name, so no run
 finds another's prefixes cached. Workload: conversations of 4-8 turns (uniform), each opening
 with one of a few shared system prompts; conversations start as Poisson arrivals, each next
-turn is sent after the answer plus an exponential think time, and carries the whole chat so
-far (answers included); --doc-words adds a document of its own to each conversation's first
-turn (RAG), and --serve-args "--num-kv-blocks N" sizes the replicas' caches (cache pressure:
-round-robin keeps every conversation on every replica). Printed per policy: prefix-cache hit rate (the replicas'
-prefix_cache_hits / prefix_cache_queries deltas), TTFT p50/p99, goodput (requests per second
-that finished with TTFT <= --slo-ttft), requests per replica; results in --out as JSON.
+turn is sent after the answer plus an exponential think time (--think-s), and carries the
+whole chat so far (answers included); --doc-words adds a document of its own to each
+conversation's first turn (RAG), and --serve-args "--num-kv-blocks N" sizes the replicas'
+caches. Printed per policy: prefix-cache hit rate (cached prompt tokens / prompt tokens over
+all requests, from each request's usage as its replica reported it; the engines' counters,
+which count a preempted request's readmission again, next to it), TTFT p50/p99, goodput
+(requests per second that finished with TTFT <= --slo-ttft), requests per replica; results
+(with every request's record, which `cadence sim --compare` replays) in --out as JSON.
 """
 
 from __future__ import annotations

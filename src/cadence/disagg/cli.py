@@ -34,7 +34,7 @@ def add_disagg_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        help="Start N identical replicas (--role both workers, the cores split "
                             "between them) and the router in front of them on --port; with "
                             "--routing-policy cache-aware|least-loaded|round-robin.")
-    group.add_argument("--cache-load-weight", type=float, default=1.0,
+    group.add_argument("--cache-load-weight", type=float, default=0.25,
                        help=_help(RouterConfig, "cache_load_weight"))
     group.add_argument("--disagg", default=None, metavar="P:D",
                        help="Start P prefill and D decode workers on this machine and the "
@@ -93,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--worker", nargs="+", action="extend", metavar="URL",
                         help="Replicas (cadence serve --role both) serving whole requests; "
                              "mixes with --prefill/--decode pools.")
-    parser.add_argument("--cache-load-weight", type=float, default=1.0,
+    parser.add_argument("--cache-load-weight", type=float, default=0.25,
                         help=_help(RouterConfig, "cache_load_weight"))
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)

@@ -161,7 +161,7 @@ def run_disagg(args: Any, server: ServerConfig, process: EngineProcessConfig,
             decode_urls=tuple(u for u, r in zip(urls, roles) if r == "decode"),
             worker_urls=tuple(u for u, r in zip(urls, roles) if r == "both"),
             host=server.host, port=server.port, routing_policy=args.routing_policy,
-            cache_load_weight=getattr(args, "cache_load_weight", 1.0), api_key=server.api_key)
+            cache_load_weight=getattr(args, "cache_load_weight", 0.25), api_key=server.api_key)
         # uvicorn re-raises SIGTERM once it has stopped: as an exception it reaches the
         # `finally` below, which stops the workers (the default action would skip it).
         signal.signal(signal.SIGTERM, _exit_on_signal)

@@ -145,7 +145,7 @@ def _machine_profile(args: argparse.Namespace):
 
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype)
-    rounds = profile_machine_rounds(loaded)
+    rounds = profile_machine_rounds(loaded, repeats=getattr(args, "calibrate_rounds", 5))
     if args.save_calibration:
         save_profile(args.save_calibration, round_medians(rounds),
                      machine=f"{loaded.name} {loaded.dtype} {loaded.device}",

@@ -124,7 +124,7 @@ class _Replica:
 
 def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: str,
                    cost_model: CostModel, sched: SchedulerConfig, cache: CacheConfig,
-                   load_weight: float = 1.0, hop_s: float = 0.0, vocab_size: int = 49152,
+                   load_weight: float = 0.25, hop_s: float = 0.0, vocab_size: int = 49152,
                    calibration: list | None = None,
                    max_steps: int = 10_000_000) -> FleetResult:
     """Serve every conversation of `workload` on `num_replicas` simulated replicas routed by

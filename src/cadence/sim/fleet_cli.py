@@ -36,7 +36,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--kv-blocks", type=int, default=None,
                        help="KV blocks per replica (default: the run's --num-kv-blocks with "
                             "--compare, else unbounded)")
-    fleet.add_argument("--cache-load-weight", type=float, default=1.0,
+    fleet.add_argument("--cache-load-weight", type=float, default=0.25,
                        help="cache-aware's load weight (as `cadence router`)")
     fleet.add_argument("--hop-ms", type=float, default=15.0,
                        help="time outside the engines per request: client -> router "
@@ -52,6 +52,8 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--think-s", type=float, default=0.3,
                        help="mean think time between an answer and the next turn")
     fleet.add_argument("--slo-ttft", type=float, default=1.0, help="goodput: TTFT <= this (s)")
+    fleet.add_argument("--calibrate-rounds", type=int, default=5,
+                       help="with --calibrate: timed rounds of the profile (default: 5)")
     fleet.add_argument("--threads", type=int, default=None,
                        help="with --calibrate: threads to profile with (one replica's share of "
                             "the cores: replica_bench gives each of N replicas cores/N)")

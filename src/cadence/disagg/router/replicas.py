@@ -85,7 +85,7 @@ class SentPrefixes:
 
 
 class ReplicaSelector:
-    def __init__(self, policy: str, load_weight: float = 1.0) -> None:
+    def __init__(self, policy: str, load_weight: float = 0.25) -> None:
         if policy not in REPLICA_POLICIES:
             raise ValueError(f"replica policy must be one of {REPLICA_POLICIES}")
         self.policy = policy
