@@ -266,3 +266,35 @@ def test_closing_a_split_engine_restores_the_loop_threads_count():
     drive(engine, WORKLOAD[:3])
     engine.close()
     assert torch.get_num_threads() == before
+
+
+def test_auto_prefills_a_lone_prompt_in_chunks_so_a_chat_arriving_meanwhile_streams():
+    class Slow(SlowFake):
+        def execute(self, plan, between_layers=None):
+            if plan.num_prefill_tokens > 16:
+                import time
+
+                time.sleep(0.03)
+            return super().execute(plan, between_layers)
+
+    engine, fake = fake_engine(2, executor=Slow(), core_split="auto")
+    engine.add_request("doc", ids(300, 3), GREEDY)
+    tokens: dict[str, list[int]] = {}
+    order = []
+    for k in range(2000):
+        if k == 1:
+            engine.add_request("chat", ids(8, 4), GREEDY)
+        if k > 1 and not engine.has_unfinished():
+            break
+        for out in engine.step():
+            if out.new_token_ids:
+                tokens.setdefault(out.req_id, []).extend(out.new_token_ids)
+                order.append(out.req_id)
+        engine.scheduler.check_integrity()
+    # The chat's first tokens came while the document was still prefilling (no colocated step
+    # of the whole document held them), and every token is what a colocated run gives.
+    assert order.index("doc") > order.index("chat") + 1
+    colocated, _ = fake_engine(None)
+    assert tokens == drive(colocated, [(at(0), [("doc", ids(300, 3))]),
+                                       (at(1), [("chat", ids(8, 4))])])
+    engine.close()

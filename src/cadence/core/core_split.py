@@ -3,8 +3,9 @@
 The split engine (engine/split_stepper.py, --core-split auto) runs prompt chunks and decode
 steps side by side on two thread teams. Each time the prefill team is free to start a chunk,
 this decides the split from the measured load:
-- no prompt tokens waiting, or no request decoding, or a single core: 0 (colocated steps of
-  the --policy, with every core: a lone prompt gets the whole machine, decodes alone too);
+- no prompt tokens waiting, or a single core: 0 (colocated steps of the --policy on every
+  core); no request decoding: the overlapped split below with overlap allowed (the prompt gets
+  every core in chunks, a request that starts decoding meanwhile is stepped at once), else 0;
 - otherwise the decode team gets the fewest cores whose measured step time, with a prefill
   running beside it, stays within the ITL target (the contended time: both teams share the
   memory bandwidth, so a decode step beside a prefill is slower than alone on the same
@@ -122,8 +123,13 @@ class CoreSplit:
     def decide(self, decode_rows: int, prompt_tokens_waiting: int) -> SplitDecision:
         """The split for the next interval (see the module docstring)."""
         cores = self.num_cores
-        if cores < 2 or decode_rows == 0 or prompt_tokens_waiting == 0:
+        if cores < 2 or prompt_tokens_waiting == 0:
             decision = SplitDecision(cores, 0)
+        elif decode_rows == 0:
+            # Overlapped, the prefill team takes every core in chunks, and a request that
+            # starts decoding meanwhile (a short prompt done in an earlier chunk) has the
+            # decode thread at once; a colocated step would hold it for the whole step.
+            decision = SplitDecision(1, cores) if self.allow_overlap else SplitDecision(cores, 0)
         else:
             decode = cores - 1
             for threads in range(1, cores):
