@@ -77,6 +77,9 @@ inline void q4k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t
       _mm_prefetch(reinterpret_cast<const char*>(packed + i * octet_bytes + blk * Q4K_X8_BYTES + 2048), _MM_HINT_T0);
     for (int j = 0; j < 8; ++j) {
       const int64_t g = blk * 8 + j;
+      // VNNI: two int32 chains per (row, octet). Without it: maddubs' int16 pair sums added in
+      // int16 over the whole group (each pair <= 2 * 15 * 127 = 3810, eight of them 30480 <
+      // 2^15: exact), widened by one madd per group instead of one per maddubs.
       __m256i lo_sum[R][O], hi_sum[R][O];
       for (int r = 0; r < R; ++r)
         for (int i = 0; i < O; ++i) lo_sum[r][i] = hi_sum[r][i] = _mm256_setzero_si256();
@@ -97,11 +100,23 @@ inline void q4k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t
         for (int r = 0; r < R; ++r) {
           const __m256i x_lo = avx2::broadcast4(xq.q_at(m0 + r, k)), x_hi = avx2::broadcast4(xq.q_at(m0 + r, k + 4));
           for (int i = 0; i < O; ++i) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
             lo_sum[r][i] = avx2::udot4_add(lo_sum[r][i], lo[i], x_lo, ones16);
             hi_sum[r][i] = avx2::udot4_add(hi_sum[r][i], hi[i], x_hi, ones16);
+#else
+            lo_sum[r][i] = _mm256_add_epi16(lo_sum[r][i], _mm256_maddubs_epi16(lo[i], x_lo));
+            hi_sum[r][i] = _mm256_add_epi16(hi_sum[r][i], _mm256_maddubs_epi16(hi[i], x_hi));
+#endif
           }
         }
       }
+#if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+      for (int r = 0; r < R; ++r)
+        for (int i = 0; i < O; ++i) {
+          lo_sum[r][i] = _mm256_madd_epi16(_mm256_add_epi16(lo_sum[r][i], hi_sum[r][i]), ones16);
+          hi_sum[r][i] = _mm256_setzero_si256();
+        }
+#endif
       for (int i = 0; i < O; ++i) {
         const uint8_t* hdr = packed + i * octet_bytes + blk * Q4K_X8_BYTES;
         const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr));

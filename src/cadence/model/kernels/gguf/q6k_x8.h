@@ -100,8 +100,15 @@ inline void q6k_x8_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums,
           for (int r = 0; r < R; ++r) {
             const __m256i x_lo = avx2::broadcast4(xq.q_at(m0 + r, k)), x_hi = avx2::broadcast4(xq.q_at(m0 + r, k + 4));
             for (int i = 0; i < O; ++i) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
               lo_sum[r][i] = avx2::udot4_add(lo_sum[r][i], lo[i], x_lo, ones16);
               hi_sum[r][i] = avx2::udot4_add(hi_sum[r][i], hi[i], x_hi, ones16);
+#else
+              // The two maddubs' int16 pair sums added first (each <= 2 * 63 * 127 = 16002, the
+              // two 32004 < 2^15: exact), then one madd: half the widening multiplies.
+              lo_sum[r][i] = _mm256_add_epi32(lo_sum[r][i], _mm256_madd_epi16(_mm256_add_epi16(
+                  _mm256_maddubs_epi16(lo[i], x_lo), _mm256_maddubs_epi16(hi[i], x_hi)), ones16));
+#endif
             }
           }
         }
