@@ -7,11 +7,13 @@ model/gguf_native.py), one run prints:
   * cadence decode at batch 1 / 8 / 32 and contexts 512 / 4096 (one step, forward + greedy
     sample, tok/s = batch / median step time) with its share of the floor: the bytes a step must
     read (the layers' and the head's GGUF weights as the kernels read them, plus every sequence's
-    KV) over the bandwidth;
+    KV) over the bandwidth, and of the FLOP floor (the step's GEMM and attention FLOPs at the
+    float32 GEMM rate: what bounds a large batch; the integer kernels may beat it);
   * cadence prefill of 512 and 2048 tokens (one prompt, logits of its last row), with its share
     of the floor: GEMM and attention FLOPs over the GEMM rate;
-  * llama-bench pp512 / tg128 on the same file with the same threads, in every round, right
-    after cadence's numbers of that round: cadence / llama.cpp per round and the median.
+  * llama-bench pp512 / tg128 on the same file with the same threads, in every round, each
+    right after cadence's prefill 512 / decode b1 ctx512 (the same minute of a shared host):
+    cadence / llama.cpp per round and the median.
 
 Each sequence has its own KV blocks, scattered (shuffled ids) as a real pool ends up, unless
 batch x context x KV bytes exceeds --kv-budget-gib: then the sequences share one context's
@@ -22,7 +24,9 @@ counts, so that row's share is optimistic).
         --model /work/cache/shapes/llama-3.2-1b-random-Q4_K_M.gguf --rounds 2
     CADENCE_ISA=avx2 ...  (the AVX2 kernel tier; llama.cpp stays the native build)
 
-Timings on shared cores are noisy: read the ratios of one round, and the load average printed.
+Timings on shared cores are noisy: read the ratios of one round, and the load average printed;
+--quiet-load waits for a quiet minute before each round. Each row also gives the process's CPU
+seconds per step (all threads): what the step costs on busy cores, whatever the neighbours do.
 Reports, never asserts.
 """
 
@@ -42,7 +46,6 @@ import torch  # noqa: E402
 import llamacpp_peer  # noqa: E402
 from perf_bench import BLOCK_SIZE, GREEDY, Machine, measure_machine  # noqa: E402
 
-from _common import median_time  # noqa: E402
 from cadence.core.plan import ScheduledChunk, StepPlan  # noqa: E402
 from cadence.executor.model_runner import ModelExecutor  # noqa: E402
 from cadence.model.config import ModelConfig  # noqa: E402
@@ -79,8 +82,24 @@ def kv_bytes_per_token(loaded: LoadedModel) -> int:
     return kv_bytes_per_block(loaded.config, 1, loaded.dtype)
 
 
-def decode_step_s(loaded: LoadedModel, batch: int, context: int, steps: int, kv_budget: float) -> tuple[float, bool]:
-    """(median seconds of one decode step of `batch` sequences at `context`, shared context)."""
+def timed(fn, repeats: int) -> tuple[float, float]:
+    """(median wall seconds, mean process CPU seconds) of fn() over `repeats` runs after one
+    warm-up. The CPU seconds (all threads) say what a step costs whatever the neighbours do: on
+    a loaded host the wall time stretches, the CPU time much less (idle threads sleep)."""
+    fn()
+    walls = []
+    cpu0 = time.process_time()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - start)
+    return statistics.median(walls), (time.process_time() - cpu0) / repeats
+
+
+def decode_step_s(loaded: LoadedModel, batch: int, context: int, steps: int,
+                  kv_budget: float) -> tuple[float, float, bool]:
+    """(median wall seconds, CPU seconds of one decode step of `batch` sequences at `context`,
+    shared context)."""
     shared = batch * context * kv_bytes_per_token(loaded) > kv_budget
     per_seq = context // BLOCK_SIZE + 1
     if shared:  # one context's blocks read by all, a private last block each for the new K/V
@@ -95,17 +114,25 @@ def decode_step_s(loaded: LoadedModel, batch: int, context: int, steps: int, kv_
     executor.kv_cache.storage.normal_(0, 1)
     chunks = tuple(ScheduledChunk(f"d{i}", (100 + i,), context, tables[i], True, GREEDY, 1, is_prefill=False)
                    for i in range(batch))
-    seconds = median_time(lambda: executor.execute(StepPlan(0, chunks, BLOCK_SIZE)), steps)
+    wall, cpu = timed(lambda: executor.execute(StepPlan(0, chunks, BLOCK_SIZE)), steps)
     del executor
-    return seconds, shared
+    return wall, cpu, shared
 
 
-def prefill_s(loaded: LoadedModel, n: int, repeats: int) -> float:
+def prefill_s(loaded: LoadedModel, n: int, repeats: int) -> tuple[float, float]:
+    """(median wall seconds, CPU seconds) of one n-token prompt's prefill."""
     blocks = -(-n // BLOCK_SIZE)
     executor = ModelExecutor(loaded, num_blocks=blocks, block_size=BLOCK_SIZE, seed=0)
     ids = tuple(torch.randint(3, loaded.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist())
     chunk = ScheduledChunk("p", ids, 0, tuple(range(blocks)), True, GREEDY, 0)
-    return median_time(lambda: executor.execute(StepPlan(0, (chunk,), BLOCK_SIZE)), repeats)
+    return timed(lambda: executor.execute(StepPlan(0, (chunk,), BLOCK_SIZE)), repeats)
+
+
+def wait_for_quiet(max_load: float, max_wait_s: float) -> None:
+    """Wait (at most max_wait_s) until the 1-minute load average is below max_load."""
+    deadline = time.monotonic() + max_wait_s
+    while os.getloadavg()[0] >= max_load and time.monotonic() < deadline:
+        time.sleep(5)
 
 
 def cpu_line() -> str:
@@ -134,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-budget-gib", type=float, default=4.0,
                    help="above this much KV a decode row shares one context's blocks")
     p.add_argument("--no-llamacpp", action="store_true")
+    p.add_argument("--tg", type=int, default=128,
+                   help="llama-bench's generated tokens (tg128; fewer for a quick 8B run on a loaded host)")
+    p.add_argument("--quiet-load", type=float, default=0.0,
+                   help="before each round, wait until the 1-minute load average is below this (0: never)")
+    p.add_argument("--quiet-wait-s", type=float, default=600.0)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -154,40 +186,71 @@ def main(argv: list[str] | None = None) -> int:
         args.no_llamacpp = True
     budget = args.kv_budget_gib * 2**30
     ratios: dict[str, list[float]] = {}
+    def peer(test: str) -> float | None:
+        """llama-bench's tok/s for one test (pp512 / tg128) on the same file and threads."""
+        if args.no_llamacpp:
+            return None
+        result = llamacpp_peer.llama_bench(args.model, args.threads, test, repetitions=1)
+        if isinstance(result, str):
+            print(f"  llama-bench {test}: {result}")
+            return None
+        print(f"  llama.cpp {test:<12} {result[test]:9.1f} tok/s   (load {os.getloadavg()[0]:.2f})", flush=True)
+        return result[test]
+
+    def prefill_row(n: int) -> float:
+        wall, cpu = prefill_s(loaded, n, args.prefill_repeats)
+        tok_s = n / wall
+        floor = n / (prefill_flops(c, n) / gemm)
+        print(f"  prefill {n:<5}         {tok_s:9.1f} tok/s   floor {floor:9.1f}  = {tok_s / floor:6.1%} "
+              f"({prefill_flops(c, n) * tok_s / n / 1e9:.0f} GFLOP/s; CPU {cpu:.2f} s = "
+              f"{n * args.threads / cpu:.1f} tok/s on {args.threads} busy cores)", flush=True)
+        return tok_s
+
+    def decode_row(batch: int, context: int) -> float:
+        step, cpu, shared = decode_step_s(loaded, batch, context, args.decode_steps, budget)
+        bytes_ = weights + batch * context * kv_bytes_per_token(loaded)
+        floor_s = bytes_ / machine.bandwidth
+        # The floor of the issue: the bytes a step reads. Where the step's FLOPs at the float32
+        # GEMM rate take longer (large batches), that bounds it too.
+        flops = 2 * batch * (matmul_params(c) + c.vocab_size * c.hidden_size)
+        flops += 2 * 2 * batch * c.num_layers * c.q_size * context
+        flop_floor_s = flops / gemm
+        print(f"  decode b{batch:<3} ctx{context:<5} {batch / step:9.1f} tok/s  {step * 1e3:8.1f} ms  byte floor "
+              f"{floor_s * 1e3:7.1f} ms = {floor_s / step:6.1%} ({bytes_ / step / 1e9:.1f} GB/s); "
+              f"FLOP floor {flop_floor_s * 1e3:.0f} ms = {flop_floor_s / step:.1%}; CPU {cpu * 1e3:.0f} ms"
+              f"{'  shared ctx' if shared else ''}", flush=True)
+        return batch / step
+
     for r in range(args.rounds):
+        if args.quiet_load:
+            wait_for_quiet(args.quiet_load, args.quiet_wait_s)
         print(f"round {r + 1} (load {os.getloadavg()[0]:.2f}):", flush=True)
-        rates: dict[str, float] = {}
         with torch.inference_mode():
+            # The rows compared with llama.cpp first, each right next to its peer's number.
+            pp = tg = None
+            if 512 in args.prompt_lens:
+                ours = prefill_row(512)
+                pp = peer("pp512")
+                if pp:
+                    ratios.setdefault("prefill 512 / pp512", []).append(ours / pp)
+            if 512 in args.contexts and 1 in args.batches:
+                ours = decode_row(1, 512)
+                tg = peer(f"tg{args.tg}")
+                if tg:
+                    ratios.setdefault(f"decode b1 ctx512 / tg{args.tg}", []).append(ours / tg)
             for n in args.prompt_lens:
-                tok_s = n / prefill_s(loaded, n, args.prefill_repeats)
-                rates[f"prefill {n}"] = tok_s
-                floor = n / (prefill_flops(c, n) / gemm)
-                print(f"  prefill {n:<5}         {tok_s:9.1f} tok/s   floor {floor:9.1f}  = {tok_s / floor:6.1%} "
-                      f"({prefill_flops(c, n) * tok_s / n / 1e9:.0f} GFLOP/s)", flush=True)
+                if n != 512:
+                    ours = prefill_row(n)
+                    if pp:
+                        ratios.setdefault(f"prefill {n} / pp512", []).append(ours / pp)
             for context in args.contexts:
                 for batch in args.batches:
-                    step, shared = decode_step_s(loaded, batch, context, args.decode_steps, budget)
-                    tok_s = batch / step
-                    rates[f"decode b{batch} ctx{context}"] = tok_s
-                    bytes_ = weights + batch * context * kv_bytes_per_token(loaded)
-                    floor_s = bytes_ / machine.bandwidth
-                    print(f"  decode b{batch:<3} ctx{context:<5} {tok_s:9.1f} tok/s  {step * 1e3:8.1f} ms  floor "
-                          f"{floor_s * 1e3:7.1f} ms = {floor_s / step:6.1%} ({bytes_ / step / 1e9:.1f} GB/s)"
-                          f"{'  shared ctx' if shared else ''}", flush=True)
-        if args.no_llamacpp:
-            continue
-        peer = llamacpp_peer.llama_bench(args.model, args.threads, "pp512,tg128", repetitions=1)
-        if isinstance(peer, str):
-            print(f"  llama-bench: {peer}")
-            continue
-        print(f"  llama.cpp pp512 {peer['pp512']:.1f} tok/s, tg128 {peer['tg128']:.1f} tok/s "
-              f"(tg128 = {weights * peer['tg128'] / machine.bandwidth:.1%} of cadence's b1 floor)")
-        for name, tok_s in rates.items():
-            if name.startswith("decode b1 "):
-                ratios.setdefault(f"{name} / tg128", []).append(tok_s / peer["tg128"])
-            elif name.startswith("prefill"):
-                ratios.setdefault(f"{name} / pp512", []).append(tok_s / peer["pp512"])
-        print("  " + "; ".join(f"{k} {v[-1]:.2f}x" for k, v in ratios.items()), flush=True)
+                    if (batch, context) != (1, 512):
+                        ours = decode_row(batch, context)
+                        if batch == 1 and tg:
+                            ratios.setdefault(f"decode b1 ctx{context} / tg{args.tg}", []).append(ours / tg)
+        if ratios:
+            print("  " + "; ".join(f"{k} {v[-1]:.2f}x" for k, v in ratios.items()), flush=True)
     if ratios:
         print(f"median of {args.rounds} rounds: " + "; ".join(f"{k} {statistics.median(v):.2f}x"
                                                               for k, v in ratios.items()))
