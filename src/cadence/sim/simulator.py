@@ -30,8 +30,9 @@ from cadence.telemetry.request_timeline import RequestTimeline
 from cadence.telemetry.step_trace import StepRecord
 
 # A decode step beside a prefill, over its time alone on the same cores (shared memory
-# bandwidth), and the same for the prefill chunk: measured on this project's Zen 4 host with
-# benchmarks/core_split_contention.py (docs/performance.md).
+# bandwidth), and the same for the prefill chunk. A placeholder: on this project's shared
+# Zen 4 host benchmarks/core_split_contention.py measured x1.9 for both, which was the
+# neighbours' load more than bandwidth (docs/performance.md); measure it on an idle host.
 DECODE_CONTENTION = 1.15
 
 
