@@ -86,7 +86,7 @@ async def doc_burst(url: str, model: str, doc_tokens: int, rep: int) -> dict:
 
 
 async def poisson(url: str, model: str, rate: float, duration: float, seed: int) -> dict:
-    rng = random.Random(seed)
+    rng = random.Random(f"{seed}-{rate}")  # other rates' prompts differ: no prefix-cache hits
     reqs = []
     t = 0.0
     while True:
