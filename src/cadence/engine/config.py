@@ -46,10 +46,12 @@ class EngineConfig:
     )
     deterministic: bool = field(
         default=False,
-        metadata={"help": "Compute in float32 on float32 weights so that greedy and seeded outputs "
-                          "do not depend on batch, chunk split, prefix-cache hits or preemption "
-                          "(bf16 rounding, or int8's quantized activations, can flip near-tied "
-                          "logits); needs --dtype auto or float32, not --quantization int8."},
+        metadata={"help": "Compute in float32 on float32 weights, every GEMM on the packed kernels at "
+                          "every row count, so that greedy and seeded outputs do not depend on batch, "
+                          "chunk split, prefix-cache hits or preemption also for float models on CPUs "
+                          "where `auto` computes in bf16. Integer weights (the default GGUF's int4, "
+                          "int8) are batch-invariant without it; needs --dtype auto or float32, not "
+                          "--quantization int8/int4."},
     )
     tokenizer: str | None = field(
         default=None,

@@ -97,6 +97,12 @@ class LLMEngine:
         from cadence.engine.memory_bound import check_memory_bound, kv_bytes_from_fraction
         from cadence.model.kv_cache import kv_bytes_per_block
 
+        if cfg.deterministic:
+            # Float32 / bf16 weights too on the packed kernels at every row count (integer
+            # weights, the default, already are): batch-invariant by construction.
+            pin = getattr(loaded.model, "pin_invariant_gemms", None)
+            if pin is not None:
+                pin()
         sched_cfg = cfg.scheduler
         model_len = loaded.config.max_position_embeddings
         if sched_cfg.max_model_len > model_len:

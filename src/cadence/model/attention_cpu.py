@@ -10,6 +10,15 @@ their own new keys/values, which are already at hand, so they use torch's SDPA o
 touching the cache (long bf16 chunks without the kernel: blocked matmuls); long chunks that
 continue a context gather it once and use SDPA with an offset mask.
 
+float32 on the AVX2 tiers and above (the default model's compute dtype there) is the exception:
+every row, decode or prompt, goes through the paged decode kernel (one query row over its own
+context, spans cut at absolute positions, avx2/attention_f32.h), the kernel the fused decode
+stack runs for all of its rows. A token's attention is then the same arithmetic whether its
+step held it as a decode, in a short chunk of the stack, in a long prompt chunk of the per-op
+path, after a prefix-cache hit or in a recompute after preemption: greedy results are
+batch-invariant by construction (docs/ARCHITECTURE.md, invariant 1). The flash prefill kernel
+would tile keys per stacked rows with its own online softmax order.
+
 The caller has already written this step's K/V into the cache (kernels.rope_write_kv).
 """
 
@@ -21,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from cadence.model.attention_metadata import AttentionMetadata
-from cadence.model.prefill_attention import blocked_over_context, takes_blocked
+from cadence.model.prefill_attention import F32_KERNEL_TIERS, KERNEL_HEAD_DIMS, blocked_over_context, takes_blocked
 
 # A continuing prefill chunk with at most this many new tokens runs through the kernel (one query
 # row each, over its own context) rather than gather + SDPA.
@@ -36,6 +45,10 @@ def paged_attention_cpu(kernels: ModuleType, q: torch.Tensor, k_new: torch.Tenso
     q: [T, Hq, D] contiguous; k_new, v_new: [T, Hkv, D] (views of this step's new keys/values,
     already stored in the caches); caches: [num_blocks, block_size, Hkv, D]. Returns [T, Hq, D].
     """
+    if rows_share_decode_kernel(q, kernels):
+        # Every row over its own context [0, position]: one call for the whole step.
+        return kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.row_seq_index,
+                                       meta.row_ctx_lens, scale)
     out = torch.empty_like(q)
     if meta.decode_seqs:
         # q[decode_rows]: [B, Hq, D]; one call for the whole decode batch.
@@ -67,6 +80,13 @@ def paged_attention_cpu(kernels: ModuleType, q: torch.Tensor, k_new: torch.Tenso
         else:
             out[q_start:q_end] = _sdpa_over_cache(q[q_start:q_end], k_cache, v_cache, meta, i, scale)
     return out
+
+
+def rows_share_decode_kernel(q: torch.Tensor, kernels: ModuleType) -> bool:
+    """Whether every row of q (float32 on an AVX2-or-better build, head_dim 64 or 128) goes
+    through the paged decode kernel, the fused float32 stack's attention (module docstring)."""
+    return (q.dtype == torch.float32 and q.shape[-1] in KERNEL_HEAD_DIMS
+            and hasattr(kernels, "kernel_tier") and kernels.kernel_tier() in F32_KERNEL_TIERS)
 
 
 def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -95,6 +95,9 @@ class PackedInteger:
     scales: torch.Tensor  # int8: [N / 16, K / 32, 16] float32; int4: [N / 16, K / 32, 2, 16] float16
     N: int
     format: int  # WEIGHT_FORMATS value
+    # A float32 / bf16 copy used at every row count, not only up to PACKED_FLOAT_MAX_ROWS
+    # (LlamaForCausalLM.pin_invariant_gemms: --deterministic).
+    all_rows: bool = False
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, kernels: ModuleType) -> torch.Tensor:
         """x [T, K] float32 -> x_q8 @ W^T (+ bias) [T, N]: x quantized per row and group of 32 as
@@ -114,7 +117,7 @@ def _uses_packed(packed: tuple | None, x: torch.Tensor) -> bool:
     if packed is None:
         return False
     if packed[0].format not in _INTEGER_FORMAT_IDS:
-        return x.shape[0] <= PACKED_FLOAT_MAX_ROWS
+        return packed[0].all_rows or x.shape[0] <= PACKED_FLOAT_MAX_ROWS
     return PACKED_GEMM_MAX_ROWS is None or x.shape[0] <= PACKED_GEMM_MAX_ROWS
 
 
@@ -457,6 +460,8 @@ class LlamaForCausalLM(nn.Module):
         # sets it from `--quantization`; fused_decode.resolve_weight_format).
         self.decode_weight_format = "float32"
         self._float_weights_released = False  # release_float_weights
+        # pin_invariant_gemms (--deterministic): float32 / bf16 weights packed for every row count.
+        self.invariant_gemms = False
         self.register_load_state_dict_post_hook(lambda module, _keys: module.drop_packed_weights())
 
     def drop_packed_weights(self) -> None:
@@ -493,6 +498,20 @@ class LlamaForCausalLM(nn.Module):
         self._float_weights_released = True
         _return_freed_memory()
         return True
+
+    def pin_invariant_gemms(self) -> None:
+        """Run every GEMM of the float32 path on packed weights at every row count, also where
+        they are stored as float32 or bf16 (--deterministic). Integer weights already do (the
+        default: int4 / int8), and so a row's sums over K then never depend on its step's row
+        count (batch-invariant greedy results, docs/ARCHITECTURE.md invariant 1); float formats
+        otherwise leave steps over PACKED_FLOAT_MAX_ROWS rows to torch's GEMM, whose reduction
+        order follows the matrix shape. Costs prefill speed on float32 weights (the packed
+        float kernels are slower than torch's GEMM on long prompts)."""
+        if self.invariant_gemms:
+            return
+        self.invariant_gemms = True
+        if not self._float_weights_released:
+            self.drop_packed_weights()
 
     def _check_float_weights(self, what: str) -> None:
         if self._float_weights_released:
@@ -564,7 +583,7 @@ class LlamaForCausalLM(nn.Module):
 
         def packed(weight: torch.Tensor) -> PackedInteger:
             data, scales = kernels.pack_weight_f32(weight.detach(), fmt)
-            return PackedInteger(data, scales, weight.shape[0], fmt)
+            return PackedInteger(data, scales, weight.shape[0], fmt, self.invariant_gemms)
 
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -573,20 +592,23 @@ class LlamaForCausalLM(nn.Module):
             mlp.packed_interleaved = False
 
     def _attach_packed_int8(self, stack) -> None:
-        """Point the per-op path's GEMMs of an int8 model at the stack's packed weights
-        (PACKED_GEMM_MAX_ROWS): shared, not copied."""
+        """Point the per-op path's GEMMs of an int8 / int4 model (or, after pin_invariant_gemms,
+        of any float32-compute model) at the stack's packed weights (PACKED_GEMM_MAX_ROWS):
+        shared, not copied."""
         fmt = getattr(stack, "weight_format", None) if stack else None
-        if fmt not in [WEIGHT_FORMATS[f] for f in INTEGER_FORMATS] or not hasattr(stack, "packed_layer"):
+        integer = fmt in [WEIGHT_FORMATS[f] for f in INTEGER_FORMATS]
+        if not (integer or (self.invariant_gemms and fmt is not None)) or not hasattr(stack, "packed_layer"):
             return
+        all_rows = not integer
         c = self.config
         qkv_n, gate_up_n = c.q_size + 2 * c.kv_size, 2 * c.intermediate_size
         for i, layer in enumerate(self.model.layers):
             layer.mlp.packed_interleaved = True
             t = stack.packed_layer(i)
-            layer.self_attn.packed = (PackedInteger(t[0], t[1], qkv_n, fmt),
-                                      PackedInteger(t[2], t[3], c.hidden_size, fmt))
-            layer.mlp.packed = (PackedInteger(t[4], t[5], gate_up_n, fmt),
-                                PackedInteger(t[6], t[7], c.hidden_size, fmt))
+            layer.self_attn.packed = (PackedInteger(t[0], t[1], qkv_n, fmt, all_rows),
+                                      PackedInteger(t[2], t[3], c.hidden_size, fmt, all_rows))
+            layer.mlp.packed = (PackedInteger(t[4], t[5], gate_up_n, fmt, all_rows),
+                                PackedInteger(t[6], t[7], c.hidden_size, fmt, all_rows))
 
     def _lm_head_for(self, kernels: ModuleType):
         """The LM head packed once for the fast path of the model's dtype: for

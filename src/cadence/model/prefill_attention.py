@@ -1,9 +1,11 @@
 """Causal attention of prefill chunks on CPU: C++ flash-attention kernels, or blocked matmuls.
 
-float32 chunks (the compute dtype of CPUs without native bf16) take kernels.prefill_attention_f32
-(kernels/avx2/prefill_attention_f32.cpp: AVX2 FMA tiles, online softmax, causal key blocks only)
-on every tier with AVX2; measured on one Zen 3 core at 512 / 2048 tokens (SmolLM2 shapes):
-55 / 60 GFLOP/s (causal half counted) against torch SDPA's 30 / 50.
+kernels.prefill_attention_f32 (kernels/avx2/prefill_attention_f32.cpp: AVX2 FMA tiles, online
+softmax, causal key blocks only) serves float32 chunks on every tier with AVX2; measured on one
+Zen 3 core at 512 / 2048 tokens (SmolLM2 shapes): 55 / 60 GFLOP/s (causal half counted) against
+torch SDPA's 30 / 50. The engine's float32 path no longer calls it: its prompt rows go through the
+paged decode kernel, whose arithmetic per row does not depend on the step (attention_cpu.py,
+issue 31); it stays for benchmarks/prefill_attention_bench.py and direct callers.
 
 With the compiled kernels (AVX512-BF16 built in, head_dim 64 or 128), bf16 prefill chunks go to
 kernels.prefill_attention (kernels/prefill_attention.cpp: vdpbf16ps tiles, online softmax, causal

@@ -2,6 +2,7 @@
 // from the paged cache through its block table (no gather, no copy).
 #include "common.h"
 #include "decode_attention.h"
+#include "prefill_args.h"
 #include "ops.h"
 
 #include <numeric>
@@ -239,10 +240,12 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
 }
 
 
-#if CADENCE_HAVE_AVX2 && !defined(__AVX512F__)
-// float32 on the AVX2 tier (head_dim 64 / 128): (row, span) items over avx2::attend_span_f32, as
-// in the fused float32 stack, then a merge per (row, head) in span order. Serves the decode rows
-// of steps the stack does not take (mixed prefill + decode steps, batches over its row cap).
+#if CADENCE_HAVE_AVX2
+// float32 on every tier with AVX2 (head_dim 64 / 128): (row, span) items over
+// avx2::attend_span_f32, as in the fused float32 stack, then a merge per (row, head) in span
+// order. Serves every row of the steps the stack does not take (mixed prefill + decode steps,
+// long prompt chunks, batches over its row cap): one arithmetic per row whatever its step
+// (batch-invariant greedy results, attention_cpu.py). The AVX-512 tiers take it too.
 void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                               const at::Tensor& block_tables, const at::Tensor& row_seq,
                               const at::Tensor& ctx_lens, double scale, at::Tensor& out) {
@@ -257,24 +260,73 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
   const int64_t* seq = row_seq.data_ptr<int64_t>();
   const int64_t* lens = ctx_lens.data_ptr<int64_t>();
   avx2::SpanItems plan(lens, seq, N, Hq, D);
-  const int64_t items = plan.items();
   const int64_t total_positions = std::accumulate(lens, lens + N, int64_t{0});
   // Small batches run on the calling thread (waking the sleeping OpenMP team costs more).
   const bool parallel = total_positions * Hkv >= PARALLEL_MIN_POSITIONS;
   const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, items, parallel ? 1 : items + 1, [&](int64_t begin, int64_t end) {
+  // Tiles: runs of up to ROW_TILE rows of one sequence at consecutive positions (prompt chunks),
+  // each computed span by span with attend_rows_span_f32; a tile of one row (a decode) runs
+  // attend_span_f32. Both give every (row, span) item the same partials (attention_f32.h).
+  std::vector<int64_t> tile_row, tile_spans, work_tile, work_span;
+  int64_t max_spans = 0;
+  for (int64_t n = 0; n < N;) {
+    int64_t c = 1;
+    while (n + c < N && c < avx2::ROW_TILE && seq[n + c] == seq[n] && lens[n + c] == lens[n + c - 1] + 1) ++c;
+    tile_row.push_back(n);
+    tile_spans.push_back(avx2::num_spans(lens[n + c - 1]));
+    max_spans = std::max(max_spans, tile_spans.back());
+    n += c;
+  }
+  tile_row.push_back(N);
+  // Span-major: the tiles that reach span s one after the other, so the span's K/V rows (384 KB
+  // at Hkv 3, D 64) stay in L2 from one tile to the next instead of being read from L3 (or
+  // memory) again for every tile of a long prompt.
+  for (int64_t s = 0; s < max_spans; ++s)
+    for (int64_t t = static_cast<int64_t>(tile_spans.size()) - 1; t >= 0; --t)
+      if (tile_spans[t] > s) {
+        work_tile.push_back(t);
+        work_span.push_back(s);
+      }
+  const int64_t works = static_cast<int64_t>(work_tile.size());
+  // Handed out dynamically: a thread slowed by a busy neighbour takes fewer of them.
+  for_items_dynamic(works, !parallel, [&](int64_t w) {
     const avx2::FlushDenormals ftz;
-    std::vector<float> scores(Hq * avx2::ATTN_SPAN);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t n = plan.row[i];
-      const auto [p0, p1] = plan.positions(i, lens[n]);
-      const int32_t* table = bt + seq[n] * max_blocks;
+    thread_local std::vector<float> scores;
+    scores.resize(static_cast<size_t>(avx2::ROW_TILE * Hq * avx2::ATTN_SPAN));
+    {
+      const int64_t t = work_tile[w], s = work_span[w];
+      const int64_t p0 = s * avx2::ATTN_SPAN;
+      int64_t first = tile_row[t];
+      const int64_t last = tile_row[t + 1];
+      while (lens[first] <= p0) ++first;  // rows whose context ends before this span
+      const int32_t* table = bt + seq[first] * max_blocks;
+      if (last - first == 1 && tile_row[t + 1] - tile_row[t] == 1) {
+        const int64_t i = plan.base[first] + s;
+        const auto [q0, q1] = plan.positions(i, lens[first]);
+        auto run = [&](auto attend) {
+          attend(qp + first * Hq * D, G, Hkv, kp, vp, table, block_size, q0, q1, fscale, scores.data(),
+                 plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[first]);
+        };
+        if (D == 64) run(avx2::attend_span_f32<64>);
+        else run(avx2::attend_span_f32<128>);
+        return;
+      }
+      const int rows = static_cast<int>(last - first);
+      float* mx[avx2::ROW_TILE];
+      float* sm[avx2::ROW_TILE];
+      float* acc[avx2::ROW_TILE];
+      for (int r = 0; r < rows; ++r) {
+        const int64_t i = plan.base[first + r] + s;
+        mx[r] = plan.max_of(i);
+        sm[r] = plan.sum_of(i);
+        acc[r] = plan.acc_of(i);
+      }
       auto run = [&](auto attend) {
-        attend(qp + n * Hq * D, G, Hkv, kp, vp, table, block_size, p0, p1, fscale, scores.data(), plan.max_of(i),
-               plan.sum_of(i), plan.acc_of(i), plan.copy[n]);
+        attend(qp + first * Hq * D, Hq * D, rows, G, Hkv, kp, vp, table, block_size, p0, lens + first, fscale,
+               scores.data(), mx, sm, acc);
       };
-      if (D == 64) run(avx2::attend_span_f32<64>);
-      else run(avx2::attend_span_f32<128>);
+      if (D == 64) run(avx2::attend_rows_span_f32<64>);
+      else run(avx2::attend_rows_span_f32<128>);
     }
   });
   at::parallel_for(0, N * Hq, parallel ? 1 : N * Hq + 1, [&](int64_t begin, int64_t end) {
@@ -365,7 +417,7 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
   }
   auto out = at::empty_like(q);
   if (q.scalar_type() == at::kFloat) {
-#if CADENCE_HAVE_AVX2 && !defined(__AVX512F__)
+#if CADENCE_HAVE_AVX2
     if (q.size(2) == 64 || q.size(2) == 128) {
       paged_attention_f32_avx2(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
       return out;

@@ -92,15 +92,19 @@ inline void scores_pass(const float* q, const float* const* krow, int64_t koff, 
   }
 }
 
-// acc[h] = sum_i p[h][i] * v_i for HC query heads (weights p rows ATTN_SPAN apart) over the span's
-// V rows (at element voff of each row), 32 dims at a time.
+// acc[h] = sum_i p[h][i] * v_i for HC query heads (weights p rows ATTN_SPAN apart) over the V rows
+// [i0, i1) of the span (at element voff of each row), 32 dims at a time, key by key in order:
+// from zero when `first`, else continuing the sums in acc_io (a span taken in pieces sums exactly
+// as in one pass).
 template <int D, int HC>
-inline void values_pass(const float* p, const float* const* vrow, int64_t voff, int64_t span, float* acc_out) {
+inline void values_range(const float* p, const float* const* vrow, int64_t voff, int64_t i0, int64_t i1,
+                         float* acc_io, bool first) {
   for (int d0 = 0; d0 < D; d0 += 32) {
     __m256 acc[HC][4];
     for (int h = 0; h < HC; ++h)
-      for (int c = 0; c < 4; ++c) acc[h][c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < span; ++i) {
+      for (int c = 0; c < 4; ++c)
+        acc[h][c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc_io + h * D + d0 + 8 * c);
+    for (int64_t i = i0; i < i1; ++i) {
       __m256 w[HC];
       for (int h = 0; h < HC; ++h) w[h] = _mm256_broadcast_ss(p + h * ATTN_SPAN + i);
       const float* v = vrow[i] + voff + d0;
@@ -110,8 +114,13 @@ inline void values_pass(const float* p, const float* const* vrow, int64_t voff, 
       }
     }
     for (int h = 0; h < HC; ++h)
-      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(acc_out + h * D + d0 + 8 * c, acc[h][c]);
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(acc_io + h * D + d0 + 8 * c, acc[h][c]);
   }
+}
+
+template <int D, int HC>
+inline void values_pass(const float* p, const float* const* vrow, int64_t voff, int64_t span, float* acc_out) {
+  values_range<D, HC>(p, vrow, voff, 0, span, acc_out, true);
 }
 
 // q: the row's Hq = G * Hkv query heads [Hq, D] (head h reads KV head h / G); kc, vc: the layer's
@@ -181,6 +190,82 @@ void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const float* kc, co
         values_pass<D, decltype(hc)::value>(scores + h0 * ATTN_SPAN, vrow, kh * D, span, acc_out + h0 * D);
       });
     }
+}
+
+// Rows of a prompt chunk per tile of attend_rows_span_f32, and keys per piece of its passes: a
+// piece's K (or V) rows of one KV head (8 KB at D 64) stay in L1 while every row of the tile reads
+// them, where attend_span_f32 row by row would stream the span's rows from L2 once per row.
+constexpr int ROW_TILE = 16;
+constexpr int64_t KEY_PIECE = 32;
+
+// The partials of `rows` (<= ROW_TILE) query rows of one sequence at consecutive positions
+// (row r's context length lens[r] = lens[0] + r, every one > p0) over the span at p0: for each row
+// exactly what attend_span_f32 computes for it over [p0, min(lens[r], p0 + ATTN_SPAN)) -- the same
+// scores (each an 8-lane sum over D, reduced by the same tree), the same exp and sum pass over the
+// row's own keys, the same value sums key by key -- so a prompt token's attention is bit-identical
+// to what it would be as a decode row or in a short chunk of the fused stack (batch-invariant).
+// Only the loop order differs: keys in pieces of KEY_PIECE, all rows of the tile per piece.
+// q: row r's heads at q + r * q_stride ([Hq, D]); scores: ROW_TILE * Hq * ATTN_SPAN floats of
+// scratch; max_out[r] [Hq], sum_out[r] [Hq], acc_out[r] [Hq, D]: row r's item partials.
+template <int D>
+void attend_rows_span_f32(const float* q, int64_t q_stride, int rows, int64_t G, int64_t Hkv, const float* kc,
+                          const float* vc, const int32_t* table, int64_t block_size, int64_t p0, const int64_t* lens,
+                          float scale, float* scores, float* const* max_out, float* const* sum_out,
+                          float* const* acc_out) {
+  static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
+  const int64_t stride = Hkv * D, Hq = G * Hkv;
+  int64_t span_of[ROW_TILE];
+  for (int r = 0; r < rows; ++r) span_of[r] = std::min(lens[r], p0 + ATTN_SPAN) - p0;
+  const int64_t span = span_of[rows - 1];
+  const float* krow[ATTN_SPAN];
+  const float* vrow[ATTN_SPAN];
+  for (int64_t pos = p0, i = 0; pos < p0 + span;) {
+    const int64_t off = pos % block_size, count = std::min(block_size - off, p0 + span - pos);
+    const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + off;
+    for (int64_t j = 0; j < count; ++j, ++i) {
+      krow[i] = kc + (slot + j) * stride;
+      vrow[i] = vc + (slot + j) * stride;
+    }
+    pos += count;
+  }
+  auto row_scores = [&](int r, int64_t h) { return scores + (r * Hq + h) * ATTN_SPAN; };
+  // Pass 1: scores, piece by piece of keys.
+  for (int64_t i0 = 0; i0 < span; i0 += KEY_PIECE)
+    for (int64_t kh = 0; kh < Hkv; ++kh)
+      for (int r = 0; r < rows; ++r) {
+        const int64_t n = std::min(span_of[r], i0 + KEY_PIECE) - i0;
+        if (n <= 0) continue;
+        for (int64_t g0 = 0; g0 < G; g0 += HEADS_PER_PASS) {
+          const int64_t h0 = kh * G + g0;
+          const int heads = static_cast<int>(std::min<int64_t>(HEADS_PER_PASS, G - g0));
+          dispatch_heads(heads, [&](auto hc) {
+            scores_pass<D, decltype(hc)::value>(q + r * q_stride + h0 * D, krow + i0, kh * D, n, scale,
+                                                row_scores(r, h0) + i0);
+          });
+        }
+      }
+  // Pass 2: each row's p = exp(s - max) over its own keys.
+  for (int r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const auto [m, total] = exp_shifted_inplace(row_scores(r, h), span_of[r]);
+      max_out[r][h] = m;
+      sum_out[r][h] = total;
+    }
+  // Pass 3: value sums, piece by piece of keys, continuing each row's sums in its acc.
+  for (int64_t i0 = 0; i0 < span; i0 += KEY_PIECE)
+    for (int64_t kh = 0; kh < Hkv; ++kh)
+      for (int r = 0; r < rows; ++r) {
+        const int64_t i1 = std::min(span_of[r], i0 + KEY_PIECE);
+        if (i1 <= i0) continue;
+        for (int64_t g0 = 0; g0 < G; g0 += HEADS_PER_PASS) {
+          const int64_t h0 = kh * G + g0;
+          const int heads = static_cast<int>(std::min<int64_t>(HEADS_PER_PASS, G - g0));
+          dispatch_heads(heads, [&](auto hc) {
+            values_range<D, decltype(hc)::value>(row_scores(r, h0), vrow, kh * D, i0, i1, acc_out[r] + h0 * D,
+                                                 i0 == 0);
+          });
+        }
+      }
 }
 
 // The (row, span) items of a batch of rows with context lengths lens[0..N), row-major, and their
