@@ -92,6 +92,41 @@ inline void scores_pass(const float* q, const float* const* krow, int64_t koff, 
   }
 }
 
+// scores_pass with 8 keys per group: the same scores bit for bit (each key's 8 lane sums reduced
+// by the same tree: transpose_sum8 and transpose_sum4 both add lanes (0+1)+(2+3), then the two
+// 128-bit halves), with 8 keys per q load and a cheaper reduction per score. Its 3 x 8
+// accumulators need the 32 vector registers of AVX-512VL; elsewhere it is scores_pass.
+template <int D, int HC>
+inline void scores_pass_wide(const float* q, const float* const* krow, int64_t koff, int64_t span, float scale,
+                             float* scores) {
+#if defined(__AVX512VL__)
+  constexpr int DC = D / 8;
+  const __m256 vscale = _mm256_set1_ps(scale);
+  for (int64_t i0 = 0; i0 < span; i0 += 8) {
+    const int count = static_cast<int>(std::min<int64_t>(8, span - i0));
+    const float* k8[8];
+    for (int j = 0; j < 8; ++j) k8[j] = krow[i0 + std::min(j, count - 1)] + koff;
+    __m256 acc[HC][8];
+    for (int h = 0; h < HC; ++h)
+      for (int j = 0; j < 8; ++j) acc[h][j] = _mm256_setzero_ps();
+    for (int c = 0; c < DC; ++c) {
+      __m256 qv[HC];
+      for (int h = 0; h < HC; ++h) qv[h] = _mm256_loadu_ps(q + h * D + 8 * c);
+      for (int j = 0; j < 8; ++j) {
+        const __m256 kv = _mm256_loadu_ps(k8[j] + 8 * c);
+        for (int h = 0; h < HC; ++h) acc[h][j] = _mm256_fmadd_ps(qv[h], kv, acc[h][j]);
+      }
+    }
+    for (int h = 0; h < HC; ++h) {
+      const __m256 sv = _mm256_mul_ps(transpose_sum8(acc[h]), vscale);
+      store_n(scores + h * ATTN_SPAN + i0, sv, count);
+    }
+  }
+#else
+  scores_pass<D, HC>(q, krow, koff, span, scale, scores);
+#endif
+}
+
 // acc[h] = sum_i p[h][i] * v_i for HC query heads (weights p rows ATTN_SPAN apart) over the V rows
 // [i0, i1) of the span (at element voff of each row), 32 dims at a time, key by key in order:
 // from zero when `first`, else continuing the sums in acc_io (a span taken in pieces sums exactly
@@ -194,8 +229,9 @@ void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const float* kc, co
 
 // Rows of a prompt chunk per tile of attend_rows_span_f32, and keys per piece of its passes: a
 // piece's K (or V) rows of one KV head (8 KB at D 64) stay in L1 while every row of the tile reads
-// them, where attend_span_f32 row by row would stream the span's rows from L2 once per row.
-constexpr int ROW_TILE = 16;
+// them (G * ROW_TILE query heads, 24 at G 3, as many as the flash kernel's stacked rows), where
+// attend_span_f32 row by row would stream the span's rows from L2 once per row.
+constexpr int ROW_TILE = 8;
 constexpr int64_t KEY_PIECE = 32;
 
 // The partials of `rows` (<= ROW_TILE) query rows of one sequence at consecutive positions
@@ -229,9 +265,11 @@ void attend_rows_span_f32(const float* q, int64_t q_stride, int rows, int64_t G,
     pos += count;
   }
   auto row_scores = [&](int r, int64_t h) { return scores + (r * Hq + h) * ATTN_SPAN; };
-  // Pass 1: scores, piece by piece of keys.
-  for (int64_t i0 = 0; i0 < span; i0 += KEY_PIECE)
-    for (int64_t kh = 0; kh < Hkv; ++kh)
+  // One KV head at a time: its query heads' scores of the tile's rows (rows * G * ATTN_SPAN
+  // floats: 24 KB at 8 rows) stay in L1 from the score pass through the value pass.
+  for (int64_t kh = 0; kh < Hkv; ++kh) {
+    // Pass 1: scores, piece by piece of keys.
+    for (int64_t i0 = 0; i0 < span; i0 += KEY_PIECE)
       for (int r = 0; r < rows; ++r) {
         const int64_t n = std::min(span_of[r], i0 + KEY_PIECE) - i0;
         if (n <= 0) continue;
@@ -239,21 +277,20 @@ void attend_rows_span_f32(const float* q, int64_t q_stride, int rows, int64_t G,
           const int64_t h0 = kh * G + g0;
           const int heads = static_cast<int>(std::min<int64_t>(HEADS_PER_PASS, G - g0));
           dispatch_heads(heads, [&](auto hc) {
-            scores_pass<D, decltype(hc)::value>(q + r * q_stride + h0 * D, krow + i0, kh * D, n, scale,
-                                                row_scores(r, h0) + i0);
+            scores_pass_wide<D, decltype(hc)::value>(q + r * q_stride + h0 * D, krow + i0, kh * D, n, scale,
+                                                     row_scores(r, h0) + i0);
           });
         }
       }
-  // Pass 2: each row's p = exp(s - max) over its own keys.
-  for (int r = 0; r < rows; ++r)
-    for (int64_t h = 0; h < Hq; ++h) {
-      const auto [m, total] = exp_shifted_inplace(row_scores(r, h), span_of[r]);
-      max_out[r][h] = m;
-      sum_out[r][h] = total;
-    }
-  // Pass 3: value sums, piece by piece of keys, continuing each row's sums in its acc.
-  for (int64_t i0 = 0; i0 < span; i0 += KEY_PIECE)
-    for (int64_t kh = 0; kh < Hkv; ++kh)
+    // Pass 2: each row's p = exp(s - max) over its own keys.
+    for (int r = 0; r < rows; ++r)
+      for (int64_t h = kh * G; h < (kh + 1) * G; ++h) {
+        const auto [m, total] = exp_shifted_inplace(row_scores(r, h), span_of[r]);
+        max_out[r][h] = m;
+        sum_out[r][h] = total;
+      }
+    // Pass 3: value sums, piece by piece of keys, continuing each row's sums in its acc.
+    for (int64_t i0 = 0; i0 < span; i0 += KEY_PIECE)
       for (int r = 0; r < rows; ++r) {
         const int64_t i1 = std::min(span_of[r], i0 + KEY_PIECE);
         if (i1 <= i0) continue;
@@ -266,6 +303,7 @@ void attend_rows_span_f32(const float* q, int64_t q_stride, int rows, int64_t G,
           });
         }
       }
+  }
 }
 
 // The (row, span) items of a batch of rows with context lengths lens[0..N), row-major, and their
