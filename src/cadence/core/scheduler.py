@@ -273,6 +273,20 @@ class Scheduler:
         return sum(1 for r in self.running
                    if r.num_remaining_tokens == 1 and r.req_id not in self._prefilling)
 
+    def _side_step(self, admitted: list[Request], budget: int, **tiers) -> StepBuilder:
+        """A builder for a plan beside the main stream's (the prefill stream's, an interjection):
+        it admits into `admitted` only, from the seats the running requests leave free."""
+        return StepBuilder(
+            kv=self.kv,
+            running=admitted,
+            waiting=self.waiting,
+            max_num_batched_tokens=budget,
+            max_num_seqs=self.sched.max_num_seqs - len(self.running),
+            rank=self._rank,
+            fail=self._fail_request,
+            **tiers,
+        )
+
     def schedule_prefill(self, max_tokens: int) -> StepPlan | None:
         """The prefill stream's next plan, for the prefill team while the decode stream steps:
         prompt work only, at most `max_tokens` tokens, from free seats and free blocks (it never
@@ -286,17 +300,7 @@ class Scheduler:
         reserved = self._blocks_for_next_decodes()
         partial = [r for r in self.running if r.num_remaining_tokens > 1]
         admitted: list[Request] = []
-        step = StepBuilder(
-            kv=self.kv,
-            running=admitted,
-            waiting=self.waiting,
-            max_num_batched_tokens=max_tokens,
-            max_num_seqs=self.sched.max_num_seqs - len(self.running),
-            rank=self._rank,
-            fail=self._fail_request,
-            swap=self.swap,
-            disk=self.disk,
-        )
+        step = self._side_step(admitted, max_tokens, swap=self.swap, disk=self.disk)
 
         def whole(remaining: int, left: int, _first: bool) -> int:
             return min(remaining, left)
@@ -404,15 +408,7 @@ class Scheduler:
         budget = min(self.sched.long_prompt_threshold,
                      paused.num_tokens - self._num_interjected_tokens)
         admitted: list[Request] = []
-        step = StepBuilder(
-            kv=self.kv,
-            running=admitted,
-            waiting=self.waiting,
-            max_num_batched_tokens=budget,
-            max_num_seqs=self.sched.max_num_seqs - len(self.running),
-            rank=self._rank,
-            fail=self._fail_request,
-        )
+        step = self._side_step(admitted, budget)
         # Whole prompts only: a short prompt split across steps would wait for the long one.
         step.admit_waiting_where(lambda remaining, left, _first: remaining if remaining <= left else 0,
                                  self._interjectable, reserved=self._blocks_for_next_decodes())
