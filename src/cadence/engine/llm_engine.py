@@ -162,7 +162,7 @@ class LLMEngine:
             from cadence.engine.startup_progress import phase
 
             with phase("startup profile: timing model steps to calibrate the scheduler "
-                       "(10-25 s; --no-startup-profile skips it)", "startup profile done"):
+                       "(10-30 s, sized by the model; --no-startup-profile skips it)", "startup profile done"):
                 samples = profile_steps(executor.execute, cache_cfg.block_size,
                                         cache_cfg.num_blocks, sched_cfg.max_model_len)
             scheduler.calibrate(samples)

@@ -1,6 +1,6 @@
 """Progress lines for the slow parts of a first start, so a user does not stare at a silent
 terminal: the CPU kernels' compile (1-2 minutes on the first run of a version, cached after)
-and the startup profile (10-25 s of timed steps that calibrate the scheduler)."""
+and the startup profile (10-30 s of timed steps, sized by the model, that calibrate the scheduler)."""
 
 from __future__ import annotations
 
