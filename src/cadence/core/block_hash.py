@@ -35,3 +35,15 @@ def extend_block_hashes(
         block_hashes.append(
             hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size])
         )
+
+
+def leading_blocks_held(block_hashes, is_held) -> int:
+    """How many leading blocks of a chain `is_held(hash)` says are cached: hashes chain, so the
+    first miss ends the prefix (the router's event view, its affinity map and the simulated
+    fleet all count prefixes this way)."""
+    n = 0
+    for h in block_hashes:
+        if not is_held(h):
+            break
+        n += 1
+    return n

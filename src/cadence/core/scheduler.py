@@ -239,16 +239,7 @@ class Scheduler:
         # Spilled prefix blocks are written first: allocation in this step reuses them.
         disk_out = self._spills + disk_out
         self._spills = []
-        discard = self.disk.take_discards() if self.disk is not None else ()
-        plan = step.build_plan(self._next_step_id, preempted, swap_out, swap_in,
-                               disk_out, disk_in, discard)
-        if self.swap is not None:
-            self.swap.end_step()
-        if self.disk is not None:
-            self.disk.end_step()
-        self._next_step_id += 1
-        self.num_preemptions_total += len(plan.preempted)
-        self.num_swap_preemptions_total += sum(1 for r in plan.preempted if self._swapped(r))
+        plan = self._close_step(step, preempted, swap_out, swap_in, disk_out, disk_in)
         self._outstanding_step_id = None if plan.is_empty else plan.step_id
         self._num_added_at_schedule = self._num_added
         self._num_interjected_tokens = 0
@@ -272,6 +263,23 @@ class Scheduler:
         """Running requests the decode stream serves (prompt done, not in the prefill stream)."""
         return sum(1 for r in self.running
                    if r.num_remaining_tokens == 1 and r.req_id not in self._prefilling)
+
+    def _close_step(self, step: StepBuilder, preempted, swap_out, swap_in, disk_out,
+                    disk_in) -> StepPlan:
+        """Build the plan of a main-stream step (schedule() or the decode stream's) and close the
+        step on every tier: discards taken, swap/disk steps ended, step id and preemption counters
+        advanced."""
+        discard = self.disk.take_discards() if self.disk is not None else ()
+        plan = step.build_plan(self._next_step_id, preempted, swap_out, swap_in,
+                               disk_out, disk_in, discard)
+        if self.swap is not None:
+            self.swap.end_step()
+        if self.disk is not None:
+            self.disk.end_step()
+        self._next_step_id += 1
+        self.num_preemptions_total += len(plan.preempted)
+        self.num_swap_preemptions_total += sum(1 for r in plan.preempted if self._swapped(r))
+        return plan
 
     def _side_step(self, admitted: list[Request], budget: int, **tiers) -> StepBuilder:
         """A builder for a plan beside the main stream's (the prefill stream's, an interjection):
@@ -352,15 +360,7 @@ class Scheduler:
         self.running = [r for r in self.running if r.req_id in kept]
         disk_out = self._spills + step.disk_out
         self._spills = []
-        discard = self.disk.take_discards() if self.disk is not None else ()
-        plan = step.build_plan(self._next_step_id, None, None, None, disk_out, None, discard)
-        if self.swap is not None:
-            self.swap.end_step()
-        if self.disk is not None:
-            self.disk.end_step()
-        self._next_step_id += 1
-        self.num_preemptions_total += len(plan.preempted)
-        self.num_swap_preemptions_total += sum(1 for r in plan.preempted if self._swapped(r))
+        plan = self._close_step(step, None, None, None, disk_out, None)
         self._outstanding_step_id = None if plan.is_empty else plan.step_id
         return plan
 

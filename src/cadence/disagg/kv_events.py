@@ -24,6 +24,8 @@ from typing import Any
 
 import zmq
 
+from cadence.core.block_hash import leading_blocks_held
+
 TOPIC = b"kv"
 
 
@@ -108,9 +110,4 @@ class CachedPrefixes:
 
     def longest_prefix_blocks(self, block_hashes: list[bytes]) -> int:
         """Leading blocks of a request held here (the hashes chain: the first miss ends it)."""
-        n = 0
-        for h in block_hashes:
-            if h not in self.hashes:
-                break
-            n += 1
-        return n
+        return leading_blocks_held(block_hashes, self.hashes.__contains__)

@@ -23,6 +23,7 @@ import heapq
 import statistics
 from dataclasses import dataclass, field
 
+from cadence.core.block_hash import leading_blocks_held
 from cadence.core.config import CacheConfig, SchedulerConfig
 from cadence.core.plan import StepOutput
 from cadence.core.request import Request
@@ -45,12 +46,7 @@ class _PoolPrefixes:
         self.block_size = scheduler.kv.block_size
 
     def longest_prefix_blocks(self, block_hashes: list[bytes]) -> int:
-        n = 0
-        for h in block_hashes:
-            if self._pool.get_cached_block(h) is None:
-                break
-            n += 1
-        return n
+        return leading_blocks_held(block_hashes, lambda h: self._pool.get_cached_block(h) is not None)
 
 
 @dataclass

@@ -30,7 +30,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from cadence.core.block_hash import BlockHash, extend_block_hashes
+from cadence.core.block_hash import BlockHash, extend_block_hashes, leading_blocks_held
 from cadence.disagg.kv_events import CachedPrefixes
 from cadence.disagg.router.config import REPLICA_POLICIES
 from cadence.disagg.router.workers import Worker
@@ -76,12 +76,7 @@ class SentPrefixes:
             self.hashes.popitem(last=False)
 
     def longest_prefix_blocks(self, block_hashes: list[BlockHash]) -> int:
-        n = 0
-        for h in block_hashes:
-            if h not in self.hashes:
-                break
-            n += 1
-        return n
+        return leading_blocks_held(block_hashes, self.hashes.__contains__)
 
 
 class ReplicaSelector:
