@@ -134,3 +134,41 @@ def test_chat_chunks_per_parser(parser, text):
     assert deltas[-1]["finish_reason"] == "tool_calls"
     content = "".join(d["delta"].get("content") or "" for d in deltas)
     assert content == ("Sure." if parser == "hermes" else "")
+
+
+@pytest.mark.parametrize("parser, text", [
+    ("hermes", 'Sure.<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}</tool_call>'),
+    ("pythonic", '[get_time(tz="UTC")]'),
+    ("llama3_json", "No call here."),
+])
+def test_streamed_tool_replies_carry_every_logprob_once(parser, text):
+    """With logprobs asked for, a tool reply's stream carries one logprob entry per generated
+    token, in order, exactly once, although the reader holds text back (vLLM's stream)."""
+    from cadence.engine.outputs import RequestOutput
+    from cadence.engine.wire import TokenLogprob
+    from cadence.server.serving import ResponseContext
+    from cadence.server.serving_chat import ChatRenderer
+    from cadence.server.tool_choice import tool_mode
+
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+    render = ChatRenderer(ResponseContext("chatcmpl-1", 0, "m", False, True),
+                          tools=tool_mode(tools, "auto", parser))
+    pieces = [text[i:i + 2] for i in range(0, len(text), 2)]
+    chunks = []
+    for k, piece in enumerate(pieces):
+        last = k == len(pieces) - 1
+        entry = TokenLogprob(token_id=k, logprob=-0.5 - k, top_logprobs=((k, -0.5 - k),),
+                             token=piece, top_tokens=(piece,))
+        chunks += render.output_chunks(RequestOutput(
+            "r", (k,), piece, last, "stop" if last else None, 5, k + 1, 0, logprobs=(entry,)), 0)
+    sent = [e for c in chunks if c["choices"][0].get("logprobs")
+            for e in c["choices"][0]["logprobs"]["content"]]
+    assert [e["token"] for e in sent] == pieces
+    assert [e["logprob"] for e in sent] == [-0.5 - k for k in range(len(pieces))]
+    assert all(e["top_logprobs"][0]["token"] == e["token"] for e in sent)
+    # and nothing rides on a chunk when logprobs were not asked for
+    plain = ChatRenderer(ResponseContext("chatcmpl-2", 0, "m", False, False),
+                         tools=tool_mode(tools, "auto", parser))
+    out = plain.output_chunks(RequestOutput("r", (0,), text, True, "stop", 5, 1, 0,
+                                            logprobs=(entry,)), 0)
+    assert not any(c["choices"][0].get("logprobs") for c in out)

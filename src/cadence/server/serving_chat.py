@@ -31,6 +31,7 @@ class ChatRenderer:
         self.tools = tools
         self._readers: dict[int, Any] = {}
         self._called: set[int] = set()  # choices that sent a call
+        self._pending_logprobs: dict[int, list] = {}  # per choice: entries not yet sent
 
     def _chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None = None,
                logprobs: dict[str, Any] | None = None,
@@ -64,6 +65,8 @@ class ChatRenderer:
         if reader is None:
             reader = self._readers[index] = self.tools.new_stream()
         events = reader.feed(out.new_text) if out.new_text else []
+        if self.ctx.want_logprobs and out.logprobs:
+            self._pending_logprobs.setdefault(index, []).extend(out.logprobs)
         if out.finished:
             events += reader.finish()
             del self._readers[index]
@@ -71,13 +74,21 @@ class ChatRenderer:
         for event in events:
             if event.kind == START:
                 self._called.add(index)
-            chunks.append(self._chunk(index, event.delta()))
+            chunks.append(self._chunk(index, event.delta(), logprobs=self._take_logprobs(index)))
         if out.finished:
             reason = out.finish_reason
             if index in self._called and reason == "stop" and self.tools.finish_as_tool_calls:
                 reason = "tool_calls"
-            chunks.append(self._chunk(index, {}, reason, stop_reason=out.stop_reason))
+            chunks.append(self._chunk(index, {}, reason, logprobs=self._take_logprobs(index),
+                                      stop_reason=out.stop_reason))
         return chunks
+
+    def _take_logprobs(self, index: int) -> dict[str, Any] | None:
+        # The reader holds text back until it knows whether it is content or a call, so a
+        # token's logprob rides on the next chunk this choice sends (at the latest the finish
+        # chunk): every token's entry goes out once, in order, as vLLM's stream sends them.
+        pending = self._pending_logprobs.pop(index, None)
+        return fmt.chat_logprobs(pending) if pending else None
 
     def whole_response(self, results: list[CollectedGeneration],
                        usage: dict[str, Any]) -> dict[str, Any]:
