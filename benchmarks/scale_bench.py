@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
-    p.add_argument("--prompt-lens", type=int, nargs="+", default=[512, 2048])
+    p.add_argument("--prompt-lens", type=int, nargs="*", default=[512, 2048],
+                   help="prefill lengths (none given: decode rows only)")
     p.add_argument("--decode-steps", type=int, default=8, help="decode steps per row and round (median)")
     p.add_argument("--prefill-repeats", type=int, default=1)
     p.add_argument("--kv-budget-gib", type=float, default=4.0,

@@ -76,9 +76,11 @@ def _tensors(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, vo
 
 def write_random_gguf(path: str, qtype: Q, *, hidden: int = 256, inter: int = 512, layers: int = 2,
                       heads: int = 4, kv_heads: int = 2, vocab: int = 512, seed: int = 0,
-                      float_twin: str | None = None) -> str:
+                      float_twin: str | None = None, type_of: dict[str, Q] | None = None) -> str:
     """A llama GGUF whose matrices are `qtype` blocks; with `float_twin`, also that path's file
-    holding the same model with every matrix as float32 (its dequantized values)."""
+    holding the same model with every matrix as float32 (its dequantized values). `type_of`
+    gives some tensors another type, by the GGUF name's last part before ".weight" (e.g.
+    {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}, a Q4_K_M file's mix)."""
     rng = np.random.default_rng(seed)
     writers = [gguf.GGUFWriter(path, "llama")]
     if float_twin:
@@ -108,13 +110,14 @@ def write_random_gguf(path: str, qtype: Q, *, hidden: int = 256, inter: int = 51
                 w.add_tensor(name, values)
             continue
         rows, cols = shape
-        data = random_matrix(rng, qtype, rows, cols)
-        if qtype in (Q.F32, Q.F16):
+        ttype = (type_of or {}).get(name.split(".")[-2], qtype)
+        data = random_matrix(rng, ttype, rows, cols)
+        if ttype in (Q.F32, Q.F16):
             writers[0].add_tensor(name, data)
         else:
-            writers[0].add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+            writers[0].add_tensor(name, data, raw_shape=data.shape, raw_dtype=ttype)
         if float_twin:
-            writers[1].add_tensor(name, _dequantized(qtype, data, cols))
+            writers[1].add_tensor(name, _dequantized(ttype, data, cols))
     for w in writers:
         w.write_header_to_file()
         w.write_kv_data_to_file()

@@ -40,6 +40,7 @@ from cadence.model.fused_decode import (INTEGER_FORMATS, WEIGHT_FORMATS, build_d
                                         lm_head_format, resolve_weight_format, round_weights_to_format,
                                         takes_stack)
 from cadence.model.gguf_modules import linear_side_by_side
+from cadence.model.gguf_stack import build_gguf_decode_stack
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 from cadence.model.kv_cache import KVCache
 from cadence.model.rope import RotaryEmbedding, apply_rope
@@ -552,7 +553,7 @@ class LlamaForCausalLM(nn.Module):
 
     def mark_native_gguf(self) -> None:
         """This model's matrices are GGUF blocks (gguf_native.build_native_model): every path
-        calls the GGUFLinear modules; no fused stack, no packed copies."""
+        calls the GGUFLinear modules, the fused stack included (gguf_stack.py); no packed copies."""
         self.decode_weight_format = "gguf"
         self.drop_packed_weights()
 
@@ -563,7 +564,9 @@ class LlamaForCausalLM(nn.Module):
     def _stack_for(self, kernels: ModuleType):
         """The fused decode stack (built once), or False where the model's shapes rule it out."""
         if self.native_gguf:
-            return False
+            if self._decode_stack is None:  # on the GGUF blocks themselves (gguf_stack.py)
+                self._decode_stack = build_gguf_decode_stack(self, kernels) or False
+            return self._decode_stack
         if self._decode_stack is None:
             self._decode_stack = build_decode_stack(self, kernels) or False
             self._attach_packed_int8(self._decode_stack)

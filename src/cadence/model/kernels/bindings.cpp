@@ -26,10 +26,12 @@
 //  gguf_linear_many  several GGUF weights of one input in one call (q/k/v, gate/up), side by side.
 //  argmax_rows       torch.argmax(logits, -1) of float32 rows over both cores (greedy sampling).
 //  DecodeStack       every decoder layer of a small bf16 batch in one call (decode_stack.cpp).
+//  DecodeStackGGUF   the same for a GGUF-native model, on its blocks (gguf/decode_stack_gguf.cpp).
 #include <torch/extension.h>
 
 #include "avx2/decode_stack_f32.h"
 #include "decode_stack.h"
+#include "gguf/decode_stack_gguf.h"
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -104,5 +106,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("last_team", &cadence_kernels::DecodeStackF32::last_team)
       .def("packed_layer", &cadence_kernels::DecodeStackF32::packed_layer,
            "layer l's packed [qkv data, scales, o ..., gate_up (halves interleaved by 16) ..., down ...]");
+  py::class_<cadence_kernels::DecodeStackGGUF>(m, "DecodeStackGGUF", py::module_local(),
+                                               "every decoder layer of a GGUF-native model on its own blocks, one call")
+      .def(py::init<const std::vector<at::Tensor>&, const std::vector<int64_t>&,
+                    const std::vector<c10::optional<at::Tensor>>&, const std::vector<c10::optional<at::Tensor>>&,
+                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&, at::Tensor, int64_t, int64_t,
+                    int64_t, int64_t, double>(),
+           py::arg("blocks"), py::arg("types"), py::arg("packed"), py::arg("biases"), py::arg("input_norm"),
+           py::arg("post_norm"), py::arg("final_norm"), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
+      .def("forward", &cadence_kernels::DecodeStackGGUF::forward, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_layers", &cadence_kernels::DecodeStackGGUF::num_layers)
+      .def_property_readonly("weight_bytes", &cadence_kernels::DecodeStackGGUF::weight_bytes)
+      .def("phase_seconds", &cadence_kernels::DecodeStackGGUF::phase_seconds,
+           "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm)")
+      .def_property_readonly("last_team", &cadence_kernels::DecodeStackGGUF::last_team);
   m.def("has_avx512bf16", &cadence_kernels::has_avx512bf16, "whether linear_bf16 is compiled in");
 }

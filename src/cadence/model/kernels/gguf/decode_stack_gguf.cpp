@@ -1,0 +1,421 @@
+// DecodeStackGGUF (see decode_stack_gguf.h): the whole decoder of a GGUF-native model for a small
+// float32 batch in one parallel region, phase for phase as DecodeStackF32 (a team barrier after
+// each phase whose output the next one reads across threads):
+//   1. qkv = normed @ [Wq | Wk | Wv] (+ bias)   8-column groups split over threads by bytes
+//   2. rope q, k in place; store k, v in cache   rows split over threads
+//   3. attention partials; then their merge      (row, span) items, taken dynamically
+//   4. o = attn @ Wo                             groups by bytes
+//   5. residual += o; normed = norm(residual)    every thread on its own copy (no barrier)
+//   6. gate, up, then silu(gate) * up            16-column units of both, by bytes
+//   7. d = act @ Wdown                           groups by bytes
+//   8. residual += d; normed = norm(residual)    every thread on its own copy
+// Each thread quantizes a GEMM's input rows itself (its own copy, as it norms its own copy of the
+// residual): a row of 2048-8192 k takes 1-4 us, less than a barrier would cost.
+#include "decode_stack_gguf.h"
+
+#include <c10/util/BFloat16.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "../avx2/attention_f32.h"
+#include "../common.h"
+#include "../rows.h"
+#include "../team.h"
+#include "blocks.h"
+#include "gemm.h"
+#include "quantize.h"
+
+namespace cadence_kernels {
+
+namespace {
+
+using Matrix = DecodeStackGGUF::Matrix;
+
+constexpr int64_t COLS = 8;        // columns per unit of a GEMM's thread split (linear.cpp's)
+constexpr int64_t PAIR_COLS = 16;  // gate/up: whole 16-lane vectors of silu_mul_row per thread
+
+bool is_float_type(int type) { return type == gguf::F32 || type == gguf::F16 || type == gguf::BF16; }
+
+bool shares_scale_per_256(int type, int64_t K) {
+  return (type == gguf::Q4_K || type == gguf::Q5_K || type == gguf::Q6_K) && K % gguf::KQUANT_SPAN == 0;
+}
+
+std::pair<int64_t, int64_t> share(int64_t total, int tid, int team) {
+  return {total * tid / team, total * (tid + 1) / team};
+}
+
+at::Tensor float_vector(const at::Tensor& t, int64_t n, const char* name) {
+  TORCH_CHECK(t.numel() == n, "DecodeStackGGUF: ", name, " must have ", n, " elements");
+  return t.to(at::kFloat).contiguous();
+}
+
+Matrix matrix(const at::Tensor& blocks, int64_t type, const c10::optional<at::Tensor>& packed,
+              const c10::optional<at::Tensor>& bias, int64_t N, int64_t K, const char* name) {
+  const gguf::BlockSize size = gguf::block_size(static_cast<int>(type));
+  TORCH_CHECK(size.elements > 0, "DecodeStackGGUF: ", name, ": unsupported ggml type ", type);
+  TORCH_CHECK(K > 0 && N > 0 && K % size.elements == 0, "DecodeStackGGUF: ", name,
+              ": K = ", K, " is not a multiple of the type's blocks");
+  Matrix m;
+  m.type = static_cast<int>(type);
+  m.N = N;
+  m.K = K;
+  m.row_bytes = K / size.elements * size.bytes;
+  const bool has_packed = packed.has_value() && packed->defined();
+  TORCH_CHECK(blocks.device().is_cpu() && blocks.is_contiguous() && blocks.scalar_type() == at::kByte &&
+                  (blocks.numel() == N * m.row_bytes || (blocks.numel() == 0 && has_packed && N % 8 == 0)),
+              "DecodeStackGGUF: ", name, ": blocks must be contiguous uint8 of ", N, " x ", m.row_bytes, " bytes");
+  if (has_packed) {
+    const int64_t octet_block = gguf::x8_block_bytes(m.type);
+    TORCH_CHECK(octet_block > 0 && packed->is_contiguous() && packed->scalar_type() == at::kByte &&
+                    packed->numel() == N / 8 * (K / 256 * octet_block),
+                "DecodeStackGGUF: ", name, ": packed must be gguf_repack's output for this weight");
+    m.packed = *packed;
+  }
+  if (bias.has_value() && bias->defined()) m.bias = float_vector(*bias, N, "bias");
+  m.blocks = blocks;
+  return m;
+}
+
+#if CADENCE_HAVE_AVX2
+
+// One GEMM input [T, K] in the forms its weights read (linear.cpp's, computed the same way):
+// quantized per 32 and/or per 256 k, the per-16-k byte sums of repacked Q6_K, bf16-rounded.
+struct Activations {
+  avx2::QuantizedRows q32, q256;
+  std::vector<int32_t> half_sums;
+  std::vector<uint16_t> bf16;
+
+  void prepare(const float* x, int64_t T, int64_t K, std::initializer_list<const Matrix*> weights) {
+    bool need_32 = false, need_256 = false, need_half_sums = false, need_bf16 = false;
+    for (const Matrix* w : weights) {
+      if (is_float_type(w->type)) {
+        need_bf16 |= w->type == gguf::BF16;
+      } else if (shares_scale_per_256(w->type, K)) {
+        need_256 = true;
+        need_half_sums |= w->type == gguf::Q6_K && w->packed.defined();
+      } else {
+        need_32 = true;
+      }
+    }
+    if (need_32) quantize(x, T, K, false, q32);
+    if (need_256) quantize(x, T, K, true, q256);
+    if (need_half_sums) {
+      half_sums.resize(static_cast<size_t>(T * (K / 16)));
+      for (int64_t i = 0; i < T * (K / 16); ++i) {
+        int32_t s = 0;
+        for (int t = 0; t < 16; ++t) s += q256.q[i * 16 + t];
+        half_sums[i] = s;
+      }
+    }
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    if (need_bf16) {
+      bf16.resize(static_cast<size_t>(T * K));
+      for (int64_t i = 0; i < T * K; ++i) bf16[i] = c10::BFloat16(x[i]).x;  // round to nearest even
+    }
+#endif
+  }
+
+  static void quantize(const float* x, int64_t T, int64_t K, bool per_256, avx2::QuantizedRows& out) {
+    const int64_t groups = K / avx2::Q8_GROUP;
+    out.K = K;
+    out.q.resize(static_cast<size_t>(T * K));
+    out.mag.resize(static_cast<size_t>(T * K));
+    out.scale.resize(static_cast<size_t>(T * groups));
+    out.sum.resize(static_cast<size_t>(T * groups));
+    for (int64_t m = 0; m < T; ++m) {
+      if (per_256)
+        gguf::quantize_row_q8_per_256(x + m * K, K, out.q.data() + m * K, out.mag.data() + m * K,
+                                      out.scale.data() + m * groups, out.sum.data() + m * groups);
+      else
+        avx2::quantize_row_q8(x + m * K, K, out.q.data() + m * K, out.mag.data() + m * K,
+                              out.scale.data() + m * groups, out.sum.data() + m * groups);
+    }
+  }
+
+  // The GEMM arguments of weight w on these activations (x: the float rows), writing its
+  // column 0 at out with row stride ldo.
+  gguf::GemmArgs args(const Matrix& w, const float* x, int64_t T, float* out, int64_t ldo) const {
+    gguf::GemmArgs g{w.type, w.blocks.data_ptr<uint8_t>(), w.row_bytes, w.N, w.K, T, ldo, x,
+                     bf16.empty() ? nullptr : bf16.data(),
+                     is_float_type(w.type) ? nullptr : (shares_scale_per_256(w.type, w.K) ? &q256 : &q32), out};
+    g.half_sums = half_sums.empty() ? nullptr : half_sums.data();
+    return g;
+  }
+};
+
+// Columns of 8-column groups [begin, end) of weight w, every row (linear.cpp's run_groups).
+void run_groups(const Matrix& w, const gguf::GemmArgs& g, int64_t begin, int64_t end) {
+  const int64_t n0 = begin * COLS, n1 = std::min(w.N, end * COLS);
+  if (n1 <= n0) return;
+  int64_t rowwise = n0;
+  if (w.packed.defined()) {
+    const int64_t octets_end = std::min(end, w.N / 8);
+    if (octets_end > begin) gguf::x8_gemm_columns(g, w.packed.data_ptr<uint8_t>(), begin, octets_end);
+    rowwise = std::max(n0, octets_end * 8);
+  }
+  if (rowwise < n1) {
+    // Every supported type belongs to one family (checked at construction).
+    (void)(gguf::gemm_blocks32_columns(g, rowwise, n1) || gguf::gemm_kquant_columns(g, rowwise, n1) ||
+           gguf::gemm_float_columns(g, rowwise, n1));
+  }
+  if (w.bias.defined()) {
+    const float* b = w.bias.data_ptr<float>();
+    for (int64_t m = 0; m < g.M; ++m)
+      for (int64_t n = n0; n < n1; ++n) g.out[m * g.ldo + n] += b[n];
+  }
+}
+
+// This thread's share of weights that read one input, their outputs side by side in out [T, ldo]:
+// the 8-column groups whose first byte (counting every weight's groups in order) falls in the
+// thread's 1 / nth of all their bytes (linear.cpp's split).
+void gemm_share(std::initializer_list<const Matrix*> weights, const Activations& acts, const float* x, int64_t T,
+                float* out, int64_t ldo, int tid, int nth) {
+  double total = 0.0;
+  for (const Matrix* w : weights) total += static_cast<double>(COLS * w->row_bytes) * ((w->N + COLS - 1) / COLS);
+  const double lo = total * tid / nth, hi = total * (tid + 1) / nth;
+  double start = 0.0;
+  int64_t col = 0;
+  for (const Matrix* w : weights) {
+    const int64_t groups = (w->N + COLS - 1) / COLS;
+    const double group_bytes = static_cast<double>(COLS * w->row_bytes);
+    const auto first_at_or_after = [&](double bound) {
+      const double g = std::ceil((bound - start) / group_bytes);
+      return std::clamp<int64_t>(static_cast<int64_t>(g), 0, groups);
+    };
+    const int64_t begin = first_at_or_after(lo), end = tid + 1 == nth ? groups : first_at_or_after(hi);
+    if (end > begin) run_groups(*w, acts.args(*w, x, T, out + col, ldo), begin, end);
+    start += group_bytes * groups;
+    col += w->N;
+  }
+}
+
+#endif  // CADENCE_HAVE_AVX2
+
+}  // namespace
+
+DecodeStackGGUF::DecodeStackGGUF(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types,
+                                 const std::vector<c10::optional<at::Tensor>>& packed,
+                                 const std::vector<c10::optional<at::Tensor>>& biases,
+                                 const std::vector<at::Tensor>& input_norm, const std::vector<at::Tensor>& post_norm,
+                                 at::Tensor final_norm, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                 int64_t intermediate, double eps)
+    : heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), intermediate_(intermediate), eps_(eps) {
+#if CADENCE_HAVE_AVX2
+  const size_t L = input_norm.size();
+  TORCH_CHECK(L > 0 && post_norm.size() == L && blocks.size() == 7 * L && types.size() == 7 * L &&
+                  packed.size() == 7 * L && biases.size() == 7 * L,
+              "DecodeStackGGUF: 7 weights (q, k, v, o, gate, up, down) and 2 norms per layer");
+  TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+              "DecodeStackGGUF: num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(head_dim == 64 || head_dim == 128, "DecodeStackGGUF: head_dim 64 or 128 only, got ", head_dim);
+  hidden_ = final_norm.numel();
+  final_norm_ = float_vector(final_norm, hidden_, "final_norm");
+  const int64_t H = hidden_, Q = num_heads * head_dim, KV = num_kv_heads * head_dim, I = intermediate;
+  for (size_t l = 0; l < L; ++l) {
+    const size_t i = 7 * l;
+    auto at = [&](size_t j, int64_t N, int64_t K, const char* name) {
+      return matrix(blocks[i + j], types[i + j], packed[i + j], biases[i + j], N, K, name);
+    };
+    Layer layer;
+    layer.q = at(0, Q, H, "q");
+    layer.k = at(1, KV, H, "k");
+    layer.v = at(2, KV, H, "v");
+    layer.o = at(3, H, Q, "o");
+    layer.gate = at(4, I, H, "gate");
+    layer.up = at(5, I, H, "up");
+    layer.down = at(6, H, I, "down");
+    layer.input_norm = float_vector(input_norm[l], H, "input_norm");
+    layer.post_norm = float_vector(post_norm[l], H, "post_norm");
+    layers_.push_back(std::move(layer));
+  }
+#else
+  TORCH_CHECK(false, "DecodeStackGGUF: built without AVX2/FMA");
+#endif
+}
+
+int64_t DecodeStackGGUF::weight_bytes() const {
+  int64_t total = 0;
+  for (const Layer& l : layers_)
+    for (const Matrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
+      total += m->packed.defined() ? m->packed.numel() + (m->N % 8) * m->row_bytes : m->blocks.numel();
+  return total;
+}
+
+at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
+                                    const at::Tensor& slots, const at::Tensor& block_tables,
+                                    const at::Tensor& row_seq, const at::Tensor& ctx_lens, double scale) const {
+#if CADENCE_HAVE_AVX2
+  const int64_t T = x.size(0), H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
+  const int64_t I = intermediate_, L = num_layers(), G = Hq / Hkv;
+  const int64_t qkv_width = (Hq + 2 * Hkv) * D;
+  check_cpu_contiguous(x, "x");
+  check_cpu_contiguous(kv, "kv");
+  check_cpu_contiguous(block_tables, "block_tables");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == H, "DecodeStackGGUF: x [T, H] float32");
+  TORCH_CHECK(kv.scalar_type() == at::kFloat && kv.dim() == 6 && kv.size(0) == L && kv.size(1) == 2 &&
+                  kv.size(4) == Hkv && kv.size(5) == D,
+              "DecodeStackGGUF: kv [layers, 2, blocks, block_size, Hkv, D] float32");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.size(0) == T &&
+                  cos.size(1) == D && sin.sizes() == cos.sizes(),
+              "DecodeStackGGUF: cos, sin [T, D] float32");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt, "DecodeStackGGUF: block_tables int32");
+  auto c = cos.contiguous(), s = sin.contiguous();
+  auto sl = slots.to(at::kLong).contiguous();
+  auto seq = row_seq.to(at::kLong).contiguous();
+  auto lens = ctx_lens.to(at::kLong).contiguous();
+  TORCH_CHECK(sl.numel() == T && seq.numel() == T && lens.numel() == T,
+              "DecodeStackGGUF: one slot, row_seq and ctx_len per row");
+  const int64_t blocks = kv.size(2), block_size = kv.size(3), max_blocks = block_tables.size(1);
+  const int64_t* slp = sl.data_ptr<int64_t>();
+  const int64_t* seqp = seq.data_ptr<int64_t>();
+  const int64_t* lenp = lens.data_ptr<int64_t>();
+  const int32_t* btp = block_tables.data_ptr<int32_t>();
+  check_step_rows("DecodeStackGGUF", T, slp, seqp, lenp, btp, block_tables.size(0), max_blocks, blocks, block_size);
+  const int64_t layer_stride = 2 * blocks * block_size * Hkv * D;
+  float* kvp = kv.data_ptr<float>();
+  const float* cp = c.data_ptr<float>();
+  const float* sp = s.data_ptr<float>();
+
+  avx2::SpanItems plan(lenp, seqp, T, Hq, D);
+  const int64_t items = plan.items();
+
+  std::vector<float> qkv_buf(T * qkv_width), attn_buf(T * Hq * D), o_buf(T * H), act_buf(T * I), down_buf(T * H),
+      gate_up_buf(T * 2 * I);
+  auto out = at::empty({T, H}, x.options());
+
+  const int team = solo_.team_for_step(std::max(1, at::get_num_threads()));
+  std::atomic<bool> lost_core{false};
+  std::unique_ptr<std::atomic<int64_t>[]> next_item(new std::atomic<int64_t>[L]);
+  for (int64_t l = 0; l < L; ++l) next_item[l].store(0, std::memory_order_relaxed);
+  const float fscale = static_cast<float>(scale);
+  const float eps = static_cast<float>(eps_);
+  TeamBarrier barrier(team);
+  std::atomic<int> actual_team{0};
+
+#pragma omp parallel num_threads(team)
+  {
+    if (omp_get_thread_num() == 0) actual_team.store(omp_get_num_threads());
+#pragma omp barrier
+    const bool full_team = actual_team.load() == team;
+    const int tid = full_team ? omp_get_thread_num() : 0;
+    const int nth = full_team ? team : 1;
+    if (full_team || omp_get_thread_num() == 0) {
+      const avx2::FlushDenormals ftz;
+      const ThreadClock clock;
+      std::array<int64_t, NUM_PHASES> phase_ns{};
+      auto mark = std::chrono::steady_clock::now();
+      auto lap = [&](int phase) {
+        if (tid != 0) return;
+        const auto now = std::chrono::steady_clock::now();
+        phase_ns[phase] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark).count();
+        mark = now;
+      };
+      auto sync = [&]() {
+        if (full_team && team > 1) barrier.wait();
+      };
+      std::vector<float> residual(T * H), normed(T * H), scores(Hq * avx2::ATTN_SPAN);
+      Activations acts;
+      std::memcpy(residual.data(), x.data_ptr<float>(), sizeof(float) * T * H);
+      for (int64_t t = 0; t < T; ++t)
+        rms_norm_row<float>(residual.data() + t * H, nullptr, layers_[0].input_norm.data_ptr<float>(),
+                            normed.data() + t * H, H, eps);
+      for (int64_t l = 0; l < L; ++l) {
+        const Layer& w = layers_[l];
+        float* kc = kvp + l * layer_stride;
+        float* vc = kc + layer_stride / 2;
+        // 1. q, k, v side by side.
+        acts.prepare(normed.data(), T, H, {&w.q, &w.k, &w.v});
+        gemm_share({&w.q, &w.k, &w.v}, acts, normed.data(), T, qkv_buf.data(), qkv_width, tid, nth);
+        sync();
+        lap(0);
+        // 2. rope + cache write.
+        {
+          const auto [r0, r1] = share(T, tid, nth);
+          for (int64_t t = r0; t < r1; ++t)
+            rope_write_row<float>(qkv_buf.data() + t * qkv_width, cp + t * D, sp + t * D, Hq, Hkv, D,
+                                  kc + slp[t] * Hkv * D, vc + slp[t] * Hkv * D);
+        }
+        sync();
+        lap(1);
+        // 3. attention partials, then the merge of each (row, head)'s spans.
+        for (int64_t i = next_item[l].fetch_add(1); i < items; i = next_item[l].fetch_add(1)) {
+          const int64_t t = plan.row[i];
+          const auto [p0, p1] = plan.positions(i, lenp[t]);
+          const float* q = qkv_buf.data() + t * qkv_width;
+          const int32_t* table = btp + seqp[t] * max_blocks;
+          if (D == 64)
+            avx2::attend_span_f32<64>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
+                                      plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
+          else
+            avx2::attend_span_f32<128>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
+                                       plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
+        }
+        sync();
+        {
+          const auto [h0, h1] = share(T * Hq, tid, nth);
+          std::vector<float> mx, sm;
+          for (int64_t th = h0; th < h1; ++th)
+            avx2::merge_row_head(plan, th / Hq, th % Hq, mx, sm, attn_buf.data() + th * D);
+        }
+        sync();
+        lap(2);
+        // 4. output projection; 5. residual + post-attention norm (own copy).
+        acts.prepare(attn_buf.data(), T, Hq * D, {&w.o});
+        gemm_share({&w.o}, acts, attn_buf.data(), T, o_buf.data(), H, tid, nth);
+        sync();
+        lap(3);
+        for (int64_t t = 0; t < T; ++t)
+          rms_norm_row<float>(residual.data() + t * H, o_buf.data() + t * H, w.post_norm.data_ptr<float>(),
+                              normed.data() + t * H, H, eps);
+        lap(4);
+        // 6. gate and up over this thread's 16-column units (the same columns of both), then silu * up
+        // over them: gate_up_buf rows are [gate | up] as gguf_linear_many writes them.
+        {
+          acts.prepare(normed.data(), T, H, {&w.gate, &w.up});
+          const int64_t units = (I + PAIR_COLS - 1) / PAIR_COLS, groups = (I + COLS - 1) / COLS;
+          const auto [u0, u1] = share(units, tid, nth);
+          const int64_t g0 = u0 * (PAIR_COLS / COLS), g1 = std::min(groups, u1 * (PAIR_COLS / COLS));
+          if (g1 > g0) {
+            run_groups(w.gate, acts.args(w.gate, normed.data(), T, gate_up_buf.data(), 2 * I), g0, g1);
+            run_groups(w.up, acts.args(w.up, normed.data(), T, gate_up_buf.data() + I, 2 * I), g0, g1);
+            const int64_t c0 = u0 * PAIR_COLS, c1 = std::min(I, u1 * PAIR_COLS);
+            for (int64_t t = 0; t < T; ++t)
+              silu_mul_row<float>(gate_up_buf.data() + t * 2 * I + c0, gate_up_buf.data() + t * 2 * I + I + c0,
+                                  act_buf.data() + t * I + c0, c1 - c0);
+          }
+        }
+        sync();
+        lap(5);
+        // 7. down projection; 8. residual + next layer's input norm (or the final norm).
+        acts.prepare(act_buf.data(), T, I, {&w.down});
+        gemm_share({&w.down}, acts, act_buf.data(), T, down_buf.data(), H, tid, nth);
+        sync();
+        lap(6);
+        const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
+        for (int64_t t = 0; t < T; ++t)
+          rms_norm_row<float>(residual.data() + t * H, down_buf.data() + t * H, next_norm.data_ptr<float>(),
+                              normed.data() + t * H, H, eps);
+        lap(7);
+      }
+      if (tid == 0) std::memcpy(out.data_ptr<float>(), normed.data(), sizeof(float) * T * H);
+      if (team > 1 && clock.descheduled(0.75)) lost_core.store(true, std::memory_order_relaxed);
+      if (tid == 0) stats_.record(phase_ns, nth);
+    }
+  }
+  solo_.after_step(team, lost_core.load());
+  return out;
+#else
+  TORCH_CHECK(false, "DecodeStackGGUF: built without AVX2/FMA");
+  return x;
+#endif
+}
+
+std::vector<double> DecodeStackGGUF::phase_seconds() const { return stats_.phase_seconds(); }
+
+int DecodeStackGGUF::last_team() const { return stats_.last_team(); }
+
+}  // namespace cadence_kernels

@@ -1,0 +1,73 @@
+// DecodeStackGGUF: every decoder layer of a Llama-family model computed natively from a GGUF file
+// (`--quantization gguf`) for a small batch of rows in one C++ call: the GGUF counterpart of
+// DecodeStackF32 (avx2/decode_stack_f32.h), whose team, barriers, attention and row functions it
+// shares. Its GEMMs are the per-op path's GGUF column kernels (gemm.h: the 8-column repacked Q4_K /
+// Q6_K tiles, the row-wise codecs of every other type) on the weights as the model holds them (the
+// file's memory-mapped blocks, or their repacked copies): nothing is copied or re-quantized.
+//
+// Every row gets the same arithmetic as on the per-op path (gguf_linear_many, rms_norm,
+// add_rms_norm, rope_write_kv, paged_attention, silu_mul): the same activation quantization
+// (per 256 k for the K-quants, per 32 for the other quantized types), the same column kernels
+// (a column's bits never depend on the thread split or the rows beside it), the same per-row
+// norm, rope, silu and attention functions. So the stack and the per-op path give the same bits,
+// and a row's result does not depend on its batch.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <array>
+#include <vector>
+
+#include "../team.h"
+
+namespace cadence_kernels {
+
+class DecodeStackGGUF {
+ public:
+  // One entry per projection, 7 per layer in the order q, k, v, o, gate, up, down: each weight's
+  // row-wise blocks ([N, row_bytes] uint8, or empty where `packed` holds every column), its ggml
+  // type, its repacked octets (gguf_repack's output, or none) and its float32 bias (or none).
+  // Shapes: q [Hq*D, H], k and v [Hkv*D, H], o [H, Hq*D], gate and up [I, H], down [H, I]. The
+  // tensors are referenced, not copied.
+  DecodeStackGGUF(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types,
+                  const std::vector<c10::optional<at::Tensor>>& packed,
+                  const std::vector<c10::optional<at::Tensor>>& biases, const std::vector<at::Tensor>& input_norm,
+                  const std::vector<at::Tensor>& post_norm, at::Tensor final_norm, int64_t num_heads,
+                  int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps);
+
+  // As DecodeStackF32::forward: x [T, H] float32 embeddings; cos, sin [T, D]; kv [layers, 2,
+  // blocks, block_size, Hkv, D] float32; slots, block_tables, row_seq, ctx_lens. Writes this
+  // step's K/V; returns the final-norm hidden states [T, H] float32.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
+                     const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
+                     const at::Tensor& ctx_lens, double scale) const;
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  // Bytes the GEMMs read per step (the packed copies and the row-wise blocks they use).
+  int64_t weight_bytes() const;
+  static constexpr int NUM_PHASES = 8;
+  std::vector<double> phase_seconds() const;
+  int last_team() const;
+
+  // One projection: what the column kernels read.
+  struct Matrix {
+    at::Tensor blocks, packed, bias;  // packed, bias: undefined when absent
+    int type = 0;
+    int64_t N = 0, K = 0, row_bytes = 0;
+  };
+
+ private:
+  struct Layer {
+    Matrix q, k, v, o, gate, up, down;
+    at::Tensor input_norm, post_norm;  // float32 [H]
+  };
+  std::vector<Layer> layers_;
+  at::Tensor final_norm_;
+  int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
+  double eps_;
+  mutable SoloSchedule solo_;
+  mutable StepStats<NUM_PHASES> stats_;
+};
+
+}  // namespace cadence_kernels

@@ -1,0 +1,103 @@
+"""The fused decode stack of GGUF-native models (kernels.DecodeStackGGUF, model/gguf_stack.py).
+
+Random llama GGUF files (random_gguf.py): a Q4_K_M-like mix (Q4_K, with Q6_K v and down: both
+repacked layouts, q/k read in place through their row order), row-wise types (Q8_0, Q5_K) and
+float ones (F16, BF16), head_dim 64 and 128. The stack must give the per-op path's bits: the
+logits of decode and short-chunk steps over scattered blocks and the KV it writes; and a row's
+result must not depend on the rows beside it or on the thread count.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cadence.model.attention_metadata import AttentionMetadata
+from cadence.model.fused_decode import ENV_SWITCH, STACK_MAX_CHUNK
+from cadence.model.kernels.cpu_ops import load_cpu_kernels
+from cadence.model.kv_cache import KVCache
+from cadence.model.loader import load_model
+from .random_gguf import Q, write_random_gguf
+
+KERNELS = load_cpu_kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None or not hasattr(KERNELS, "DecodeStackGGUF")
+                                or KERNELS.kernel_tier() not in ("avx2", "avx512", "avx512bf16"),
+                                reason="needs the CPU kernels built for a tier with AVX2 and FMA")
+
+POOL, BLOCK = 96, 4
+_ORDER = torch.randperm(POOL, generator=torch.Generator().manual_seed(3)).tolist()
+TABLES = [_ORDER[32 * i:32 * (i + 1)] for i in range(3)]
+# (start, new tokens) per sequence: a prefill the stack takes, decodes, short chunks beside decodes.
+STEPS = [[(0, 17), (0, 9), (0, 3)], [(17, 1), (9, 1), (3, 1)], [(18, 1), (10, 5), (4, 1)],
+         [(19, STACK_MAX_CHUNK - 1), (15, 1), (5, 2)], [(50, 1), (16, 1), (7, 1)]]
+Q4_K_M_MIX = {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}
+# name: (layer type, other tensors' types, attention heads, kv heads)
+MODELS = {
+    "q4_k_m": (Q.Q4_K, Q4_K_M_MIX, 4, 2),
+    "q4_k_m_d128": (Q.Q4_K, Q4_K_M_MIX, 2, 1),
+    "q8_0": (Q.Q8_0, None, 4, 2),
+    "q5_k": (Q.Q5_K, None, 4, 2),
+    "f16": (Q.F16, None, 4, 2),
+    "bf16": (Q.BF16, None, 4, 2),
+}
+
+
+def _load(tmp_path, name: str):
+    qtype, type_of, heads, kv_heads = MODELS[name]
+    path = write_random_gguf(str(tmp_path / f"{name}.gguf"), qtype, heads=heads, kv_heads=kv_heads, type_of=type_of)
+    return load_model(path, dtype="float32", device="cpu", quantization="gguf")
+
+
+def run_steps(model, config, steps, stack: bool, monkeypatch):
+    """Logits of every step, the final cache and the stack the model used (None: per-op)."""
+    monkeypatch.setenv(ENV_SWITCH, "1" if stack else "0")
+    model._decode_stack = None  # built again under the switch
+    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(5)
+    logits = []
+    with torch.inference_mode():
+        for spans in steps:
+            meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, TABLES)], BLOCK, POOL)
+            ids = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
+            logits.append(model.compute_logits(model(ids, meta.positions, meta, kv)))
+    return torch.cat(logits), kv.storage.clone(), model._decode_stack or None
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_gguf_stack_gives_the_per_op_bits(tmp_path, monkeypatch, name):
+    loaded = _load(tmp_path, name)
+    model, config = loaded.model, loaded.config
+    stack_logits, stack_kv, stack = run_steps(model, config, STEPS, True, monkeypatch)
+    assert isinstance(stack, KERNELS.DecodeStackGGUF) and stack.num_layers == config.num_layers
+    per_op_logits, per_op_kv, none = run_steps(model, config, STEPS, False, monkeypatch)
+    assert none is None
+    assert torch.isfinite(stack_logits).all() and stack_logits.abs().max() > 0
+    assert torch.equal(stack_kv, per_op_kv)
+    assert torch.equal(stack_logits, per_op_logits)
+
+
+def test_gguf_stack_rows_do_not_depend_on_batch_or_threads(tmp_path, monkeypatch):
+    loaded = _load(tmp_path, "q4_k_m")
+    model, config = loaded.model, loaded.config
+    steps = [[(0, 20), (0, 11), (0, 6)], [(20, 1), (11, 1), (6, 1)]]
+    all_threads = run_steps(model, config, steps, True, monkeypatch)[0]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = run_steps(model, config, steps, True, monkeypatch)[0]
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(all_threads, one_thread)
+    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(5)
+    with torch.inference_mode():
+        meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(steps[0], TABLES)], BLOCK, POOL)
+        model(torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen), meta.positions, meta, kv)
+        token = torch.randint(0, config.vocab_size, (3,), generator=gen)
+        snapshot = kv.storage.clone()
+        meta1 = AttentionMetadata.build([(20, 1, TABLES[0])], BLOCK, POOL)
+        solo = model.compute_logits(model(token[:1], meta1.positions, meta1, kv))
+        kv.storage.copy_(snapshot)
+        meta3 = AttentionMetadata.build([(20, 1, TABLES[0]), (11, 1, TABLES[1]), (6, 1, TABLES[2])], BLOCK, POOL)
+        batch = model.compute_logits(model(token, meta3.positions, meta3, kv))
+    assert torch.equal(solo[0], batch[0])
