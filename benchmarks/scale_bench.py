@@ -3,14 +3,19 @@
 For one GGUF file (benchmarks/gguf_shapes.py makes random-weight files of the 1B-8B shapes),
 loaded with default settings (`--quantization auto`: a Q4_K_M file computes on its own blocks,
 model/gguf_native.py), one run prints:
-  * this machine's memory read bandwidth and float32 GEMM rate, measured in the run;
+  * this machine's memory read bandwidth, float32 GEMM rate and int8 dot-product peak, measured
+    in the run (the peak: the kernel tier's own integer dot-product instructions in a tight
+    in-register loop on every thread, `int8_dot_peak`: vpdpbusd on AVX512-VNNI, maddubs + int16
+    adds on AVX2; 2 FLOPs per byte product);
   * cadence decode at batch 1 / 8 / 32 and contexts 512 / 4096 (one step, forward + greedy
-    sample, tok/s = batch / median step time) with its share of the floor: the bytes a step must
-    read (the layers' and the head's GGUF weights as the kernels read them, plus every sequence's
-    KV) over the bandwidth, and of the FLOP floor (the step's GEMM and attention FLOPs at the
-    float32 GEMM rate: what bounds a large batch; the integer kernels may beat it);
+    sample, tok/s = batch / median step time) with its share of the roofline floor
+    max(byte floor, FLOP floor): the byte floor is the bytes a step must read (the layers' and
+    the head's GGUF weights as the kernels read them, plus every sequence's KV) over the
+    bandwidth; the FLOP floor is the GEMM FLOPs at the int8 peak where the weights are quantized
+    (the arithmetic the kernels do; at the float32 GEMM rate for float weights) plus the
+    attention FLOPs at the float32 GEMM rate (attention computes in float32);
   * cadence prefill of 512 and 2048 tokens (one prompt, logits of its last row), with its share
-    of the floor: GEMM and attention FLOPs over the GEMM rate;
+    of the FLOP floor, as decode's;
   * llama-bench pp512 / tg128 on the same file with the same threads, in every round, each
     right after cadence's prefill 512 / decode b1 ctx512 (the same minute of a shared host):
     cadence / llama.cpp per round and the median.
@@ -40,6 +45,7 @@ import argparse  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -50,6 +56,7 @@ from cadence.core.plan import ScheduledChunk, StepPlan  # noqa: E402
 from cadence.executor.model_runner import ModelExecutor  # noqa: E402
 from cadence.model.config import ModelConfig  # noqa: E402
 from cadence.model.gguf_modules import GGUFLinear  # noqa: E402
+from cadence.model.kernels.cpu_ops import load_cpu_kernels  # noqa: E402
 from cadence.model.kernels.isa import describe  # noqa: E402
 from cadence.model.kv_cache import kv_bytes_per_block  # noqa: E402
 from cadence.model.loader import LoadedModel, load_model  # noqa: E402
@@ -75,7 +82,45 @@ def matmul_params(c: ModelConfig) -> int:
 
 def prefill_flops(c: ModelConfig, n: int) -> float:
     """GEMMs of n tokens, causal attention (half the pairs, QK^T and PV), one logits row."""
-    return 2 * matmul_params(c) * n + 2 * 2 * c.num_layers * c.q_size * n * n / 2 + 2 * c.hidden_size * c.vocab_size
+    return prefill_gemm_flops(c, n) + prefill_attention_flops(c, n)
+
+
+def prefill_gemm_flops(c: ModelConfig, n: int) -> float:
+    return 2 * matmul_params(c) * n + 2 * c.hidden_size * c.vocab_size
+
+
+def prefill_attention_flops(c: ModelConfig, n: int) -> float:
+    return 2 * 2 * c.num_layers * c.q_size * n * n / 2
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """The compute rates a floor divides FLOPs by (FLOP/s, measured in the run)."""
+
+    gemm: float       # the GEMMs' arithmetic: int8 dot products for quantized weights, else float32
+    attention: float  # float32 (the attention kernels compute in float32)
+    gemm_kind: str
+
+    def seconds(self, gemm_flops: float, attention_flops: float) -> float:
+        return gemm_flops / self.gemm + attention_flops / self.attention
+
+
+def quantized_gemms(loaded: LoadedModel) -> bool:
+    """Whether the layers' GEMMs run on integer dot products (quantized GGUF blocks, or int8 /
+    int4 packed weights)."""
+    floats = {"F32", "F16", "BF16"}
+    types = {m.gguf_weight.ggml_type.name for m in loaded.model.modules() if isinstance(m, GGUFLinear)}
+    if types:
+        return not types <= floats
+    return str(loaded.model.decode_weight_format) in ("int8", "int4")
+
+
+def int8_peak_flops() -> float | None:
+    """FLOP/s of the kernel tier's int8 dot-product micro kernel on this run's threads (best of 3)."""
+    kernels = load_cpu_kernels()
+    if kernels is None or not hasattr(kernels, "int8_dot_peak"):
+        return None
+    return max(kernels.int8_dot_peak(4_000_000) for _ in range(3))
 
 
 def kv_bytes_per_token(loaded: LoadedModel) -> int:
@@ -175,11 +220,15 @@ def main(argv: list[str] | None = None) -> int:
           f"CADENCE_ISA={os.environ.get('CADENCE_ISA', '(native)')}")
     machine: Machine = measure_machine(3, (torch.float32,))
     gemm = machine.gemm_flops[torch.float32]
-    print(f"measured: memory read {machine.bandwidth / 1e9:.1f} GB/s, float32 GEMM {gemm / 1e9:.0f} GFLOP/s")
+    int8_peak = int8_peak_flops()
+    print(f"measured: memory read {machine.bandwidth / 1e9:.1f} GB/s, float32 GEMM {gemm / 1e9:.0f} GFLOP/s, "
+          f"int8 dot-product peak {int8_peak / 1e9 if int8_peak else float('nan'):.0f} GFLOP/s")
     start = time.perf_counter()
     loaded = load_model(args.model, dtype="auto", device="cpu", quantization="auto")
     c = loaded.config
     weights = streamed_weight_bytes(loaded)
+    on_int8 = quantized_gemms(loaded) and int8_peak is not None
+    peaks = Peaks(int8_peak if on_int8 else gemm, gemm, "int8 peak" if on_int8 else "float32 GEMM")
     print(f"cadence: {os.path.basename(args.model)}, {loaded.model.decode_weight_format} weights "
           f"({weights / 2**20:.0f} MiB read per decode step), {describe()}, loaded in {time.perf_counter() - start:.1f} s")
     if not args.no_llamacpp and llamacpp_peer.binary("llama-bench") is None:
@@ -201,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     def prefill_row(n: int) -> float:
         wall, cpu = prefill_s(loaded, n, args.prefill_repeats)
         tok_s = n / wall
-        floor = n / (prefill_flops(c, n) / gemm)
+        floor = n / peaks.seconds(prefill_gemm_flops(c, n), prefill_attention_flops(c, n))
         print(f"  prefill {n:<5}         {tok_s:9.1f} tok/s   floor {floor:9.1f}  = {tok_s / floor:6.1%} "
               f"({prefill_flops(c, n) * tok_s / n / 1e9:.0f} GFLOP/s; CPU {cpu:.2f} s = "
               f"{n * args.threads / cpu:.1f} tok/s on {args.threads} busy cores)", flush=True)
@@ -210,16 +259,18 @@ def main(argv: list[str] | None = None) -> int:
     def decode_row(batch: int, context: int) -> float:
         step, cpu, shared = decode_step_s(loaded, batch, context, args.decode_steps, budget)
         bytes_ = weights + batch * context * kv_bytes_per_token(loaded)
-        floor_s = bytes_ / machine.bandwidth
-        # The floor of the issue: the bytes a step reads. Where the step's FLOPs at the float32
-        # GEMM rate take longer (large batches), that bounds it too.
-        flops = 2 * batch * (matmul_params(c) + c.vocab_size * c.hidden_size)
-        flops += 2 * 2 * batch * c.num_layers * c.q_size * context
-        flop_floor_s = flops / gemm
-        print(f"  decode b{batch:<3} ctx{context:<5} {batch / step:9.1f} tok/s  {step * 1e3:8.1f} ms  byte floor "
-              f"{floor_s * 1e3:7.1f} ms = {floor_s / step:6.1%} ({bytes_ / step / 1e9:.1f} GB/s); "
-              f"FLOP floor {flop_floor_s * 1e3:.0f} ms = {flop_floor_s / step:.1%}; CPU {cpu * 1e3:.0f} ms"
-              f"{'  shared ctx' if shared else ''}", flush=True)
+        byte_floor_s = bytes_ / machine.bandwidth
+        # The roofline floor: the bytes a step reads at the bandwidth, or its FLOPs at the peaks
+        # of the arithmetic that runs them (GEMMs at the int8 peak for quantized weights,
+        # attention at the float32 rate), whichever takes longer (large batches: the FLOPs).
+        gemm_flops = 2 * batch * (matmul_params(c) + c.vocab_size * c.hidden_size)
+        attention_flops = 2 * 2 * batch * c.num_layers * c.q_size * context
+        flop_floor_s = peaks.seconds(gemm_flops, attention_flops)
+        floor_s = max(byte_floor_s, flop_floor_s)
+        print(f"  decode b{batch:<3} ctx{context:<5} {batch / step:9.1f} tok/s  {step * 1e3:8.1f} ms  floor "
+              f"{floor_s * 1e3:7.1f} ms = {floor_s / step:6.1%} (bytes {byte_floor_s * 1e3:.1f} ms, "
+              f"{bytes_ / step / 1e9:.1f} GB/s; FLOPs {flop_floor_s * 1e3:.1f} ms at the {peaks.gemm_kind}); "
+              f"CPU {cpu * 1e3:.0f} ms{'  shared ctx' if shared else ''}", flush=True)
         return batch / step
 
     for r in range(args.rounds):

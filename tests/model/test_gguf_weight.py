@@ -201,6 +201,44 @@ def test_k_quant_octets_same_bits_alone_or_paired(qtype):
                                    rtol=0, atol=0)
 
 
+def extreme_k_quant_blocks(qtype: GGMLQuantizationType, N: int, K: int, scale_byte: int) -> np.ndarray:
+    """[N, row bytes] of blocks whose every quant is the largest (Q4_K 15, Q6_K 63) and every
+    6-bit / int8 scale byte `scale_byte`: the integer sums' worst case."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    data = np.full((N, K // block, size), 0xFF, dtype=np.uint8)
+    half = np.array([0.01], dtype=np.float16).view(np.uint8)
+    if qtype == Q.Q4_K:  # d, dmin, 12 bytes of scales/minimums, 128 of nibbles
+        data[:, :, 0:2] = half
+        data[:, :, 2:4] = half
+        data[:, :, 4:16] = scale_byte
+    else:  # Q6_K: 128 ql, 64 qh, 16 int8 scales, d
+        data[:, :, 192:208] = scale_byte
+        data[:, :, 208:210] = half
+    return data.reshape(N, -1)
+
+
+@pytest.mark.parametrize(("qtype", "scale_byte"), [(Q.Q4_K, 0xFF), (Q.Q6_K, 0x7F), (Q.Q6_K, 0x80)])
+def test_k_quant_integer_sums_exact_at_the_extremes(qtype, scale_byte):
+    """The AVX2 tiles add maddubs' pair sums in int16 and apply the scales in integers: with every
+    quant at its maximum, every scale at its extreme and every activation at +-127 (after
+    quantization) the sums reach their bounds (Q4_K 30480 per int16 lane, Q6_K 32004) and must
+    not wrap: the result is the reference's, for one row and a tile of several."""
+    N, K = 16, 512
+    weight = GGUFWeight.from_data(qtype, (N, K), extreme_k_quant_blocks(qtype, N, K, scale_byte))
+    w_ref = reference_dequantize(weight).reshape(N, K).double()
+    signs = torch.ones(6, K)
+    signs[1] = -1.0
+    signs[2, ::2] = -1.0  # alternating signs within a group
+    signs[3, K // 2:] = -1.0
+    signs[4:] *= torch.linspace(0.5, 1.0, K)  # the amax of each 256 still at +-127
+    for T in (1, 6):
+        x = signs[:T] if T > 1 else signs[1:2]
+        y = weight.linear(x).double()
+        expected = activations_seen(x, qtype) @ w_ref.T if KERNELS is not None else x.double() @ w_ref.T
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(y, expected, rtol=0, atol=2e-6 * scale)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.IQ2_XXS, Q.IQ4_XS, Q.Q8_1])
 def test_unsupported_types_raise_naming_the_type(qtype):
     with pytest.raises(ValueError, match=rf"{qtype.name} is not supported.*Q4_K.*Q6_K"):

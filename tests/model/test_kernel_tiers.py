@@ -148,3 +148,19 @@ def test_a_killed_build_does_not_block_later_loads():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == isa.selected_tier().name, out.stderr[-2000:]
     assert not (module_dir / "lock").exists()
+
+
+def test_int8_dot_peak_is_a_physical_rate():
+    """The int8 dot-product micro kernel (benchmarks' FLOP floor of quantized GEMMs) runs its
+    instructions: a rate above zero and below what the tier's registers can do at 2 dot
+    instructions per cycle and 6 GHz on every thread (a loop the compiler had shortened would
+    report more)."""
+    from cadence.model.kernels.cpu_ops import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        pytest.skip("no compiled kernels")
+    register_bytes = 64 if kernels.kernel_tier().startswith("avx512") else 32
+    bound = torch.get_num_threads() * register_bytes * 2 * 2 * 6e9
+    rate = kernels.int8_dot_peak(200_000)
+    assert 1e9 < rate < bound

@@ -88,6 +88,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "a Q4_K / Q6_K weight's whole octets of columns, 8 columns interleaved (lossless), for gguf_linear's packed",
         py::arg("blocks"), py::arg("type"), py::arg("N"), py::arg("K"), py::call_guard<py::gil_scoped_release>());
   m.def("kernel_tier", &cadence_kernels::kernel_tier, "the instruction-set tier of this build");
+  m.def("int8_dot_peak", &cadence_kernels::int8_dot_peak,
+        "FLOP/s of the tier's int8 dot-product micro kernel (in registers) on every thread: the quantized GEMMs' compute bound",
+        py::arg("iterations") = 4000000, py::call_guard<py::gil_scoped_release>());
   py::class_<cadence_kernels::DecodeStackF32>(m, "DecodeStackF32", py::module_local(),
                                               "every decoder layer in float32 on compressed packed weights, one call")
       .def(py::init<const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,

@@ -21,6 +21,8 @@ at::Tensor silu_mul(at::Tensor gate_up);
 bool has_avx512bf16();
 // The instruction-set tier this build was compiled for (isa.py names).
 std::string kernel_tier();
+// FLOP/s (2 per byte product) of the tier's int8 dot-product micro kernel on every thread (int_dot_peak.cpp).
+double int8_dot_peak(int64_t iterations);
 at::Tensor linear_bf16(at::Tensor x, at::Tensor w);
 at::Tensor prefill_attention(at::Tensor q, at::Tensor keys, at::Tensor values, double scale, c10::optional<at::Tensor> block_table, int64_t ctx_len);
 // float32 causal flash attention of a prefill chunk (AVX2 tier, avx2/prefill_attention_f32.cpp).

@@ -168,11 +168,13 @@ at::Tensor gguf_linear_many(at::Tensor x, const std::vector<at::Tensor>& blocks,
   std::vector<int32_t> half_sums;
   if (need_half_sums) {
     half_sums.resize(static_cast<size_t>(M * (K / 16)));
-    for (int64_t i = 0; i < M * (K / 16); ++i) {
-      int32_t s = 0;
-      for (int t = 0; t < 16; ++t) s += xq256.q[i * 16 + t];
-      half_sums[i] = s;
-    }
+    at::parallel_for(0, M, M * K >= (1 << 16) ? 16 : M, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin * (K / 16); i < end * (K / 16); ++i) {
+        int32_t s = 0;
+        for (int t = 0; t < 16; ++t) s += xq256.q[i * 16 + t];
+        half_sums[i] = s;
+      }
+    });
   }
   std::vector<uint16_t> x_bf16;
 #if defined(__AVX512BF16__) && defined(__AVX512F__)

@@ -197,6 +197,96 @@ inline void q4k_x16_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows
 }
 #endif
 
+#ifndef CADENCE_GGUF_X16
+// The AVX2 tier's tiles (maddubs, no VNNI): R rows x O octets with the 6-bit scales applied in
+// integers, as llama.cpp's AVX2 K-quant kernels do. Per (row, octet) and group of 32 k the eight
+// maddubs' int16 pair sums add up in int16 (16 products of q <= 15 and |x| <= 127: <= 30480, exact),
+// one madd multiplies them by the group's scale (int16 pairs of sc <= 63) into int32 and adds them
+// to the block's sum (8 groups <= 3.1e7: exact); the float work (convert, d * x_scale, FMA) runs
+// once per 256-block, not per group: a third fewer instructions per weight than q4k_x8_tile,
+// whose per-group float step does not fit AVX2's 16 registers next to 4 rows' sums. The minimum
+// terms stay per group in float (dmin * mn times the row's scaled group sum), added at the block's
+// end. Every (row, column) pair runs the same instructions in the same order whatever R and O
+// (the FMAs explicit): a row's result does not depend on the rows or columns beside it.
+template <int R, int O>
+inline void q4k_x8_tile_avx2(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t octet_bytes,
+                             int64_t K, float* out, int64_t ldo, int64_t n0) {
+  __m256 acc[R][O];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < O; ++i) acc[r][i] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  // Byte c of a group's 8 scales into both int16 halves of 32-bit lane c (high bytes zero).
+  const __m256i scale_pairs = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
+                                               4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+  const int64_t groups = K / avx2::Q8_GROUP;
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    __m256i block_sum[R][O];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < O; ++i) block_sum[r][i] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
+      for (int i = 0; i < O; ++i) {
+        const uint8_t* q = packed + i * octet_bytes + blk * Q4K_X8_BYTES + Q4K_X8_HEADER + j * 128;
+        _mm_prefetch(reinterpret_cast<const char*>(q + 2048), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(q + 2048 + 64), _MM_HINT_T0);
+      }
+      __m256i group_sum[R][O];
+      for (int kk = 0; kk < 4; ++kk) {
+        __m256i lo[O], hi[O];
+        for (int i = 0; i < O; ++i) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+              packed + i * octet_bytes + blk * Q4K_X8_BYTES + Q4K_X8_HEADER + j * 128 + kk * 32));
+          lo[i] = _mm256_and_si256(v, low4);
+          hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = xq.q_at(m0 + r, k0 + kk * 8);
+          const __m256i x_lo = avx2::broadcast4(x), x_hi = avx2::broadcast4(x + 4);
+          for (int i = 0; i < O; ++i) {
+            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[i], x_lo), _mm256_maddubs_epi16(hi[i], x_hi));
+            group_sum[r][i] = kk == 0 ? pairs : _mm256_add_epi16(group_sum[r][i], pairs);
+          }
+        }
+      }
+      for (int i = 0; i < O; ++i) {
+        int64_t scales;
+        std::memcpy(&scales, packed + i * octet_bytes + blk * Q4K_X8_BYTES + 64 + 8 * j, sizeof(scales));
+        const __m256i sc16 = _mm256_shuffle_epi8(_mm256_set1_epi64x(scales), scale_pairs);
+        for (int r = 0; r < R; ++r)
+          block_sum[r][i] = _mm256_add_epi32(block_sum[r][i], _mm256_madd_epi16(group_sum[r][i], sc16));
+      }
+    }
+    for (int i = 0; i < O; ++i) {
+      const uint8_t* hdr = packed + i * octet_bytes + blk * Q4K_X8_BYTES;
+      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr));
+      const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 32));
+      for (int r = 0; r < R; ++r) {
+        const __m256 d_xs = _mm256_mul_ps(d, _mm256_set1_ps(xq.scale[(m0 + r) * groups + blk * 8]));
+        acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[r][i]), d_xs, acc[r][i]);
+      }
+      for (int j = 0; j < 8; ++j) {
+        const __m256 b = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 128 + 8 * j)))));
+        for (int r = 0; r < R; ++r)
+          acc[r][i] = _mm256_fnmadd_ps(b, _mm256_set1_ps(xq.sum[(m0 + r) * groups + blk * 8 + j]), acc[r][i]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < O; ++i) _mm256_storeu_ps(out + (m0 + r) * ldo + n0 + 8 * i, acc[r][i]);
+}
+
+template <int R>
+inline void q4k_x8_rows_avx2(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed,
+                             int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
+  int64_t m = m0;
+  for (; m + R <= m0 + rows; m += R) q4k_x8_tile_avx2<R, 1>(xq, m, packed, octet_bytes, K, out, ldo, n0);
+  if constexpr (R > 1) {
+    if (m < m0 + rows) q4k_x8_rows_avx2<R - 1>(xq, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
+  }
+}
+#endif
+
 template <int R, int O>
 inline void q4k_x8_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed,
                         int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
@@ -212,9 +302,9 @@ inline void q4k_x8_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows,
 // chains hide the dot products' latency; more rows share each octet's decode across 4 rows.
 inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8_t* packed, int64_t K, float* out,
                            int64_t ldo, int64_t o_begin, int64_t o_end) {
-  constexpr int ROWS = 4;
   const int64_t octet_bytes = K / 256 * Q4K_X8_BYTES;
 #ifdef CADENCE_GGUF_X16
+  constexpr int ROWS = 4;  // the lone octet's tile rows
   if (M == 1) {
     int64_t o = o_begin;
     for (; o + 2 <= o_end; o += 2) q4k_x16_tile<1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
@@ -232,15 +322,15 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
 #else
   if (M == 1) {
     int64_t o = o_begin;
-    for (; o + 2 <= o_end; o += 2) q4k_x8_tile<1, 2>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
-    if (o < o_end) q4k_x8_tile<1, 1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    for (; o + 2 <= o_end; o += 2) q4k_x8_tile_avx2<1, 2>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q4k_x8_tile_avx2<1, 1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     return;
   }
-  const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
+  const int64_t row_block = std::max<int64_t>(AVX2_ROWS, (256 << 10) / K / AVX2_ROWS * AVX2_ROWS);
   for (int64_t mb = 0; mb < M; mb += row_block) {
     const int64_t rows = std::min(row_block, M - mb);
     for (int64_t o = o_begin; o < o_end; ++o)
-      q4k_x8_rows<ROWS, 1>(xq, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+      q4k_x8_rows_avx2<AVX2_ROWS>(xq, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
   }
 #endif
 }

@@ -194,6 +194,107 @@ inline void q6k_x16_rows(const avx2::QuantizedRows& xq, const int32_t* half_sums
 }
 #endif
 
+#ifndef CADENCE_GGUF_X16
+// The AVX2 tier's tiles (maddubs, no VNNI), as q4k_x8_tile_avx2: the 16-weight scales applied in
+// integers. Per (row, octet) and 8 k the two maddubs' int16 pair sums are added (4 products of
+// q <= 63 and |x| <= 127: <= 32004, exact), one madd multiplies them by the 16 k's scale (int16
+// pairs of the signed sc) into int32, added to the block's sum (16 x 2 x 32004 x 128 < 2^31);
+// q's offset of 32 is taken off once per block in integers (32 * sum of sc_s * the row's byte sum
+// over the 16 k of s), and the float work runs once per 256-block. The same instructions per
+// (row, column) whatever R and O.
+template <int R, int O>
+inline void q6k_x8_tile_avx2(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, const uint8_t* packed,
+                             int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
+  __m256 acc[R][O];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < O; ++i) acc[r][i] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+  // Byte c of 8 scales into both bytes of int16 lanes 2c and 2c + 1 (then >> 8: sign-extended).
+  const __m256i scale_twice = _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                               4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
+  const int64_t groups = K / avx2::Q8_GROUP;
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    __m256i block_sum[R][O];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < O; ++i) block_sum[r][i] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      for (int i = 0; i < O; ++i) {
+        const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048 + 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + 2048), _MM_HINT_T0);
+      }
+      const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
+      for (int p = 0; p < 2; ++p) {
+        __m256i sc16[O], hv[O];
+        for (int i = 0; i < O; ++i) {
+          const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
+          int64_t scales;
+          std::memcpy(&scales, base + 32 + (2 * j + p) * 8, sizeof(scales));
+          sc16[i] = _mm256_srai_epi16(_mm256_shuffle_epi8(_mm256_set1_epi64x(scales), scale_twice), 8);
+          hv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q6K_X8_QH + (j * 2 + p) * 32));
+        }
+        for (int sub = 0; sub < 2; ++sub) {
+          const int kk = 2 * p + sub;
+          __m256i lo[O], hi[O];
+          for (int i = 0; i < O; ++i) {
+            const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q6K_X8_QL + j * 128 + kk * 32));
+            const __m256i h_lo = _mm256_and_si256(sub == 0 ? _mm256_slli_epi16(hv[i], 4) : hv[i], bits45);
+            const __m256i h_hi =
+                _mm256_and_si256(sub == 0 ? _mm256_slli_epi16(hv[i], 2) : _mm256_srli_epi16(hv[i], 2), bits45);
+            lo[i] = _mm256_or_si256(_mm256_and_si256(v, low4), h_lo);
+            hi[i] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), h_hi);
+          }
+          for (int r = 0; r < R; ++r) {
+            const int8_t* x = xq.q_at(m0 + r, k0 + kk * 8);
+            const __m256i x_lo = avx2::broadcast4(x), x_hi = avx2::broadcast4(x + 4);
+            for (int i = 0; i < O; ++i) {
+              const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[i], x_lo), _mm256_maddubs_epi16(hi[i], x_hi));
+              block_sum[r][i] = _mm256_add_epi32(block_sum[r][i], _mm256_madd_epi16(pairs, sc16[i]));
+            }
+          }
+        }
+      }
+    }
+    for (int i = 0; i < O; ++i) {
+      const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
+      // sum_s sc_s * (row's byte sum over s's 16 k), two scales per madd: int16 pairs (sc_s, sc_s+1)
+      // per column against the row's (sum_s, sum_s+1) (|sum| <= 16 * 127).
+      __m256i offset[R];
+      for (int r = 0; r < R; ++r) offset[r] = _mm256_setzero_si256();
+      for (int s = 0; s < 16; s += 2) {
+        const __m128i two_rows = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + 32 + s * 8));
+        const __m256i sc_pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(two_rows, _mm_srli_si128(two_rows, 8)));
+        for (int r = 0; r < R; ++r) {
+          const int32_t* hs = half_sums + (m0 + r) * (K / 16) + blk * 16 + s;
+          const uint32_t pair = (static_cast<uint32_t>(hs[0]) & 0xFFFFu) | (static_cast<uint32_t>(hs[1]) << 16);
+          offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(sc_pairs, _mm256_set1_epi32(static_cast<int32_t>(pair))));
+        }
+      }
+      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base));
+      for (int r = 0; r < R; ++r) {
+        const __m256i centred = _mm256_sub_epi32(block_sum[r][i], _mm256_slli_epi32(offset[r], 5));
+        const __m256 d_xs = _mm256_mul_ps(d, _mm256_set1_ps(xq.scale[(m0 + r) * groups + blk * 8]));
+        acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centred), d_xs, acc[r][i]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < O; ++i) _mm256_storeu_ps(out + (m0 + r) * ldo + n0 + 8 * i, acc[r][i]);
+}
+
+template <int R>
+inline void q6k_x8_rows_avx2(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows,
+                             const uint8_t* packed, int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
+  int64_t m = m0;
+  for (; m + R <= m0 + rows; m += R) q6k_x8_tile_avx2<R, 1>(xq, half_sums, m, packed, octet_bytes, K, out, ldo, n0);
+  if constexpr (R > 1) {
+    if (m < m0 + rows) q6k_x8_rows_avx2<R - 1>(xq, half_sums, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
+  }
+}
+#endif
+
 template <int R, int O>
 inline void q6k_x8_rows(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows,
                         const uint8_t* packed, int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
@@ -206,9 +307,9 @@ inline void q6k_x8_rows(const avx2::QuantizedRows& xq, const int32_t* half_sums,
 
 inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t M, const uint8_t* packed,
                            int64_t K, float* out, int64_t ldo, int64_t o_begin, int64_t o_end) {
-  constexpr int ROWS = 4;
   const int64_t octet_bytes = K / 256 * Q6K_X8_BYTES;
 #ifdef CADENCE_GGUF_X16
+  constexpr int ROWS = 4;  // the lone octet's tile rows
   if (M == 1) {
     int64_t o = o_begin;
     for (; o + 2 <= o_end; o += 2) q6k_x16_tile<1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
@@ -227,15 +328,15 @@ inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_su
   if (M == 1) {
     int64_t o = o_begin;
     for (; o + 2 <= o_end; o += 2)
-      q6k_x8_tile<1, 2>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
-    if (o < o_end) q6k_x8_tile<1, 1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+      q6k_x8_tile_avx2<1, 2>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q6k_x8_tile_avx2<1, 1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     return;
   }
-  const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
+  const int64_t row_block = std::max<int64_t>(AVX2_ROWS, (256 << 10) / K / AVX2_ROWS * AVX2_ROWS);
   for (int64_t mb = 0; mb < M; mb += row_block) {
     const int64_t rows = std::min(row_block, M - mb);
     for (int64_t o = o_begin; o < o_end; ++o)
-      q6k_x8_rows<ROWS, 1>(xq, half_sums, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+      q6k_x8_rows_avx2<AVX2_ROWS>(xq, half_sums, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
   }
 #endif
 }

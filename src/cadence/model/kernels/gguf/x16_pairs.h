@@ -53,6 +53,12 @@ inline void store_pair(float* out, __m512 v) {
   _mm256_storeu_ps(out + 8, _mm512_extractf32x8_ps(v, 1));
 }
 
+#else
+// Rows per prefill tile of the AVX2 tier's octets (q4k_x8_tile_avx2, q6k_x8_tile_avx2): each
+// decoded weight register serves this many rows.
+// 4: 4 rows' int16 and int32 sums fit the 16 registers beside the decoded weights (5 and 6 ran
+// within 3%, and 32-row decode batches split into whole tiles of 4).
+constexpr int AVX2_ROWS = 4;
 #endif
 
 }  // namespace gguf
