@@ -6,8 +6,10 @@
 Offline on the default model: the decode team (this thread) and the prefill team (a ThreadTeam)
 get one thread each (cores // 2 with more cores). Per round, in the same run: decode steps of
 --rows rows alone, then beside a stream of --chunk-token prefill chunks; prefill chunks alone,
-then beside a stream of decode steps. Prints medians and the ratios (the simulator's
-DECODE_CONTENTION is the decode ratio measured here). The load average is printed too.
+then beside a stream of decode steps. Prints medians and the ratios (same threads alone vs
+beside; the engine's startup probe, executor/contention_probe.py, measures the factor the
+simulator and CoreSplit use, against the colocated step's core share, and caches it per
+machine). The load average is printed too.
 """
 
 from __future__ import annotations

@@ -78,5 +78,17 @@ def test_cache_config_rejects_bad_values(kwargs, match):
 
 def test_choices_are_listed_for_named_options():
     fields = {f.name: f for f in dataclasses.fields(SchedulerConfig)}
-    assert fields["policy"].metadata["choices"] == ("eager", "chunked", "slo")
+    assert fields["policy"].metadata["choices"] == ("eager", "chunked", "slo", "adaptive")
     assert fields["scheduling"].metadata["choices"] == ("fcfs", "priority")
+
+
+def test_adaptive_policy_splits_cores_by_default_and_keeps_slo_defaults():
+    adaptive = SchedulerConfig(policy="adaptive")
+    assert adaptive.core_split == "auto" and adaptive.models_step_time
+    assert (adaptive.max_num_batched_tokens, adaptive.max_num_partial_prefills) == (2048, 4)
+    # An explicit --core-split wins; other policies stay colocated unless asked.
+    assert SchedulerConfig(policy="adaptive", core_split="off").core_split == "off"
+    assert SchedulerConfig(policy="slo").core_split == "off"
+    assert SchedulerConfig(policy="eager", core_split="disjoint").core_split == "disjoint"
+    with pytest.raises(ValueError, match="core_split"):
+        SchedulerConfig(core_split="half")

@@ -142,3 +142,27 @@ def test_bad_inputs_are_clear_errors(tmp_path, capsys):
     empty.write_text('{"type": "step", "step_id": 0, "t_start": 0, "t_end": 1}\n')
     assert main(["diagnose", str(empty)]) == 2
     assert "no finished request" in capsys.readouterr().err
+
+
+def test_prefill_stalls_on_more_than_one_core_advise_the_adaptive_policy(eager_trace, tmp_path,
+                                                                        capsys, monkeypatch):
+    monkeypatch.setenv("CADENCE_CACHE_DIR", str(tmp_path))  # no contention measured: share only
+    rec = load(str(eager_trace))
+    d = diagnose(rec)
+    assert d.prefill_stalls
+    one = recommend(rec, SLO, d.target_itl_s, d.solo_itl_s, num_cores=1,
+                    prefill_stalls=len(d.prefill_stalls))
+    assert one.split_advice is None
+    assert all(o.setting.policy != "adaptive" for o in one.candidates)
+    two = recommend(rec, SLO, d.target_itl_s, d.solo_itl_s, num_cores=2,
+                    prefill_stalls=len(d.prefill_stalls))
+    adaptive = next(o for o in two.candidates if o.setting.policy == "adaptive")
+    # Simulated on two teams, the streams' largest gap is far below the recorded eager one.
+    assert adaptive.metrics["max_gap_s"] < 0.5 * two.measured.metrics["max_gap_s"]
+    assert two.split_advice and "--policy adaptive" in two.split_advice
+    assert main(["diagnose", str(eager_trace), "--slo", SLO, "--cores", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "## Split cores" in text and "Run: cadence serve --policy adaptive" in text
+    # No stalls from prefill: no advice.
+    quiet = recommend(rec, SLO, d.target_itl_s, d.solo_itl_s, num_cores=2, prefill_stalls=0)
+    assert quiet.split_advice is None

@@ -197,6 +197,16 @@ def test_tiny_model_greedy_tokens_equal_colocated_with_split_changes(tiny_loaded
     assert changes >= 3  # split for each document, colocated between: mid-request for streams
     assert split == colocated
     assert all(len(t) == 12 for t in split.values())
+    # --policy adaptive (slo chunks colocated, the split enabled by the config itself): the
+    # same tokens as the colocated chunked run.
+    cfg = EngineConfig(scheduler=SchedulerConfig(
+        policy="adaptive", max_model_len=1000, split_prefill_chunk=40),
+        cache=CacheConfig(block_size=16, num_blocks=200), startup_profile=False)
+    engine = LLMEngine.from_loaded(tiny_loaded, cfg)
+    engine._split_cores = 2  # this host may have one core; the test wants two teams
+    assert drive(engine, workload) == colocated
+    assert engine.split_stepper.split.num_changes >= 1
+    engine.close()
 
 
 def test_split_stats_reach_prometheus_and_the_trace(tmp_path):
@@ -298,3 +308,21 @@ def test_auto_prefills_a_lone_prompt_in_chunks_so_a_chat_arriving_meanwhile_stre
     assert tokens == drive(colocated, [(at(0), [("doc", ids(300, 3))]),
                                        (at(1), [("chat", ids(8, 4))])])
     engine.close()
+
+
+def test_adaptive_policy_tokens_equal_the_colocated_default_and_one_core_never_splits():
+    """--policy adaptive: slo steps colocated, split cores while prompts wait and requests
+    decode. Its tokens are the colocated slo run's; with one core it never splits (each turn is
+    the colocated slo step)."""
+    slo, _ = fake_engine(None, policy="slo", max_num_batched_tokens=64)
+    expected = drive(slo, WORKLOAD)
+    engine, fake = fake_engine(2, executor=SlowFake(), policy="adaptive",
+                               max_num_batched_tokens=64)
+    assert engine.scheduler.sched.core_split == "auto"
+    got = drive(engine, WORKLOAD)
+    assert got == expected
+    assert engine.split_stepper.split.num_changes >= 3 and fake.max_active == 2
+    one, fake_one = fake_engine(1, executor=SlowFake(), policy="adaptive",
+                                max_num_batched_tokens=64)
+    assert drive(one, WORKLOAD) == expected
+    assert one.split_stepper.split.num_changes == 0 and fake_one.max_active == 1

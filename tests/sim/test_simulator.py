@@ -161,7 +161,7 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     for label in ("eager", "chunked (budget 128)", "slo 60 ms", "core split"):
         assert label in text
     rows = json.loads(out.read_text())["rows"]
-    assert [r["policy"] for r in rows] == ["eager", "chunked", "slo", "slo"]
+    assert [r["policy"] for r in rows] == ["eager", "chunked", "slo", "adaptive"]
 
 
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):

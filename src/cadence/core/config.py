@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-POLICIES = ("eager", "chunked", "slo")
+POLICIES = ("eager", "chunked", "slo", "adaptive")
+# Policies whose chunks a step-time model sizes (the slo policy's; adaptive runs it when colocated).
+STEP_TIME_POLICIES = ("slo", "adaptive")
 SCHEDULING_ORDERS = ("fcfs", "priority")
 CORE_SPLITS = ("off", "auto", "disjoint")
 
@@ -28,7 +30,11 @@ class SchedulerConfig:
             "sized so the predicted step time stays within --target-itl-ms where the machine "
             "can reach it, but never so small that a prompt's prefill takes more than "
             "--max-prefill-slowdown times its unchunked time (the step-time model is learned "
-            "online from this machine's own steps).",
+            "online from this machine's own steps). 'adaptive': per interval, colocated slo "
+            "steps or prefill and decode side by side on split cores (--core-split auto "
+            "unless --core-split says otherwise), chosen from the measured decode step time "
+            "beside a prefill against --target-itl-ms; behind a --disagg router the router's "
+            "'auto' routing adds the third choice per request. With one core: slo.",
             "choices": POLICIES,
         },
     )
@@ -126,8 +132,8 @@ class SchedulerConfig:
         },
     )
 
-    core_split: str = field(
-        default="off",
+    core_split: str | None = field(
+        default=None,
         metadata={
             "help": "Prefill and decode side by side on split cores. 'auto': while prompts "
             "wait and requests decode, the cores are split between two thread teams over the "
@@ -137,7 +143,8 @@ class SchedulerConfig:
             "otherwise (and always with one core). First the prefill team gets every core and "
             "one decode thread runs on top, its steps paced to the target (kept while they "
             "take at most 0.8 of it). 'disjoint': as auto, the teams always on separate "
-            "cores. 'off': colocated steps only.",
+            "cores. 'off': colocated steps only. Default: 'auto' with --policy adaptive, "
+            "else 'off'.",
             "choices": CORE_SPLITS,
         },
     )
@@ -150,6 +157,9 @@ class SchedulerConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.core_split is None:
+            # Frozen: the policy decides the default once, here.
+            object.__setattr__(self, "core_split", "auto" if self.policy == "adaptive" else "off")
         if self.core_split not in CORE_SPLITS:
             raise ValueError(f"core_split must be one of {CORE_SPLITS}, got {self.core_split!r}")
         _require_int("split_prefill_chunk", self.split_prefill_chunk, minimum=1)
@@ -161,11 +171,11 @@ class SchedulerConfig:
             )
         if self.max_num_batched_tokens is None:
             # Frozen: resolve the policy-dependent default once, here.
-            budget = 2048 if self.policy == "slo" else 512
+            budget = 2048 if self.models_step_time else 512
             object.__setattr__(self, "max_num_batched_tokens", budget)
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
         if self.max_num_partial_prefills is None:
-            object.__setattr__(self, "max_num_partial_prefills", 4 if self.policy == "slo" else 1)
+            object.__setattr__(self, "max_num_partial_prefills", 4 if self.models_step_time else 1)
         _require_int("max_num_partial_prefills", self.max_num_partial_prefills, minimum=1)
         _require_int("max_long_partial_prefills", self.max_long_partial_prefills, minimum=1)
         if self.max_long_partial_prefills > self.max_num_partial_prefills:
@@ -188,6 +198,11 @@ class SchedulerConfig:
         share = self.max_stall_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
             raise ValueError(f"max_stall_share must be a number in [0, 1), got {share!r}")
+
+    @property
+    def models_step_time(self) -> bool:
+        """The policy sizes chunks with a step-time model (slo, and adaptive's colocated steps)."""
+        return self.policy in STEP_TIME_POLICIES
 
     @property
     def long_prompt_threshold(self) -> int:

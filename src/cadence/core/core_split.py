@@ -10,7 +10,9 @@ this decides the split from the measured load:
   running beside it, stays within the ITL target (the contended time: both teams share the
   memory bandwidth, so a decode step beside a prefill is slower than alone on the same
   cores), and the prefill team the rest. A thread count not measured yet is predicted from
-  the nearest one measured, scaled by the core ratio (a pessimistic, compute-bound guess).
+  the nearest one measured, scaled by the core ratio (a pessimistic, compute-bound guess);
+  with none measured yet, from the colocated step time times the core ratio times the
+  machine's measured contention (core/contention.py).
 
 With overlap allowed (--core-split auto; not with 'disjoint'), the prefill team gets every
 core and the decode team one thread on top, its steps paced to the target (tried first, kept
@@ -52,12 +54,16 @@ class SplitDecision:
 
 
 class CoreSplit:
-    def __init__(self, num_cores: int, target_itl_s: float, allow_overlap: bool = True) -> None:
+    def __init__(self, num_cores: int, target_itl_s: float, allow_overlap: bool = True,
+                 prior_contention: float | None = None) -> None:
         if num_cores < 1:
             raise ValueError(f"num_cores must be >= 1, got {num_cores}")
         self.num_cores = num_cores
         self.target_itl_s = target_itl_s
         self.allow_overlap = allow_overlap
+        # The machine's measured decode contention (core/contention.py: the startup probe or
+        # its per-machine cache), used until contended steps of this engine are measured.
+        self.prior_contention = prior_contention
         # Decode step seconds per row, by decode-team threads, measured beside a prefill on
         # disjoint cores; with one thread sharing the prefill team's cores (overlap); and
         # colocated (every core, no prefill beside).
@@ -101,9 +107,10 @@ class CoreSplit:
 
     @property
     def contention(self) -> float | None:
-        """Decode slowdown beside a prefill beyond the core ratio (None until measured)."""
+        """Decode slowdown beside a prefill beyond the core ratio (the machine's prior until
+        this engine measured it; None without either)."""
         if self._alone_per_row is None or not self._contended_per_row:
-            return None
+            return self.prior_contention
         threads = max(self._contended_per_row)
         ideal = self._alone_per_row * self.num_cores / threads
         return self._contended_per_row[threads] / ideal
@@ -116,7 +123,8 @@ class CoreSplit:
             nearest = min(self._contended_per_row, key=lambda t: abs(t - threads))
             return self._contended_per_row[nearest] * nearest / threads * rows
         if self._alone_per_row is not None:
-            return self._alone_per_row * self.num_cores / threads * rows
+            return (self._alone_per_row * self.num_cores / threads * rows
+                    * (self.prior_contention or 1.0))
         return None
 
     # -- the decision -------------------------------------------------------------------

@@ -35,11 +35,20 @@ def register(subparsers) -> None:
     p.add_argument("--run", type=int, default=0, help="bench result: which run (default 0)")
     p.add_argument("--policy", default=None,
                    help="the setting the recording ran under, when the source does not say "
-                   "(bench results): eager, chunked or slo")
+                   "(bench results): eager, chunked, slo or adaptive")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the recorded setting's token budget (with --policy)")
+    p.add_argument("--cores", type=int, default=None,
+                   help="cores the engine had (default: the trace's, else this machine's): "
+                   "with more than one, --policy adaptive (split cores) is simulated too")
     p.add_argument("--no-whatif", action="store_true", help="skip the simulator replay")
     p.set_defaults(func=run)
+
+
+def _machine_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def run(a: argparse.Namespace) -> int:
@@ -62,7 +71,9 @@ def run(a: argparse.Namespace) -> int:
         d = diagnose(rec, target)
         rcm = None
         if not a.no_whatif:
-            rcm = recommend(rec, a.slo, d.target_itl_s, d.solo_itl_s)
+            cores = a.cores or rec.num_cores or _machine_cores()
+            rcm = recommend(rec, a.slo, d.target_itl_s, d.solo_itl_s, num_cores=cores,
+                            prefill_stalls=len(d.prefill_stalls))
     except (ValueError, OSError) as exc:
         print(f"cadence diagnose: error: {exc}", file=sys.stderr)
         return 2

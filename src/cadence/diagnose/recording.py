@@ -60,6 +60,8 @@ class Recording:
     # target_itl_ms, ...).
     settings: dict[str, Any] = field(default_factory=dict)
     target_itl_s: float | None = None
+    # Cores the engine computed on, when the source says (a trace's meta line).
+    num_cores: int | None = None
 
     @property
     def t0(self) -> float:
@@ -107,8 +109,10 @@ def _from_trace(path: Path) -> Recording:
                          "written by `cadence serve --trace`?)")
     settings = dict(meta.get("scheduler") or {})
     target = meta.get("target_itl_s")
+    cores = meta.get("num_cores")
     return Recording("trace", path.name, requests, steps, settings,
-                     float(target) if target else None)
+                     float(target) if target else None,
+                     int(cores) if isinstance(cores, int) and cores > 0 else None)
 
 
 def _from_bench(path: Path, run: int) -> Recording:

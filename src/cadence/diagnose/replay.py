@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cadence.bench.config import SLOConfig
-from cadence.core.config import SchedulerConfig
+from cadence.core.config import STEP_TIME_POLICIES, SchedulerConfig
 from cadence.core.step_cost import StepCostCoefficients, StepCostModel, StepCostModelConfig
 from cadence.core.step_cost import StepFeatures
 from cadence.diagnose.recording import Recording, RequestRec
@@ -42,14 +42,14 @@ class Setting:
     @property
     def name(self) -> str:
         text = f"{self.policy} budget {self.max_num_batched_tokens}"
-        if self.policy == "slo" and self.target_itl_ms:
+        if self.policy in STEP_TIME_POLICIES and self.target_itl_ms:
             text += f" target {self.target_itl_ms:.0f} ms"
         return text + "".join(f" {k}={v}" for k, v in self.extra)
 
     @property
     def serve_flags(self) -> str:
         flags = f"--policy {self.policy} --max-num-batched-tokens {self.max_num_batched_tokens}"
-        if self.policy == "slo" and self.target_itl_ms:
+        if self.policy in STEP_TIME_POLICIES and self.target_itl_ms:
             flags += f" --target-itl-ms {self.target_itl_ms:g}"
         return flags + "".join(f" --{k.replace('_', '-')} {v}" for k, v in self.extra)
 
@@ -74,6 +74,10 @@ class Recommendation:
     sim_error: dict[str, float]  # relative error of the baseline per metric
     candidates: list[Outcome] = field(default_factory=list)
     best: Outcome | None = None
+    num_cores: int = 1
+    # Why --policy adaptive is advised (decode stalls from prefill on a machine of more than
+    # one core, and the recorded setting does not split cores), None when it is not.
+    split_advice: str | None = None
 
     @property
     def stated_error(self) -> float | None:
@@ -156,13 +160,19 @@ def fit_cost_model(rec: Recording, solo_itl_s: float | None) -> LinearCostModel:
                                         "long prompts' TTFT per token as the prefill cost)")
 
 
-def candidate_settings(recorded: Setting | None, slo: dict[str, float]) -> list[Setting]:
+def candidate_settings(recorded: Setting | None, slo: dict[str, float],
+                       num_cores: int = 1) -> list[Setting]:
     budget = recorded.max_num_batched_tokens if recorded else 512
     out = [Setting("eager", budget)]
     out += [Setting("chunked", b) for b in CHUNKED_BUDGETS]
     itl = slo.get("itl")
     if itl:
         out += [Setting("slo", max(budget, 512), round(itl * 1000 * f)) for f in (0.5, 0.8)]
+    if num_cores > 1:
+        # Prefill beside decode on split cores (simulated on num_cores with this machine's
+        # measured contention); at the ITL target when the SLO states one.
+        out.append(Setting("adaptive", max(budget, 2048),
+                           round(itl * 1000 * 0.8) if itl else None))
     fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
     if "max_num_partial_prefills" in fields:
         out += [Setting("chunked", 256, extra=(("max_num_partial_prefills", n),)) for n in (2, 4)]
@@ -176,11 +186,11 @@ def recorded_setting(settings: dict[str, Any]) -> Setting | None:
     budget = settings.get("max_num_batched_tokens")
     if not policy or not budget:
         return None
-    return Setting(policy, int(budget), settings.get("target_itl_ms") if policy == "slo" else None)
+    return Setting(policy, int(budget), settings.get("target_itl_ms") if policy in STEP_TIME_POLICIES else None)
 
 
 def simulate_setting(setting: Setting, workload: Workload, cost: LinearCostModel,
-                     slo: dict[str, float], long_prompt: int) -> Outcome:
+                     slo: dict[str, float], long_prompt: int, num_cores: int = 1) -> Outcome:
     max_len = max(r.prompt_tokens + r.output_tokens for r in workload.requests) + 16
     kwargs: dict[str, Any] = dict(policy=setting.policy,
                                   max_num_batched_tokens=setting.max_num_batched_tokens,
@@ -189,7 +199,7 @@ def simulate_setting(setting: Setting, workload: Workload, cost: LinearCostModel
     if setting.target_itl_ms:
         kwargs["target_itl_ms"] = setting.target_itl_ms
     kwargs.update(dict(setting.extra))
-    result = simulate(workload, SchedulerConfig(**kwargs), cost)
+    result = simulate(workload, SchedulerConfig(**kwargs), cost, num_cores=num_cores)
     reqs = []
     for spec in workload.requests:
         t = result.timelines.get(spec.req_id)
@@ -203,7 +213,12 @@ def simulate_setting(setting: Setting, workload: Workload, cost: LinearCostModel
 
 
 def recommend(rec: Recording, slo_text: str | None, target_itl_s: float,
-              solo_itl_s: float | None, recorded: Setting | None = None) -> Recommendation:
+              solo_itl_s: float | None, recorded: Setting | None = None,
+              num_cores: int | None = None, prefill_stalls: int = 0) -> Recommendation:
+    """Simulate the candidate settings over the recorded workload and pick the best.
+    `num_cores`: the engine's cores (default: the recording's, else 1); with more than one,
+    --policy adaptive is a candidate, and `prefill_stalls` (decode stalls the diagnosis
+    blamed on prefill) make it the advice when the recorded setting does not split cores."""
     slo = SLOConfig.parse(slo_text).limits() if slo_text else {}
     assumed = not slo
     if assumed:
@@ -215,9 +230,10 @@ def recommend(rec: Recording, slo_text: str | None, target_itl_s: float,
     m, _ = metrics_of(rec.requests, slo, long_prompt)
     measured = Outcome(recorded, m, meets_slo=m["slo_attainment"] >= 0.99 and _score(m, slo) <= 1,
                        score=_score(m, slo))
-    out = Recommendation(slo, assumed, cost.name, measured, None, {})
-    for setting in candidate_settings(recorded, slo):
-        outcome = simulate_setting(setting, workload, cost, slo, long_prompt)
+    cores = num_cores or rec.num_cores or 1
+    out = Recommendation(slo, assumed, cost.name, measured, None, {}, num_cores=cores)
+    for setting in candidate_settings(recorded, slo, cores):
+        outcome = simulate_setting(setting, workload, cost, slo, long_prompt, cores)
         out.candidates.append(outcome)
         if setting == recorded:
             out.baseline = outcome
@@ -228,4 +244,19 @@ def recommend(rec: Recording, slo_text: str | None, target_itl_s: float,
                 out.sim_error[k] = abs(sim - real) / abs(real)
     out.best = min(out.candidates, key=lambda o: (
         -o.metrics["slo_attainment"], o.score, o.metrics["ttft_p99_s"] or 0.0))
+    splits = rec.settings.get("core_split") not in (None, "off") or (
+        recorded is not None and recorded.policy == "adaptive")
+    if cores > 1 and prefill_stalls and not splits:
+        adaptive = next(o for o in out.candidates if o.setting.policy == "adaptive")
+        out.split_advice = (
+            f"{prefill_stalls} decode stalls came from prefill in the same steps, on a machine "
+            f"of {cores} cores: --policy adaptive runs prompt chunks beside the decode steps on "
+            f"split cores (simulated: largest gap {_seconds(adaptive.metrics['max_gap_s'])}, "
+            f"{100 * adaptive.metrics['slo_attainment']:.0f}% within the SLO; recorded: "
+            f"{_seconds(measured.metrics['max_gap_s'])}, "
+            f"{100 * measured.metrics['slo_attainment']:.0f}%).")
     return out
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"

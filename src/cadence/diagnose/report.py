@@ -103,6 +103,9 @@ def report_lines(d: Diagnosis, rec: Recommendation | None) -> list[str]:
             for k in METRICS:
                 lines.append(f"  {_METRIC_NAMES[k]:<28} {_fmt(k, rec.measured.metrics.get(k)):>8}"
                              f" -> {_fmt(k, best.metrics.get(k)):>8}")
+        if rec.split_advice:
+            lines += ["", "## Split cores", "Run: cadence serve --policy adaptive",
+                      rec.split_advice]
     return lines
 
 
@@ -130,5 +133,6 @@ def report_json(d: Diagnosis, rec: Recommendation | None) -> dict[str, Any]:
             "measured": _outcome_json(rec.measured), "baseline": _outcome_json(rec.baseline),
             "sim_error": rec.sim_error, "stated_error": rec.stated_error,
             "candidates": [_outcome_json(o) for o in rec.candidates],
-            "best": _outcome_json(rec.best)}
+            "best": _outcome_json(rec.best), "num_cores": rec.num_cores,
+            "split_advice": rec.split_advice}
     return out

@@ -177,8 +177,11 @@ class LLMEngine:
             time.monotonic,
         )
         self.config = dataclasses.replace(cfg, scheduler=sched_cfg, cache=cache_cfg)
-        if sched_cfg.core_split == "auto" and loaded.device.type == "cpu":
+        self.split_contention = None
+        if sched_cfg.core_split != "off" and loaded.device.type == "cpu":
             self.enable_core_split()
+            if cfg.startup_profile:
+                self.split_contention = self._split_contention(loaded, executor, cache_cfg)
         self.model_name = loaded.name
         self.model_config = loaded.config
         if cfg.trace_path:
@@ -186,6 +189,7 @@ class LLMEngine:
             self.telemetry.add_listener(TraceWriter(
                 cfg.trace_path, stall_target_s=sched_cfg.target_itl_ms / 1000.0,
                 meta={"model": loaded.name, "scheduler": dataclasses.asdict(sched_cfg),
+                      "num_cores": _engine_cores(),
                       "cache": dataclasses.asdict(cache_cfg)}))
 
     @classmethod
@@ -435,6 +439,37 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self._pending) or bool(self._texts) or self.scheduler.has_unfinished()
 
+    def _split_contention(self, loaded: Any, executor: Any, cache_cfg: Any) -> Any:
+        """This machine's split-core contention (core/contention.py): cached per CPU, core
+        count, kernel tier and model, else measured now (a few seconds) and cached; the
+        CoreSplit's prior until the engine's own contended steps are measured."""
+        from cadence.core.contention import load_cached, machine_key, save_cached
+
+        cores = _engine_cores()
+        if cores < 2:
+            return None
+        from cadence.model.kernels.isa import selected_tier
+
+        key = machine_key(cores, selected_tier().name, loaded.name)
+        cached = load_cached(key)
+        if cached is not None:
+            logger.info("cadence: split-core contention %s: decode x%.2f, prefill x%.2f",
+                        cached.source, cached.decode, cached.prefill)
+            return cached
+        from cadence.executor.contention_probe import measure_contention
+
+        from cadence.engine.startup_progress import phase
+
+        with phase("contention probe: a decode step beside a prefill on split cores",
+                   "contention probe done"):
+            measured = measure_contention(executor.execute, cache_cfg.block_size,
+                                          cache_cfg.num_blocks, cores)
+        if measured is not None:
+            save_cached(key, measured)
+            logger.info("cadence: split-core contention measured: decode x%.2f, prefill x%.2f",
+                        measured.decode, measured.prefill)
+        return measured
+
     def enable_core_split(self, num_cores: int | None = None, pin: bool | None = None) -> None:
         """Run prefill and decode side by side on split cores (--core-split auto; see
         engine/split_stepper.py). `num_cores`: the cores to split (default: the calling
@@ -456,13 +491,10 @@ class LLMEngine:
             if self._split is None:
                 from cadence.engine.split_stepper import SplitStepper
 
-                import torch
-
-                cores = self._split_cores or torch.get_num_threads()
-                if self._split_cores is None and hasattr(os, "sched_getaffinity"):
-                    # Under taskset the process may use fewer cores than it has threads.
-                    cores = min(cores, len(os.sched_getaffinity(0)))
-                self._split = SplitStepper(self, cores, self._split_pin)
+                cores = self._split_cores or _engine_cores()
+                contention = getattr(self, "split_contention", None)
+                self._split = SplitStepper(self, cores, self._split_pin,
+                                           contention.decode if contention else None)
                 self._split.on_change.append(self._record_split_change)
             return self._split.step()
         return self._step_colocated()
@@ -707,3 +739,14 @@ def _kernel_description(device: Any) -> str:
 def _moves_blocks(plan: StepPlan) -> bool:
     return bool(plan.block_copies or plan.swap_out or plan.swap_in or plan.disk_out
                 or plan.disk_in or plan.disk_discard)
+
+
+def _engine_cores() -> int:
+    """The cores the engine computes on: the calling thread's torch thread count, and under
+    taskset no more than the process may use."""
+    import torch
+
+    cores = torch.get_num_threads()
+    if hasattr(os, "sched_getaffinity"):
+        cores = min(cores, len(os.sched_getaffinity(0)))
+    return cores

@@ -44,12 +44,15 @@ class SplitStepper:
     # The interpreter's GIL switch interval while split (sys.setswitchinterval).
     GIL_SWITCH_S = 0.0005
 
-    def __init__(self, engine: Any, num_cores: int, pin: bool | None = None) -> None:
+    def __init__(self, engine: Any, num_cores: int, pin: bool | None = None,
+                 prior_contention: float | None = None) -> None:
         self.engine = engine
         self.scheduler = engine.scheduler
         cfg = self.scheduler.sched
+        # prior_contention: the machine's measured decode contention (core/contention.py).
         self.split = CoreSplit(num_cores, cfg.target_itl_ms / 1000.0,
-                               allow_overlap=cfg.core_split == "auto")
+                               allow_overlap=cfg.core_split == "auto",
+                               prior_contention=prior_contention)
         self.chunk_tokens = cfg.split_prefill_chunk
         if pin is None:  # CADENCE_PIN_TEAMS=1 pins the prefill team to its cores
             # Off by default: on a host shared with other processes a pinned team cannot move

@@ -92,6 +92,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="with --calibrate or --calibration: draw each step's time from the spread "
                       "the profile's rounds measured on the host (seeded by --seed), so tail "
                       "metrics (p99 ITL) show what a noisy host gives")
+    cost.add_argument("--cores", type=_positive_int, default=_default_cores(),
+                      help="cores of the simulated engine, split between a prefill and a decode "
+                      "team by --policy adaptive (default: this process's cores). Their "
+                      "contention is this machine's measurement (--calibrate measures and "
+                      "caches it; an engine's startup does too), else the core share alone")
     cost.add_argument("--model", default=None, help="model to calibrate (default: the default)")
     cost.add_argument("--dtype", default="auto", help="dtype to calibrate (default: auto)")
     parser.add_argument(
@@ -146,11 +151,35 @@ def _machine_profile(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, dtype=args.dtype)
     rounds = profile_machine_rounds(loaded, repeats=getattr(args, "calibrate_rounds", 5))
+    if getattr(args, "cores", 0) > 1:
+        _measure_contention(loaded, args.cores)
     if args.save_calibration:
         save_profile(args.save_calibration, round_medians(rounds),
                      machine=f"{loaded.name} {loaded.dtype} {loaded.device}",
                      rounds=[times for _, times in rounds])
     return loaded, rounds
+
+
+def _measure_contention(loaded, cores: int) -> None:
+    """This machine's split-core contention on the loaded model, into the per-machine cache
+    (core/contention.py) that the split simulations read."""
+    from cadence.core.contention import machine_key, save_cached
+    from cadence.executor.contention_probe import measure_contention
+    from cadence.executor.model_runner import ModelExecutor
+    from cadence.model.kernels.isa import selected_tier
+
+    executor = ModelExecutor(loaded, num_blocks=256, block_size=16)
+    measured = measure_contention(executor.execute, 16, 256, cores)
+    if measured is not None:
+        save_cached(machine_key(cores, selected_tier().name, loaded.name), measured)
+
+
+def _default_cores() -> int:
+    import os
+
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def run_validation(args: argparse.Namespace) -> int:
@@ -279,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         summaries = run_comparison(workload, cost_model, configs, calibration=samples,
-                                   jitter=jitter)
+                                   jitter=jitter, num_cores=args.cores)
     except ValueError as exc:  # e.g. a request longer than max_model_len
         print(f"cadence sim: {exc}", file=sys.stderr)
         return 2

@@ -35,10 +35,10 @@ def policy_variants(
         for t in targets_ms
     ]
     if targets_ms:
-        # Prefill and decode side by side on split cores (--core-split auto; colocated slo
-        # steps at the base config's target in between).
-        configs.append(dataclasses.replace(base, policy="slo", max_num_batched_tokens=slo_budget,
-                                           core_split="auto"))
+        # --policy adaptive: colocated slo steps at the base config's target, or prefill and
+        # decode side by side on split cores, chosen per interval.
+        configs.append(dataclasses.replace(base, policy="adaptive",
+                                           max_num_batched_tokens=slo_budget, core_split="auto"))
     return configs
 
 
@@ -49,10 +49,14 @@ def run_comparison(
     cache: CacheConfig | None = None,
     calibration: list | None = None,
     jitter: StepJitter | None = None,
+    num_cores: int = 2,
+    contention=None,
 ) -> list[SimSummary]:
     """Each config over the workload. `calibration`: the profile samples the scheduler starts
     from (as an engine's startup profile); `jitter`: step times drawn from a host's spread,
-    each config from the same seed."""
+    each config from the same seed; `num_cores` and `contention` (core/contention.py; None:
+    this machine's cached measurement) for the configs that split cores."""
     return [summarize(simulate(workload, cfg, cost_model, cache, calibration=calibration,
-                               jitter=jitter.reseeded(jitter.seed) if jitter else None))
+                               jitter=jitter.reseeded(jitter.seed) if jitter else None,
+                               num_cores=num_cores, contention=contention))
             for cfg in configs]

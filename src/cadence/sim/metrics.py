@@ -73,7 +73,7 @@ def summarize(result: SimResult, label: str | None = None) -> SimSummary:
     makespan = result.makespan_s
     decode_steps = [s for s in result.steps if s.num_decode_tokens > 0]
     over = predicted_over = None
-    target = sched.target_itl_ms / 1000.0 if sched.policy == "slo" else None
+    target = sched.target_itl_ms / 1000.0 if sched.models_step_time else None
     if target is not None:
         over = sum(1 for s in decode_steps if s.duration_s > target)
         predicted_over = sum(
@@ -87,7 +87,7 @@ def summarize(result: SimResult, label: str | None = None) -> SimSummary:
         label=label or describe(result),
         policy=sched.policy,
         max_num_batched_tokens=sched.max_num_batched_tokens,
-        target_itl_ms=sched.target_itl_ms if sched.policy == "slo" else None,
+        target_itl_ms=sched.target_itl_ms if sched.models_step_time else None,
         num_steps=len(result.steps),
         doc_ttft_s=doc.ttft if doc is not None else None,
         doc_prefill_s=doc.prefill_time if doc is not None else None,
@@ -106,6 +106,6 @@ def summarize(result: SimResult, label: str | None = None) -> SimSummary:
 def describe(result: SimResult) -> str:
     s = result.sched
     split = f" + core split {s.core_split}" if s.core_split != "off" else ""
-    if s.policy == "slo":
-        return f"slo {s.target_itl_ms:g} ms (budget {s.max_num_batched_tokens}){split}"
+    if s.models_step_time:
+        return f"{s.policy} {s.target_itl_ms:g} ms (budget {s.max_num_batched_tokens}){split}"
     return f"{s.policy} (budget {s.max_num_batched_tokens})"

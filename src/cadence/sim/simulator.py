@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.contention import UNMEASURED, Contention, latest_for_machine
 from cadence.core.plan import StepOutput
 from cadence.core.request import Request
 from cadence.core.sampling_params import SamplingParams
@@ -29,11 +30,6 @@ from cadence.telemetry.recorder import TelemetryRecorder
 from cadence.telemetry.request_timeline import RequestTimeline
 from cadence.telemetry.step_trace import StepRecord
 
-# A decode step beside a prefill, over its time alone on the same cores (shared memory
-# bandwidth), and the same for the prefill chunk. A placeholder: on this project's shared
-# Zen 4 host benchmarks/core_split_contention.py measured x1.9 for both, which was the
-# neighbours' load more than bandwidth (docs/performance.md); measure it on an idle host.
-DECODE_CONTENTION = 1.15
 
 
 @dataclass(frozen=True)
@@ -100,12 +96,16 @@ def simulate(
     calibration: list | None = None,
     jitter: StepJitter | None = None,
     num_cores: int = 2,
-    contention: float = DECODE_CONTENTION,
+    contention: Contention | float | None = None,
 ) -> SimResult:
     """Run `workload` to completion under `sched`; deterministic for a given input.
-    With `sched.core_split == "auto"` prompt chunks and decode steps run side by side on two
-    teams of `num_cores` (simulate_split); `contention`: how much slower both teams' steps run
-    beside each other than their core share alone predicts (shared memory bandwidth).
+    With a core split (`sched.core_split` auto or disjoint; `--policy adaptive` defaults to
+    auto) prompt chunks and decode steps run side by side on two teams of `num_cores`
+    (simulate_split); `contention`: how much slower each team's steps run beside the other's
+    than their core share alone predicts (shared memory bandwidth; core/contention.py). None:
+    the latest measurement cached on this machine for `num_cores` cores (an engine's startup
+    probe or `cadence sim --calibrate`), else the core share alone (UNMEASURED); a float: the
+    same factor for both teams.
     `calibration`: (plan, seconds) samples of a machine profile, handed to the scheduler as
     the engine does at start (Scheduler.calibrate), so an slo policy starts from the same
     step-time model in the simulator as on the machine. `jitter`: multiplicative noise on each
@@ -118,6 +118,11 @@ def simulate(
     if sched.core_split != "off" and num_cores > 1:
         from cadence.sim.split_sim import simulate_split
 
+        if contention is None:
+            contention = latest_for_machine(num_cores) or UNMEASURED
+        elif not isinstance(contention, Contention):
+            contention = Contention(float(contention), float(contention), num_cores,
+                                    source="given")
         return simulate_split(workload, scheduler, cost_model, executor, vocab_size, max_steps,
                               jitter, num_cores, contention)
     clock = VirtualClock()

@@ -6,12 +6,14 @@ scheduler's prefill-stream plan (Scheduler.schedule_prefill), which ends `durati
 while the decode stream's plans (Scheduler.schedule_decodes) step one after another beside it;
 no split runs the policy's colocated step on every core. A step on `t` of the `cores` threads
 takes the cost model's time (a step on every core) times cores / t (the work of a step does
-not shrink with fewer cores), times `contention` while the other team computes beside it (the
-memory bandwidth both share). Requests join at step boundaries, as in simulate().
+not shrink with fewer cores), times the team's measured contention factor while the other team
+computes beside it (the memory bandwidth both share; core/contention.py). Requests join at step
+boundaries, as in simulate().
 """
 
 from __future__ import annotations
 
+from cadence.core.contention import Contention
 from cadence.core.core_split import CoreSplit
 from cadence.core.plan import StepOutput, StepPlan
 from cadence.core.request import Request
@@ -31,14 +33,15 @@ PACE = 0.8
 
 def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostModel, executor,
                    vocab_size: int, max_steps: int, jitter: StepJitter | None, num_cores: int,
-                   contention: float):
+                   contention: Contention):
     from cadence.sim.simulator import SimResult, SimStep
 
     sched = scheduler.sched
     clock = VirtualClock()
     telemetry = TelemetryRecorder(max_finished=max(1, len(workload.requests)))
     split = CoreSplit(num_cores, sched.target_itl_ms / 1000.0,
-                      allow_overlap=sched.core_split == "auto")
+                      allow_overlap=sched.core_split == "auto",
+                      prior_contention=contention.decode)
     pace_s = PACE * split.target_itl_s
     overlap = False
     pending = sorted(workload.requests, key=lambda r: (r.arrival_s, r.req_id))
@@ -51,7 +54,7 @@ def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostMod
     def duration(plan: StepPlan, threads: int, beside: bool) -> float:
         seconds = cost_model.step_time(plan) * num_cores / threads
         if beside:
-            seconds *= contention
+            seconds *= contention.prefill if plan.num_prefill_tokens else contention.decode
         if jitter is not None:
             seconds *= jitter.factor(plan)
         return seconds
@@ -132,4 +135,6 @@ def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostMod
         if overlap:  # paced: the next decode step starts a pace after this one
             clock.advance_to(max(clock.now, min(t_start + pace_s, inflight[3])))
     timelines = {t.req_id: t for t in telemetry.finished_timelines()}
-    return SimResult(workload, sched, scheduler.cache, cost_model.name, timelines, steps)
+    name = (f"{cost_model.name}; split contention decode x{contention.decode:.2f} prefill "
+            f"x{contention.prefill:.2f} ({contention.source})")
+    return SimResult(workload, sched, scheduler.cache, name, timelines, steps)

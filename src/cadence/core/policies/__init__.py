@@ -10,6 +10,8 @@ _POLICIES: dict[str, type[Policy]] = {
     "eager": EagerPolicy,
     "chunked": ChunkedPolicy,
     "slo": SLOPolicy,
+    # Colocated steps of slo; the engine (and the simulator) split the cores beside them.
+    "adaptive": SLOPolicy,
 }
 
 
