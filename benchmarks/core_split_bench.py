@@ -42,6 +42,8 @@ CONFIGS = {
     "disagg": ["--disagg", "1:1"],
     "split": ["--core-split", "auto"],
     "disjoint": ["--core-split", "disjoint"],
+    "interleave": ["--policy", "adaptive", "--core-split", "interleave"],
+    "auto": ["--policy", "adaptive", "--core-split", "auto"],
 }
 SLO_SHORT_TTFT, SLO_LONG_TTFT, SLO_ITL = 2.0, 15.0, 1.0
 STREAM_TOKENS = 800

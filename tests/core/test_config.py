@@ -84,7 +84,7 @@ def test_choices_are_listed_for_named_options():
 
 def test_adaptive_policy_splits_cores_by_default_and_keeps_slo_defaults():
     adaptive = SchedulerConfig(policy="adaptive")
-    assert adaptive.core_split == "auto" and adaptive.models_step_time
+    assert adaptive.core_split == "interleave" and adaptive.models_step_time
     assert (adaptive.max_num_batched_tokens, adaptive.max_num_partial_prefills) == (2048, 4)
     # An explicit --core-split wins; other policies stay colocated unless asked.
     assert SchedulerConfig(policy="adaptive", core_split="off").core_split == "off"

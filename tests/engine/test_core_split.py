@@ -9,6 +9,8 @@ with one core the engine steps exactly as the colocated default does.
 
 from __future__ import annotations
 
+import dataclasses
+
 import threading
 
 import pytest
@@ -205,7 +207,16 @@ def test_tiny_model_greedy_tokens_equal_colocated_with_split_changes(tiny_loaded
     engine = LLMEngine.from_loaded(tiny_loaded, cfg)
     engine._split_cores = 2  # this host may have one core; the test wants two teams
     assert drive(engine, workload) == colocated
-    assert engine.split_stepper.split.num_changes >= 1
+    assert engine.split_stepper.interleave and engine.split_stepper.split.num_changes >= 1
+    engine.close()
+    # adaptive's default is 'interleave' (decode steps between two layers of the prompt
+    # chunks); on split cores (auto) the tokens are the same too.
+    cfg = dataclasses.replace(cfg, scheduler=SchedulerConfig(
+        policy="adaptive", max_model_len=1000, split_prefill_chunk=40, core_split="auto"))
+    engine = LLMEngine.from_loaded(tiny_loaded, cfg)
+    engine._split_cores = 2
+    assert drive(engine, workload) == colocated
+    assert not engine.split_stepper.interleave
     engine.close()
 
 
@@ -318,11 +329,46 @@ def test_adaptive_policy_tokens_equal_the_colocated_default_and_one_core_never_s
     expected = drive(slo, WORKLOAD)
     engine, fake = fake_engine(2, executor=SlowFake(), policy="adaptive",
                                max_num_batched_tokens=64)
-    assert engine.scheduler.sched.core_split == "auto"
+    assert engine.scheduler.sched.core_split == "interleave"
     got = drive(engine, WORKLOAD)
+    assert engine.split_stepper.interleave  # one team: chunks and decode steps on one thread
     assert got == expected
-    assert engine.split_stepper.split.num_changes >= 3 and fake.max_active == 2
+    assert engine.split_stepper.split.num_changes >= 3 and fake.max_active == 1
     one, fake_one = fake_engine(1, executor=SlowFake(), policy="adaptive",
                                 max_num_batched_tokens=64)
     assert drive(one, WORKLOAD) == expected
     assert one.split_stepper.split.num_changes == 0 and fake_one.max_active == 1
+
+
+def test_interleave_steps_decodes_between_the_layers_of_a_prompt_chunk():
+    """--core-split interleave: one thread; the decode stream's steps run inside the prompt
+    chunk's forward, between two of its layers, paced to the target; tokens as colocated."""
+    import time
+
+    class Layered(FakeExecutor):
+        can_pause = True
+
+        def __init__(self):
+            super().__init__(vocab_size=500)
+            self.depth = 0
+            self.nested_decodes = 0
+
+        def execute(self, plan, between_layers=None):
+            if self.depth and plan.num_prefill_tokens == 0:
+                self.nested_decodes += 1
+            self.depth += 1
+            try:
+                for _ in range(4 if plan.num_prefill_tokens > 16 else 0):
+                    time.sleep(0.003)  # a layer
+                    if between_layers is not None:
+                        between_layers()
+                return super().execute(plan)
+            finally:
+                self.depth -= 1
+
+    colocated, _ = fake_engine(None)
+    expected = drive(colocated, WORKLOAD)
+    fake = Layered()
+    engine, _ = fake_engine(2, executor=fake, core_split="interleave", target_itl_ms=5.0)
+    assert drive(engine, WORKLOAD) == expected
+    assert engine.split_stepper.interleave and fake.nested_decodes >= 3

@@ -64,20 +64,26 @@ def test_adaptive_policy_simulates_the_split_with_the_machines_measured_contenti
     monkeypatch.setenv("CADENCE_CACHE_DIR", str(tmp_path))
     adaptive = SchedulerConfig(policy="adaptive")
     # Nothing measured on this machine: the core share alone, and the label says so.
-    unmeasured = simulate(BURST, adaptive, COST, num_cores=2)
+    unmeasured = simulate(BURST, SPLIT, COST, num_cores=2)
     assert "unmeasured" in unmeasured.cost_model_name
-    # The same run as an explicit --core-split auto with that contention.
     explicit = simulate(BURST, SPLIT, COST, num_cores=2, contention=1.0)
     assert [s.duration_s for s in unmeasured.steps] == [s.duration_s for s in explicit.steps]
     # A measurement cached for this machine is what the next simulation uses.
     save_cached(machine_key(2, "avx2", "m"), Contention(1.8, 1.4, num_cores=2))
-    cached = simulate(BURST, adaptive, COST, num_cores=2)
+    cached = simulate(BURST, SPLIT, COST, num_cores=2)
     assert "decode x1.80 prefill x1.40 (cached" in cached.cost_model_name
     a, b = summarize(unmeasured), summarize(cached)
     assert b.stream_itl_p50_s > a.stream_itl_p50_s and b.doc_ttft_s > a.doc_ttft_s
-    # Beside the colocated default, the streams keep their rhythm during the document.
+    # adaptive's default, interleave: one team, the decode steps between the chunk's layers
+    # (no contention: nothing computes beside them). The streams keep their rhythm during the
+    # document, which pays for the decode steps only.
     colocated = summarize(simulate(BURST, SchedulerConfig(), COST))
-    assert b.stream_max_gap_during_doc_s < colocated.stream_max_gap_during_doc_s / 2
+    eager = summarize(simulate(BURST, SchedulerConfig(policy="eager"), COST))
+    inter = summarize(simulate(BURST, adaptive, COST, num_cores=2))
+    assert inter.stream_max_gap_during_doc_s < eager.stream_max_gap_during_doc_s / 10
+    assert inter.stream_max_gap_during_doc_s <= adaptive.target_itl_ms / 1000
+    assert inter.stream_max_gap_during_doc_s <= colocated.stream_max_gap_during_doc_s
+    assert eager.doc_ttft_s < inter.doc_ttft_s < 1.5 * eager.doc_ttft_s
     # One core: adaptive is the colocated slo policy, step for step.
     one = simulate(BURST, adaptive, COST, executor=FakeExecutor(49152), num_cores=1)
     slo = simulate(BURST, SchedulerConfig(), COST, executor=FakeExecutor(49152))

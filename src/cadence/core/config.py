@@ -13,7 +13,7 @@ POLICIES = ("eager", "chunked", "slo", "adaptive")
 # Policies whose chunks a step-time model sizes (the slo policy's; adaptive runs it when colocated).
 STEP_TIME_POLICIES = ("slo", "adaptive")
 SCHEDULING_ORDERS = ("fcfs", "priority")
-CORE_SPLITS = ("off", "auto", "disjoint")
+CORE_SPLITS = ("off", "auto", "disjoint", "interleave")
 
 
 @dataclass(frozen=True)
@@ -30,11 +30,12 @@ class SchedulerConfig:
             "sized so the predicted step time stays within --target-itl-ms where the machine "
             "can reach it, but never so small that a prompt's prefill takes more than "
             "--max-prefill-slowdown times its unchunked time (the step-time model is learned "
-            "online from this machine's own steps). 'adaptive': per interval, colocated slo "
-            "steps or prefill and decode side by side on split cores (--core-split auto "
-            "unless --core-split says otherwise), chosen from the measured decode step time "
-            "beside a prefill against --target-itl-ms; behind a --disagg router the router's "
-            "'auto' routing adds the third choice per request. With one core: slo.",
+            "online from this machine's own steps). 'adaptive': colocated slo steps while no "
+            "prompt waits beside running decodes, else prompt chunks on every core with the "
+            "decode steps between their layers (--core-split interleave, the default with "
+            "it; --core-split auto/disjoint: on split cores), paced to --target-itl-ms; behind "
+            "a --disagg router the router's 'auto' routing adds disaggregation per request. "
+            "With one core: slo.",
             "choices": POLICIES,
         },
     )
@@ -143,8 +144,10 @@ class SchedulerConfig:
             "otherwise (and always with one core). First the prefill team gets every core and "
             "one decode thread runs on top, its steps paced to the target (kept while they "
             "take at most 0.8 of it). 'disjoint': as auto, the teams always on separate "
-            "cores. 'off': colocated steps only. Default: 'auto' with --policy adaptive, "
-            "else 'off'.",
+            "cores. 'interleave': no second team: the prompt chunk runs on every core and the "
+            "decode steps run between two of its layers, paced as auto's. 'off': colocated "
+            "steps only. Default: 'interleave' with --policy adaptive (an engine whose "
+            "forward cannot pause between layers takes 'auto'), else 'off'.",
             "choices": CORE_SPLITS,
         },
     )
@@ -159,7 +162,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.core_split is None:
             # Frozen: the policy decides the default once, here.
-            object.__setattr__(self, "core_split", "auto" if self.policy == "adaptive" else "off")
+            object.__setattr__(self, "core_split",
+                               "interleave" if self.policy == "adaptive" else "off")
         if self.core_split not in CORE_SPLITS:
             raise ValueError(f"core_split must be one of {CORE_SPLITS}, got {self.core_split!r}")
         _require_int("split_prefill_chunk", self.split_prefill_chunk, minimum=1)

@@ -329,6 +329,10 @@ class Scheduler:
         self._next_step_id += 1
         self._prefill_step_id = plan.step_id
         self._prefilling = {c.req_id: self._requests[c.req_id] for c in plan.chunks}
+        # Short prompts added from now on may be interjected into this plan's forward
+        # (--core-split interleave), as into a schedule() plan's.
+        self._num_added_at_schedule = self._num_added
+        self._num_interjected_tokens = 0
         return plan
 
     def schedule_decodes(self) -> StepPlan:

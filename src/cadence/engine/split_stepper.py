@@ -51,9 +51,17 @@ class SplitStepper:
         cfg = self.scheduler.sched
         # prior_contention: the machine's measured decode contention (core/contention.py).
         self.split = CoreSplit(num_cores, cfg.target_itl_ms / 1000.0,
-                               allow_overlap=cfg.core_split == "auto",
+                               allow_overlap=cfg.core_split in ("auto", "interleave"),
                                prior_contention=prior_contention)
         self.chunk_tokens = cfg.split_prefill_chunk
+        # 'interleave': no second team; the prefill stream's chunk runs on every core and the
+        # decode stream's steps run between two of its layers, a step every PACE x the target
+        # (time-sliced at layer boundaries instead of cores shared by two teams: on a host
+        # whose cores also serve the front end and clients, an extra busy thread beside a
+        # parallel region stalls the region at each preemption). Needs a pausable executor.
+        self.interleave = (cfg.core_split == "interleave"
+                           and getattr(engine.executor, "can_pause", False))
+        self._last_decode_t = 0.0
         if pin is None:  # CADENCE_PIN_TEAMS=1 pins the prefill team to its cores
             # Off by default: on a host shared with other processes a pinned team cannot move
             # off a busy core; the thread counts alone keep the teams within the cores.
@@ -86,6 +94,8 @@ class SplitStepper:
             if decision.is_split:
                 plan = sched.schedule_prefill(self.chunk_tokens)
                 if plan is not None:
+                    if self.interleave:
+                        return outputs + self._interleaved(plan)
                     self._launch(plan, decision)
             if self._inflight is None:
                 return outputs + self._colocated()
@@ -113,6 +123,58 @@ class SplitStepper:
             if rest > 0:
                 outputs += self._collect(rest)
         return outputs
+
+    def _interleaved(self, plan: StepPlan) -> list[Any]:
+        """The prefill stream's `plan` on every core of this thread; between two of its layers
+        the decode stream's next step whenever one is due (PACE x the target since the last
+        one started), and short prompts that arrived meanwhile (interjected whole), their
+        tokens sent at once (the engine loop's emit hook)."""
+        engine, sched, split = self.engine, self.scheduler, self.split
+        cores = split.num_cores
+        set_thread_count(cores)
+        self._decode_threads = cores
+        pace = self.PACE * split.target_itl_s
+        emitted: list[Any] = []
+
+        def between_layers() -> None:
+            if engine._poll_arrivals is not None:
+                engine._poll_arrivals()
+            # A short prompt that arrived during the chunk runs here whole (the colocated
+            # interjection), not after the chunk: its first token goes out at once.
+            if sched.may_interject(plan) and sched.interjection_wanted(plan):
+                engine._interject(plan)
+            t0 = time.perf_counter()
+            if t0 - self._last_decode_t < pace or not sched.num_decode_rows():
+                return
+            dplan = sched.schedule_decodes()
+            if dplan.is_empty and not _moves_blocks(dplan):
+                engine._finish_step(dplan, StepOutput(step_id=dplan.step_id), engine._clock())
+                return
+            self._last_decode_t = t0
+            t_start = engine._clock()
+            try:
+                out = engine.executor.execute(dplan)
+            except Exception as exc:  # fails the decode stream's requests, not the chunk
+                outs = engine._fail_plan(dplan, exc)
+            else:
+                split.observe_decode(cores, dplan.num_decode_tokens, time.perf_counter() - t0,
+                                     contended=False)
+                self.num_overlapped_decode_steps += 1
+                outs = engine._finish_step(dplan, out, t_start)
+            if engine._emit is not None:
+                engine._emit(outs)
+            else:
+                emitted.extend(outs)
+
+        t_start = engine._clock()
+        t0 = time.perf_counter()
+        try:
+            out = engine.executor.execute(plan, between_layers=between_layers)
+        except Exception as exc:  # fails the prefill stream's requests, not the engine
+            sched.drop_prefill(plan)
+            return emitted + engine._fail_plan(plan, exc)
+        split.observe_prefill(time.perf_counter() - t0)
+        return emitted + engine._finish_step(plan, out, t_start)
 
     def _colocated(self) -> list[Any]:
         engine = self.engine

@@ -32,7 +32,7 @@ CHUNK_TARGET_S = 0.25
 def _plan(chunks: list[tuple[str, int, int, tuple[int, ...]]], block_size: int) -> StepPlan:
     """(req_id, start, length, block table) -> a plan computing [start, start + length)."""
     return StepPlan(step_id=0, block_size=block_size, chunks=tuple(
-        ScheduledChunk(req_id=req_id, token_ids=tuple(100 + (i % 1000) for i in range(length)),
+        ScheduledChunk(req_id=req_id, token_ids=tuple(1 + i % 97 for i in range(length)),
                        start_pos=start, block_table=blocks, sample=True, sampling=_GREEDY,
                        output_index=0, is_prefill=length > 1)
         for req_id, start, length, blocks in chunks))

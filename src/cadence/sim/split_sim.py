@@ -8,7 +8,9 @@ no split runs the policy's colocated step on every core. A step on `t` of the `c
 takes the cost model's time (a step on every core) times cores / t (the work of a step does
 not shrink with fewer cores), times the team's measured contention factor while the other team
 computes beside it (the memory bandwidth both share; core/contention.py). Requests join at step
-boundaries, as in simulate().
+boundaries, as in simulate(). 'interleave' (--policy adaptive's default) has one team: a
+chunk on every core, lengthened by the decode steps (on every core, no contention) that run
+between its layers, a step each pace.
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostMod
     clock = VirtualClock()
     telemetry = TelemetryRecorder(max_finished=max(1, len(workload.requests)))
     split = CoreSplit(num_cores, sched.target_itl_ms / 1000.0,
-                      allow_overlap=sched.core_split == "auto",
+                      allow_overlap=sched.core_split in ("auto", "interleave"),
                       prior_contention=contention.decode)
     pace_s = PACE * split.target_itl_s
+    # --core-split interleave (adaptive's default): one team; the decode steps run on every
+    # core between the chunk's layers, the chunk lengthened by their time.
+    interleave = sched.core_split == "interleave"
     overlap = False
     pending = sorted(workload.requests, key=lambda r: (r.arrival_s, r.req_id))
     steps: list[SimStep] = []
@@ -97,12 +102,17 @@ def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostMod
                     rows = scheduler.num_decode_rows()
                     seconds = duration(plan, decision.prefill_threads, rows > 0)
                     overlap = decision.overlaps(num_cores)
-                    if overlap and rows:
+                    if interleave:
+                        seconds = duration(plan, num_cores, False)
+                        if rows:  # the decode steps' share of each pace
+                            step_s = split.predict_decode_s(num_cores, rows) or 0.0
+                            seconds /= 1.0 - min(0.9, step_s / pace_s)
+                    elif overlap and rows:
                         # The paced decode thread takes one core for its steps' share of time.
                         step_s = split.predict_decode_s(1, rows) or 0.0
                         seconds /= 1.0 - min(0.9, step_s / pace_s) / num_cores
                     inflight = (plan, executor.execute(plan), clock.now, clock.now + seconds)
-                    decode_threads = decision.decode_threads
+                    decode_threads = num_cores if interleave else decision.decode_threads
             if inflight is None:  # a colocated step on every core
                 plan = scheduler.schedule()
                 if plan.is_empty:
@@ -125,13 +135,13 @@ def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostMod
                 wake = min(wake, pending[next_arrival].arrival_s)
             clock.advance_to(max(clock.now, wake))
             continue
-        seconds = duration(plan, decode_threads, True)
+        seconds = duration(plan, decode_threads, not interleave)
         out = executor.execute(plan)
         t_start = clock.now
         clock.advance(seconds)
         record(plan, out, t_start, clock.now)
-        split.observe_decode(decode_threads, plan.num_decode_tokens, seconds, True,
-                             overlapped=overlap)
+        split.observe_decode(decode_threads, plan.num_decode_tokens, seconds, not interleave,
+                             overlapped=overlap and not interleave)
         if overlap:  # paced: the next decode step starts a pace after this one
             clock.advance_to(max(clock.now, min(t_start + pace_s, inflight[3])))
     timelines = {t.req_id: t for t in telemetry.finished_timelines()}
