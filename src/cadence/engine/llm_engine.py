@@ -180,7 +180,8 @@ class LLMEngine:
         self.split_contention = None
         if sched_cfg.core_split != "off" and loaded.device.type == "cpu":
             self.enable_core_split()
-            if cfg.startup_profile:
+            if cfg.startup_profile and sched_cfg.core_split in ("auto", "disjoint"):
+                # Two teams compute at once only there (interleave time-slices one team).
                 self.split_contention = self._split_contention(loaded, executor, cache_cfg)
         self.model_name = loaded.name
         self.model_config = loaded.config
