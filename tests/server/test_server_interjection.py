@@ -64,3 +64,27 @@ def test_a_chat_sent_mid_document_gets_its_first_token_before_the_document(serve
     else:
         # It waits for the document's step to end (~1.5 s more).
         assert chat_ttft > 1.0, got
+
+
+def test_tokenize_is_answered_during_a_long_step(server):
+    # A cache-aware router tokenizes every request on a replica before routing it: the answer
+    # comes from inside the document's step (its polls), interjection on or off, not at its end.
+    import httpx
+
+    client = openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0, timeout=60)
+    got: dict = {}
+    t0 = time.monotonic()
+    # Not the other test's document: its blocks are cached, its step would be short.
+    fresh_doc = "Tokenize me. " + DOC[13:]
+    doc = threading.Thread(target=_first_token_s, args=(client, fresh_doc, t0, got, "doc"))
+    doc.start()
+    time.sleep(0.5)
+    t_ask = time.monotonic()
+    resp = httpx.post(server.v1.removesuffix("/v1") + "/tokenize", timeout=30,
+                      json={"prompt": "What is the capital of France?"})
+    answered = time.monotonic() - t_ask
+    doc.join(timeout=60)
+    assert resp.status_code == 200 and resp.json()["tokens"]
+    assert got.get("doc_done")
+    # Within a slice or two of the 2 s step (generous for a loaded host), before its end.
+    assert answered < 0.9 and t_ask - t0 + answered < got["doc"], (answered, got)

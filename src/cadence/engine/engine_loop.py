@@ -327,12 +327,20 @@ class EngineCoreLoop:
         if self._running:
             self._admit_prepared(self._batch)
         self._answer_tokenized(self._batch)
+        if self._batch.tokenize_replies:
+            # A router may be waiting on it to route a request: answer now, not at the
+            # step's end.
+            self._send_batch_now()
 
     def _emit_during_step(self, outputs: Sequence[Any]) -> None:
         """A short prompt ran inside the step: send its first token (and the admissions
         before it) now, not when the step ends."""
+        self._record_step(outputs, self._batch)
+        self._send_batch_now()
+
+    def _send_batch_now(self) -> None:
+        """Send what the current step's batch holds so far (mid-step) and start a new one."""
         batch = self._batch
-        self._record_step(outputs, batch)
         if not batch.is_empty():
             batch.stats = self.engine.stats()
             self.out_socket.send(encode_message(batch))

@@ -538,14 +538,19 @@ class LLMEngine:
     # -- interjection ------------------------------------------------------------------------
     def _execute(self, plan: StepPlan) -> StepOutput:
         """executor.execute(plan), pausable between layers for interjected short prompts
-        when the caller polls for arrivals and the scheduler allows it for this plan."""
+        when the caller polls for arrivals and the scheduler allows it for this plan. Every
+        step with prompt tokens polls, also those too small to interject into: the caller
+        answers /tokenize calls there (a cache-aware router waits on one to route each
+        request; at the step's end it waited up to a prefill step, 0.23 s on average in
+        docs/performance.md's replica run)."""
         if (self._poll_arrivals is None or not getattr(self.executor, "can_pause", False)
-                or not self.scheduler.may_interject(plan)):
+                or not plan.num_prefill_tokens):
             return self.executor.execute(plan)
+        interjecting = self.scheduler.may_interject(plan)
 
         def between_layers() -> None:
             self._poll_arrivals()
-            if self.scheduler.interjection_wanted(plan):
+            if interjecting and self.scheduler.interjection_wanted(plan):
                 self._interject(plan)
 
         return self.executor.execute(plan, between_layers=between_layers)
