@@ -2,10 +2,11 @@
 workload, in the same run.
 
     .venv/bin/python benchmarks/replica_bench.py                   # 2 and 4 replicas
-    # the working set fits the two replicas' caches together but not one's (docs/disaggregation.md):
-    .venv/bin/python benchmarks/replica_bench.py --replicas 2 --conversations 12 --rate 0.25 \
-        --system-words 30 --doc-words 150 --user-words 15 --max-tokens 16 --think-s 2 \
-        --serve-args "--num-kv-blocks 64" --out /tmp/replicas
+    # RAG chat whose working set fits the two replicas' caches together but not one's
+    # (docs/performance.md#replicas-and-routing):
+    .venv/bin/python benchmarks/replica_bench.py --replicas 2 --conversations 16 --rate 0.5 \
+        --systems 3 --system-words 40 --turn-doc-words 130 --user-words 15 --max-tokens 48 \
+        --think-s 2 --serve-args "--num-kv-blocks 384" --out /tmp/replicas
     .venv/bin/cadence sim --calibrate --threads 1 --compare /tmp/replicas/results.json
 
 Per replica count: `cadence serve --data-parallel-size N --routing-policy cache-aware` (N
@@ -16,12 +17,14 @@ finds another's prefixes cached. Workload: conversations of 4-8 turns (uniform),
 with one of a few shared system prompts; conversations start as Poisson arrivals, each next
 turn is sent after the answer plus an exponential think time (--think-s), and carries the
 whole chat so far (answers included); --doc-words adds a document of its own to each
-conversation's first turn (RAG), and --serve-args "--num-kv-blocks N" sizes the replicas'
-caches. Printed per policy: prefix-cache hit rate (cached prompt tokens / prompt tokens over
+conversation's first turn, --turn-doc-words a passage to every turn (RAG chat), and
+--serve-args "--num-kv-blocks N" sizes the replicas' caches. Printed per policy: prefix-cache hit rate (cached prompt tokens / prompt tokens over
 all requests, from each request's usage as its replica reported it; the engines' counters,
 which count a preempted request's readmission again, next to it), TTFT p50/p99, goodput
-(requests per second that finished with TTFT <= --slo-ttft), requests per replica; results
-(with every request's record, which `cadence sim --compare` replays) in --out as JSON.
+(requests per second that finished with TTFT <= --slo-ttft), requests per replica, the hop
+(mean client TTFT less the replicas' own: router, HTTP), and for cache-aware a routing audit
+(routing_audit below); results (with every request's record, which `cadence sim --compare`
+replays) in --out as JSON.
 """
 
 from __future__ import annotations
@@ -74,20 +77,22 @@ def start(args: list[str], log_path: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError(f"not ready; see {log_path}")
 
 
-def prefix_counters(urls: list[str]) -> tuple[float, float, float]:
-    """(hits, queries, preemptions) of the replicas' engines, summed."""
-    hits = queries = preemptions = 0.0
+COUNTERS = ("cadence:prefix_cache_hits_total", "cadence:prefix_cache_queries_total",
+            "cadence:num_preemptions_total", "cadence:time_to_first_token_seconds_sum",
+            "cadence:time_to_first_token_seconds_count")
+
+
+def replica_counters(urls: list[str]) -> dict[str, float]:
+    """COUNTERS of the replicas' engines, summed (prefix hits and queries, preemptions, the
+    server-side TTFT's sum and count: arrival at the replica to its first token)."""
+    out = dict.fromkeys(COUNTERS, 0.0)
     for url in urls:
         for family in text_string_to_metric_families(httpx.get(url + "/metrics",
                                                                timeout=10).text):
             for s in family.samples:
-                if s.name == "cadence:prefix_cache_hits_total":
-                    hits += s.value
-                elif s.name == "cadence:prefix_cache_queries_total":
-                    queries += s.value
-                elif s.name == "cadence:num_preemptions_total":
-                    preemptions += s.value
-    return hits, queries, preemptions
+                if s.name in out and not s.labels.get("le"):
+                    out[s.name] += s.value
+    return out
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -96,7 +101,7 @@ def words(rng: random.Random, n: int) -> str:
 
 def workload(seed: int, tag: str, num_conversations: int, num_systems: int,
              system_words: int, user_words: int, rate: float,
-             doc_words: int = 0, think_s: float = 0.3) -> list[dict]:
+             doc_words: int = 0, think_s: float = 0.3, turn_doc_words: int = 0) -> list[dict]:
     rng = random.Random(seed)
     systems = [f"[{tag}] You are assistant {i}. " + words(rng, system_words)
                for i in range(num_systems)]
@@ -104,11 +109,17 @@ def workload(seed: int, tag: str, num_conversations: int, num_systems: int,
     for c in range(num_conversations):
         t += rng.expovariate(rate)
         system = rng.randrange(num_systems)
+        users = []
+        for k in range(rng.randint(4, 8)):
+            # The first turn's document (--doc-words), then a passage retrieved for every
+            # turn (--turn-doc-words: RAG chat, where each question brings its own context).
+            doc = doc_words if k == 0 else 0
+            passage = (f"Document {c}: " + words(rng, doc) + "\n") if doc else ""
+            if turn_doc_words:
+                passage += f"Passage {c}.{k}: " + words(rng, turn_doc_words) + "\n"
+            users.append(passage + f"Question {c}.{k}: " + words(rng, user_words))
         out.append({"start": t, "system": systems[system], "system_index": system,
-                    "users": [(f"Document {c}: " + words(rng, doc_words) + "\n" if k == 0
-                               and doc_words else "") + f"Question {c}.{k}: "
-                              + words(rng, user_words) for k in range(rng.randint(4, 8))],
-                    "think": [rng.expovariate(1 / think_s) for _ in range(8)]})
+                    "users": users, "think": [rng.expovariate(1 / think_s) for _ in range(8)]})
     return out
 
 
@@ -116,7 +127,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, messages: list[dict],
                    max_tokens: int) -> dict:
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
+    start, wall_start = time.perf_counter(), time.time()
     ttft, text, error, usage = None, [], None, {}
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         async for line in r.aiter_lines():
@@ -134,6 +145,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, messages: list[dict],
                     text.append(piece)
     details = usage.get("prompt_tokens_details") or {}
     return {"ttft": ttft, "text": "".join(text), "error": error, "sent": start,
+            "wall_sent": wall_start,
             "e2e": time.perf_counter() - start, "prompt_tokens": usage.get("prompt_tokens", 0),
             "cached_tokens": details.get("cached_tokens", 0),
             "output_tokens": usage.get("completion_tokens", 0)}
@@ -172,6 +184,52 @@ def decisions(url: str, since: int) -> list[dict]:
     return httpx.get(url + "/decisions", params={"since": since}, timeout=10).json()["decisions"]
 
 
+def routing_audit(records: list[dict], placed: list[dict]) -> dict | None:
+    """Did cache-aware routing leave hits on the table? Each request is matched to its
+    decision (same prompt tokens, the first decision at or after it was sent), and counted:
+    - `not_longest`: the chosen replica held a shorter prefix (router's view) than another
+      healthy one, with the cost term that outweighed it (streams / load / KV room) and the
+      prompt tokens given up (`tokens_left`, of all prompt tokens);
+    - `view_short` / `view_long`: the replica's reported cached tokens were more / fewer than
+      the router expected (its events lagged the cache, or the blocks were evicted or were
+      still being written when the request was admitted), with the tokens involved."""
+    decisions = [d for d in placed if d.get("candidates")]
+    if not decisions:
+        return None
+    pool: dict[int, list[dict]] = {}
+    for d in sorted(decisions, key=lambda d: d["t"]):
+        pool.setdefault(d["prompt_tokens"], []).append(d)
+    out = {"decisions": len(decisions), "matched": 0, "not_longest": 0, "tokens_left": 0,
+           "outweighed_by": {}, "view_short": 0, "view_short_tokens": 0, "view_long": 0,
+           "view_long_tokens": 0, "prompt_tokens": 0}
+    for rec in sorted(records, key=lambda r: r["wall_sent"]):
+        options = pool.get(rec["prompt_tokens"], [])
+        match = next((d for d in options if d["t"] >= rec["wall_sent"] - 0.05), None)
+        if match is None:
+            continue
+        options.remove(match)
+        out["matched"] += 1
+        out["prompt_tokens"] += rec["prompt_tokens"]
+        healthy = [c for c in match["candidates"] if c["healthy"]] or match["candidates"]
+        chosen = match["candidates"][0]
+        best = max(healthy, key=lambda c: c["cached_tokens"])
+        if best["cached_tokens"] > chosen["cached_tokens"]:
+            out["not_longest"] += 1
+            out["tokens_left"] += best["cached_tokens"] - chosen["cached_tokens"]
+            # Which term made the longer prefix's replica dearer than the chosen one.
+            gaps = {k: best["cost"][k] - chosen["cost"][k] for k in chosen["cost"]}
+            term = max(gaps, key=gaps.get)
+            out["outweighed_by"][term] = out["outweighed_by"].get(term, 0) + 1
+        expected = match.get("expected_cached_tokens", 0)
+        if rec["cached_tokens"] > expected:
+            out["view_short"] += 1
+            out["view_short_tokens"] += rec["cached_tokens"] - expected
+        elif rec["cached_tokens"] < expected:
+            out["view_long"] += 1
+            out["view_long_tokens"] += expected - rec["cached_tokens"]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="default: the bundled model")
@@ -183,6 +241,8 @@ def main() -> int:
     parser.add_argument("--user-words", type=int, default=20)
     parser.add_argument("--doc-words", type=int, default=0,
                         help="a document of this many words opens each conversation (RAG)")
+    parser.add_argument("--turn-doc-words", type=int, default=0,
+                        help="a passage of this many words on every turn (RAG chat)")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--think-s", type=float, default=0.3,
                         help="mean think time between an answer and the next turn (exponential)")
@@ -217,18 +277,21 @@ def main() -> int:
                 url = routers[policy]
                 convs = workload(args.seed, policy, args.conversations, args.systems,
                                  args.system_words, args.user_words, args.rate,
-                                 args.doc_words, args.think_s)
+                                 args.doc_words, args.think_s, args.turn_doc_words)
                 # The shared system prompts' tokens (what a simulation shares between
                 # conversations: `cadence sim --replicas` replays these records).
                 system_tokens = {c["system_index"]: len(httpx.post(
                     workers[0] + "/tokenize", timeout=30, json={
                         "messages": [{"role": "system", "content": c["system"]}],
                         "add_generation_prompt": False}).json()["tokens"]) for c in convs}
-                hits0, queries0, preempt0 = prefix_counters(workers)
+                before = replica_counters(workers)
                 seq = httpx.get(url + "/decisions", params={"since": 1 << 40}).json()["next"]
                 records, wall = asyncio.run(run_workload(url, convs, args.max_tokens))
-                hits1, queries1, preempt1 = prefix_counters(workers)
-                placed = [d["worker"] for d in decisions(url, seq)]
+                after = replica_counters(workers)
+                delta = {k: after[k] - before[k] for k in COUNTERS}
+                placed_decisions = decisions(url, seq)
+                placed = [d["worker"] for d in placed_decisions]
+                audit = routing_audit(records, placed_decisions)
                 ttfts = [r["ttft"] for r in records if r["ttft"] is not None and not r["error"]]
                 good = sum(1 for r in records if not r["error"] and r["ttft"] is not None
                            and r["ttft"] <= args.slo_ttft)
@@ -241,11 +304,20 @@ def main() -> int:
                        "prefix_hit_rate": sum(r["cached_tokens"] for r in records)
                        / max(1, sum(r["prompt_tokens"] for r in records)),
                        "prompt_tokens": sum(r["prompt_tokens"] for r in records),
-                       "counter_hit_rate": (hits1 - hits0) / max(1.0, queries1 - queries0),
-                       "preemptions": preempt1 - preempt0,
+                       "counter_hit_rate": delta["cadence:prefix_cache_hits_total"]
+                       / max(1.0, delta["cadence:prefix_cache_queries_total"]),
+                       "preemptions": delta["cadence:num_preemptions_total"],
+                       # Mean time outside the replicas' engines before a first token: the
+                       # client's TTFT less the replica's own (arrival there to its first
+                       # token): the router (its /tokenize call for cache-aware), HTTP, SSE.
+                       # `cadence sim --compare` takes it as the run's hop.
+                       "hop_s": statistics.fmean(ttfts) - delta[
+                           "cadence:time_to_first_token_seconds_sum"] / max(1.0, delta[
+                               "cadence:time_to_first_token_seconds_count"]) if ttfts else None,
                        "ttft_p50": pct(ttfts, 0.5), "ttft_p99": pct(ttfts, 0.99),
                        "goodput_rps": good / wall, "wall_s": wall,
                        "per_replica": {w: placed.count(w) for w in workers},
+                       "routing_audit": audit,
                        "ttfts": ttfts, "records": records, "system_tokens": system_tokens,
                        "load_avg": os.getloadavg()}
                 results.append(row)
@@ -253,9 +325,18 @@ def main() -> int:
                       f"{row['counter_hit_rate']:.3f}, preemptions {row['preemptions']:.0f})  TTFT p50 "
                       f"{1000 * (row['ttft_p50'] or 0):.0f} ms p99 "
                       f"{1000 * (row['ttft_p99'] or 0):.0f} ms  goodput "
-                      f"{row['goodput_rps']:.2f} req/s  requests {row['requests']} errors "
+                      f"{row['goodput_rps']:.2f} req/s  hop {1000 * (row['hop_s'] or 0):.0f} ms  "
+                      f"requests {row['requests']} errors "
                       f"{row['errors']}  per replica {list(row['per_replica'].values())}",
                       flush=True)
+                if audit:
+                    print(f"    routing audit: {audit['matched']}/{audit['decisions']} matched; "
+                          f"chosen replica not the longest prefix {audit['not_longest']} "
+                          f"({audit['tokens_left']} of {audit['prompt_tokens']} prompt tokens "
+                          f"left, outweighed by {audit['outweighed_by']}); reported hit above "
+                          f"the router's view {audit['view_short']} "
+                          f"(+{audit['view_short_tokens']} tokens), below {audit['view_long']} "
+                          f"(-{audit['view_long_tokens']})", flush=True)
         finally:
             for p in reversed(procs):
                 if p.poll() is None:

@@ -122,6 +122,11 @@ def test_cache_aware_prefers_the_longest_cached_prefix_until_load_outweighs_it()
     b.outstanding_requests, b.outstanding_tokens, b.outstanding_work = 1, 200, 100
     b.metrics["cadence:kv_cache_blocks_total"] = 60  # 240 tokens of 4-token blocks
     assert sel0.cost(b, prompt, 16) == 8 * 2 + 100 + 8
+    # The terms the router's decision records show (GET /decisions: which one moved a
+    # request off the replica with the longest prefix).
+    assert sel0.cost_terms(b, prompt, 16) == {"interference": 16.0, "load": 0.0,
+                                              "kv_wait": 108.0}
+    assert sel.cost_terms(b, prompt, 16)["load"] == 100.0
     assert sel0.order([a, b], prompt, 16)[0] is a
     b.metrics["cadence:kv_cache_blocks_total"] = 64
     assert sel0.cost(b, prompt, 16) == 8 * 2 and sel0.order([a, b], prompt, 16)[0] is b

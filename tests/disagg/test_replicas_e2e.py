@@ -118,6 +118,12 @@ def test_cache_aware_keeps_a_conversation_where_its_prefix_is(replicas):
             assert decision["cached_from"] == "events", decision
             assert decision["expected_cached_tokens"] > 0
             assert cached >= decision["expected_cached_tokens"] - 4, (decision, cached)
+            # Every replica as the scorer saw it, the chosen one first with the longest prefix.
+            chosen, *others = decision["candidates"]
+            assert chosen["worker"] == decision["worker"]
+            assert chosen["cached_tokens"] == decision["expected_cached_tokens"]
+            assert all(o["cached_tokens"] <= chosen["cached_tokens"] for o in others)
+            assert set(chosen["cost"]) == {"interference", "load", "kv_wait"}
     rr = replicas["round-robin"].url
     turns = _conversation(rr, "chunked prefill", 4)
     assert len({d["worker"] for d, _ in turns}) == 2

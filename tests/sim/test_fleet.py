@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cadence.core.config import CacheConfig, SchedulerConfig
-from cadence.sim.conversations import from_replica_bench, synthetic
+from cadence.sim.conversations import (Conversation, ConversationWorkload, Turn,
+                                       from_replica_bench, synthetic)
 from cadence.sim.cost_model import RooflineCostModel
 from cadence.sim.fleet import simulate_fleet
 from cadence.sim.hardware import get_profile
@@ -81,3 +82,32 @@ def test_replays_a_replica_bench_run():
     sim = _run(w, 2, "least-loaded")
     assert sorted(r.prompt_tokens for r in sim.requests) == sorted(
         r["prompt_tokens"] for r in records)
+
+
+def _two_arrivals(long_tokens: int, short_tokens: int, gap_s: float) -> ConversationWorkload:
+    turn = lambda n: (Turn(n, 4, 0.0),)  # noqa: E731
+    return ConversationWorkload((Conversation(0, 0.0, 0, turn(long_tokens)),
+                                 Conversation(1, gap_s, 1, turn(short_tokens))),
+                                {0: 16, 1: 16})
+
+
+@pytest.mark.parametrize("interject", [True, False])
+def test_a_short_prompt_runs_inside_a_long_step_as_the_engine_interjects_it(interject):
+    # A 1500-token prompt's step is computing when a 100-token one arrives: the engine runs the
+    # short one between two layers (its first token long before the long one's), unless
+    # interjection is off (it then waits for the step's end).
+    sched = SchedulerConfig(interject_short_prompts=interject)
+    res = simulate_fleet(_two_arrivals(1500, 100, 0.05), 1, "round-robin", COST, sched,
+                         CacheConfig(block_size=16, num_blocks=1 << 12))
+    long, short = sorted(res.requests, key=lambda r: r.conv_id)
+    alone = simulate_fleet(_two_arrivals(1500, 100, 1e6), 1, "round-robin", COST, sched,
+                           CacheConfig(block_size=16, num_blocks=1 << 12)).requests
+    short_alone = next(r for r in alone if r.conv_id == 1).ttft_s
+    long_alone = next(r for r in alone if r.conv_id == 0).ttft_s
+    if interject:
+        assert short.ttft_s == pytest.approx(short_alone)
+        # The long step ended later by the interjected step's time.
+        assert long.ttft_s == pytest.approx(long_alone + short_alone)
+    else:
+        assert short.ttft_s > long_alone - 0.05
+        assert long.ttft_s == pytest.approx(long_alone)

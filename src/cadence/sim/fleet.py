@@ -164,6 +164,8 @@ def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: st
         chosen.scheduler.add_request(Request(req_id, list(tokens), params, now))
         if chosen.step_end is None:
             start_step(chosen, now)
+        elif chosen.scheduler.may_interject(chosen.plan):
+            interject(chosen, now)
 
     def start_step(replica: _Replica, now: float) -> None:
         nonlocal steps
@@ -184,6 +186,30 @@ def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: st
             return
         replica.step_end = None
 
+    def interject(replica: _Replica, now: float) -> None:
+        """A short prompt arrived while `replica` computes a step: as the engine's layer hook
+        does, it runs at once, whole, between two layers of that step (its first token comes
+        when it is done), and the paused step ends that much later."""
+        plan = replica.scheduler.schedule_interjection(replica.plan)
+        if plan is None:
+            return
+        seconds = cost_model.step_time(plan)
+        updates = replica.scheduler.update(plan, executor.execute(plan))
+        replica.step_end += seconds
+        deliver(replica, updates, now + seconds)
+
+    def deliver(replica: _Replica, updates, now: float) -> None:
+        for u in updates:
+            entry = live.get(u.req_id)
+            if entry is None:
+                continue
+            req, _, output = entry
+            if u.new_token_ids and req.ttft_s is None:
+                req.ttft_s = now + hop_s - req.sent_s
+            output.extend(u.new_token_ids)
+            if u.finished:
+                finish(replica, u.req_id, now, u.num_cached_tokens)
+
     def finish(replica: _Replica, req_id: str, now: float, cached: int) -> None:
         req, counter, output = live.pop(req_id)
         counter.__exit__()
@@ -202,17 +228,9 @@ def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: st
         plan = replica.plan
         out = executor.execute(plan)
         updates = replica.scheduler.update(plan, out)
+        # The step's own time (an interjection's is left out, as the engine observes it).
         replica.scheduler.observe_step(plan, replica.step_s)
-        for u in updates:
-            entry = live.get(u.req_id)
-            if entry is None:
-                continue
-            req, _, output = entry
-            if u.new_token_ids and req.ttft_s is None:
-                req.ttft_s = now + hop_s - req.sent_s
-            output.extend(u.new_token_ids)
-            if u.finished:
-                finish(replica, u.req_id, now, u.num_cached_tokens)
+        deliver(replica, updates, now)
         start_step(replica, now)
 
     while True:

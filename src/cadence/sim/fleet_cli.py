@@ -21,6 +21,7 @@ POLICIES = ("round-robin", "least-loaded", "cache-aware")
 # Blocks per replica when nothing says (the engines' default pool holds far more than these
 # workloads: no eviction).
 UNBOUNDED_KV_BLOCKS = 1 << 16
+DEFAULT_HOP_MS = 15.0
 
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,9 +39,11 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
                             "--compare, else unbounded)")
     fleet.add_argument("--cache-load-weight", type=float, default=0.25,
                        help="cache-aware's load weight (as `cadence router`)")
-    fleet.add_argument("--hop-ms", type=float, default=15.0,
+    fleet.add_argument("--hop-ms", type=float, default=None,
                        help="time outside the engines per request: client -> router "
-                            "(/tokenize) -> replica -> first token back (default: 15)")
+                            "(/tokenize) -> replica -> first token back (default: with "
+                            "--compare each run's measured hop, the client's TTFT less the "
+                            "replicas' own; else 15)")
     fleet.add_argument("--conversations", type=int, default=64)
     fleet.add_argument("--rate", type=float, default=2.0, help="conversations started per second")
     fleet.add_argument("--systems", type=int, default=3, help="shared system prompts")
@@ -74,7 +77,7 @@ def run_fleet(args: argparse.Namespace, cost_model: CostModel,
               calibration: list | None) -> int:
     console = Console(width=160)
     sched = SchedulerConfig()
-    hop = args.hop_ms / 1e3
+    hop = (args.hop_ms if args.hop_ms is not None else DEFAULT_HOP_MS) / 1e3
     rows_json = []
     if args.compare:
         with open(args.compare, encoding="utf-8") as f:
@@ -82,22 +85,27 @@ def run_fleet(args: argparse.Namespace, cost_model: CostModel,
         blocks = args.kv_blocks or _kv_blocks_of(measured["args"]) or UNBOUNDED_KV_BLOCKS
         cache = CacheConfig(block_size=16, num_blocks=blocks)
         table = Table(title=f"simulator vs measured ({args.compare}; {cost_model.name}; "
-                            f"{blocks} KV blocks per replica, hop {args.hop_ms:g} ms)")
-        for col in ("replicas", "policy", "hit real", "hit sim", "TTFT p50 real", "sim",
-                    "error", "p99 real", "sim"):
+                            f"{blocks} KV blocks per replica)")
+        for col in ("replicas", "policy", "hop ms", "hit real", "hit sim", "TTFT p50 real",
+                    "sim", "error", "p99 real", "sim"):
             table.add_column(col, justify="right")
         for row in measured["results"]:
             workload = from_replica_bench(row)
+            # The run's own hop where it was measured (it differs by policy: cache-aware's
+            # router tokenizes each prompt first), unless --hop-ms says.
+            hop = (args.hop_ms / 1e3 if args.hop_ms is not None else
+                   row.get("hop_s") if row.get("hop_s") is not None else DEFAULT_HOP_MS / 1e3)
             sim = simulate_fleet(workload, row["replicas"], row["policy"], cost_model, sched,
                                  cache, args.cache_load_weight, hop, calibration=calibration)
             real_p50 = row["ttft_p50"]
             error = (sim.ttft_p50 - real_p50) / real_p50 if real_p50 and sim.ttft_p50 else None
-            table.add_row(str(row["replicas"]), row["policy"], f"{row['prefix_hit_rate']:.3f}",
+            table.add_row(str(row["replicas"]), row["policy"], f"{hop * 1e3:.0f}",
+                          f"{row['prefix_hit_rate']:.3f}",
                           f"{sim.prefix_hit_rate:.3f}", _ms(real_p50), _ms(sim.ttft_p50),
                           f"{error:+.0%}" if error is not None else "-", _ms(row["ttft_p99"]),
                           _ms(sim.ttft_percentile(0.99)))
             rows_json.append({"replicas": row["replicas"], "policy": row["policy"],
-                              "real": {"hit": row["prefix_hit_rate"], "ttft_p50": real_p50,
+                              "hop_s": hop, "real": {"hit": row["prefix_hit_rate"], "ttft_p50": real_p50,
                                        "ttft_p99": row["ttft_p99"]},
                               "sim": _summary(sim, args.slo_ttft), "ttft_p50_error": error})
         console.print(table)

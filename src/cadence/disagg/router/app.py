@@ -155,7 +155,7 @@ class Router:
         if max_tokens == 1 and decision.disaggregate:
             decision = type(decision)(False, "one token asked")
         self.metrics.decisions.labels(decision.reason).inc()
-        self._record(tokens, exact is not None, decision, decode, prompt)
+        self._record(tokens, exact is not None, decision, decode, prompt, order, max_tokens)
         if decode is not None:
             self.replicas.sent_to(decode, prompt)
         if decision.disaggregate:
@@ -214,7 +214,8 @@ class Router:
         return None
 
     def _record(self, tokens: int, exact: bool, decision: Decision, worker: Worker | None = None,
-                prompt: PromptBlocks | None = None) -> None:
+                prompt: PromptBlocks | None = None, order: list[Worker] | None = None,
+                max_tokens: int = 16) -> None:
         record = {
             "seq": self.num_decisions, "t": time.time(), "prompt_tokens": tokens,
             "prompt_tokens_exact": exact, "disaggregate": decision.disaggregate,
@@ -225,6 +226,16 @@ class Router:
         if worker is not None and prompt is not None:
             cached, source = self.replicas.cached_tokens(worker, prompt)
             record.update(expected_cached_tokens=cached, cached_from=source)
+            # Every candidate as the scorer saw it (best first): whether the chosen replica
+            # held the longest prefix, and if not which term (streams, load, KV room) moved
+            # the request elsewhere (benchmarks/replica_bench.py counts them).
+            record["candidates"] = [
+                {"worker": w.url, "healthy": w.healthy,
+                 "cached_tokens": self.replicas.cached_tokens(w, prompt)[0],
+                 "cost": {k: round(v, 1) for k, v in
+                          self.replicas.cost_terms(w, prompt, max_tokens).items()},
+                 "streams": w.outstanding_requests, "work": w.outstanding_work}
+                for w in (order or [])]
         self.decisions.append(record)
         self.num_decisions += 1
 

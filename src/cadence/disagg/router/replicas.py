@@ -123,12 +123,19 @@ class ReplicaSelector:
             AFFINITY_BLOCK_SIZE
 
     def cost(self, worker: Worker, prompt: PromptBlocks, max_tokens: int = 16) -> float:
+        return sum(self.cost_terms(worker, prompt, max_tokens).values())
+
+    def cost_terms(self, worker: Worker, prompt: PromptBlocks,
+                   max_tokens: int = 16) -> dict[str, float]:
+        """The cost's three terms (module docstring): "interference" (miss x (1 + streams)),
+        "load" (load_weight x work), "kv_wait"."""
         miss = self.miss_tokens(worker, prompt)
-        cost = miss * (1 + worker.outstanding_requests) + self.load_weight * worker.outstanding_work
         capacity = worker.kv_capacity_blocks * self.block_size(worker)
-        if capacity and worker.outstanding_tokens + len(prompt) + max_tokens > capacity:
-            cost += worker.outstanding_work + miss
-        return cost
+        full = capacity and worker.outstanding_tokens + len(prompt) + max_tokens > capacity
+        return {"interference": float(miss * (1 + worker.outstanding_requests)),
+                "load": self.load_weight * worker.outstanding_work,
+                "kv_wait": float(worker.outstanding_work + miss) if full else 0.0}
+
     def sent_to(self, worker: Worker, prompt: PromptBlocks | None) -> None:
         if self.policy == "cache-aware" and prompt is not None:
             self.sent.setdefault(worker.url, SentPrefixes()).add(
