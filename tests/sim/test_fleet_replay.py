@@ -6,8 +6,8 @@ scheduler and prefix cache, interjection, the calibrated step cost, the run's me
 gets right is pinned here: each policy's hit rate within 0.09, the policies' TTFT p50 in the
 measured order, each within 50% (measured: -45% round-robin, -24% least-loaded, -18%
 cache-aware: the simulator is optimistic; the issue's 15% is not reached, see
-docs/performance.md#replicas-and-routing: the replicas' steps run slower beside each other
-than the lone one-thread profile prices them)."""
+docs/performance.md#replicas-and-routing: the replicas serve slower than the lone one-thread
+profile prices their steps)."""
 
 from __future__ import annotations
 
