@@ -239,6 +239,19 @@ def test_k_quant_integer_sums_exact_at_the_extremes(qtype, scale_byte):
         torch.testing.assert_close(y, expected, rtol=0, atol=2e-6 * scale)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_k_quant_decode_row_same_bits_as_in_a_batch(qtype):
+    """A decode row (M = 1) runs repacked octets four, two or one at a time, a batch in row
+    tiles: a column's result is the same bits in every case (7 octets: a quad, a pair, a lone one)."""
+    weight = GGUFWeight.from_data(qtype, (56, 512), random_blocks(qtype, 56, 512, seed=23))
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(24))
+    row = weight.linear(x[:1])
+    torch.testing.assert_close(row, weight.linear(x)[:1], rtol=0, atol=0)
+    for cols in (range(0, 16), range(32, 48), range(48, 56), range(8, 40)):
+        index = torch.tensor(list(cols))
+        torch.testing.assert_close(row[:, index], weight.take_rows(index).linear(x[:1]), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.IQ2_XXS, Q.IQ4_XS, Q.Q8_1])
 def test_unsupported_types_raise_naming_the_type(qtype):
     with pytest.raises(ValueError, match=rf"{qtype.name} is not supported.*Q4_K.*Q6_K"):

@@ -186,6 +186,58 @@ inline void q4k_x16_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_
   for (int r = 0; r < R; ++r) store_pair(out + (m0 + r) * ldo + n0, acc[r]);
 }
 
+// One row (a decode step) against P pairs of octets at once (2P consecutive octets from
+// `packed`): q4k_x16_tile<1>'s operations lane for lane, with P pairs' loads and dot-product
+// chains in flight together (a GEMV is bound by how many memory streams and independent chains it
+// keeps going, not by its instructions).
+template <int P>
+inline void q4k_x16_gemv(const avx2::QuantizedRows& xq, const uint8_t* packed, int64_t octet_bytes, int64_t K,
+                         float* out) {
+  __m512 acc[P];
+  for (int p = 0; p < P; ++p) acc[p] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    const uint8_t* h[2 * P];
+    for (int i = 0; i < 2 * P; ++i) {
+      h[i] = packed + i * octet_bytes + blk * Q4K_X8_BYTES;
+      _mm_prefetch(reinterpret_cast<const char*>(h[i] + 2048), _MM_HINT_T0);
+    }
+    __m512 d[P], dmin[P];
+    for (int p = 0; p < P; ++p) {
+      d[p] = load_pair_ps(h[2 * p], h[2 * p + 1]);
+      dmin[p] = load_pair_ps(h[2 * p] + 32, h[2 * p + 1] + 32);
+    }
+    for (int j = 0; j < 8; ++j) {
+      const int64_t g = blk * 8 + j;
+      for (int i = 0; i < 2 * P; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(h[i] + Q4K_X8_HEADER + j * 128 + 2048), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(h[i] + Q4K_X8_HEADER + j * 128 + 2048 + 64), _MM_HINT_T0);
+      }
+      __m512i lo_sum[P], hi_sum[P];
+      for (int p = 0; p < P; ++p) lo_sum[p] = hi_sum[p] = _mm512_setzero_si512();
+      for (int kk = 0; kk < 4; ++kk) {
+        const int64_t k = g * avx2::Q8_GROUP + kk * 8;
+        const __m512i x_lo = broadcast4_512(xq.q_at(0, k)), x_hi = broadcast4_512(xq.q_at(0, k + 4));
+        for (int p = 0; p < P; ++p) {
+          const __m512i v = load_pair(h[2 * p] + Q4K_X8_HEADER + j * 128 + kk * 32,
+                                      h[2 * p + 1] + Q4K_X8_HEADER + j * 128 + kk * 32);
+          lo_sum[p] = udot4_add_512(lo_sum[p], _mm512_and_si512(v, low4), x_lo);
+          hi_sum[p] = udot4_add_512(hi_sum[p], _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), x_hi);
+        }
+      }
+      const __m512 row_scale = _mm512_set1_ps(xq.scale[g]), row_sum = _mm512_set1_ps(xq.sum[g]);
+      for (int p = 0; p < P; ++p) {
+        const __m512 a = _mm512_mul_ps(d[p], bytes_pair_ps(h[2 * p] + 64 + 8 * j, h[2 * p + 1] + 64 + 8 * j, false));
+        const __m512 b = _mm512_mul_ps(dmin[p], bytes_pair_ps(h[2 * p] + 128 + 8 * j, h[2 * p + 1] + 128 + 8 * j, false));
+        const __m512i isum = _mm512_add_epi32(lo_sum[p], hi_sum[p]);
+        acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(a, row_scale), acc[p]);
+        acc[p] = _mm512_fnmadd_ps(b, row_sum, acc[p]);
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p) store_pair(out + 16 * p, acc[p]);
+}
+
 template <int R>
 inline void q4k_x16_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed,
                          int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
@@ -307,6 +359,7 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
   constexpr int ROWS = 4;  // the lone octet's tile rows
   if (M == 1) {
     int64_t o = o_begin;
+    for (; o + 4 <= o_end; o += 4) q4k_x16_gemv<2>(xq, packed + o * octet_bytes, octet_bytes, K, out + 8 * o);
     for (; o + 2 <= o_end; o += 2) q4k_x16_tile<1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q4k_x8_tile<1, 1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     return;

@@ -183,6 +183,58 @@ inline void q6k_x16_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums
   for (int r = 0; r < R; ++r) store_pair(out + (m0 + r) * ldo + n0, acc[r]);
 }
 
+// One row against P pairs of octets at once (q4k_x16_gemv's reasoning): q6k_x16_tile<1>'s
+// operations lane for lane.
+template <int P>
+inline void q6k_x16_gemv(const avx2::QuantizedRows& xq, const int32_t* half_sums, const uint8_t* packed,
+                         int64_t octet_bytes, int64_t K, float* out) {
+  __m512 acc[P];
+  for (int p = 0; p < P; ++p) acc[p] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    const uint8_t* b[2 * P];
+    for (int i = 0; i < 2 * P; ++i) b[i] = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
+    __m512 d[P];
+    for (int p = 0; p < P; ++p) d[p] = load_pair_ps(b[2 * p], b[2 * p + 1]);
+    for (int j = 0; j < 8; ++j) {
+      for (int i = 0; i < 2 * P; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + 2048), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + 2048 + 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QH + j * 64 + 2048), _MM_HINT_T0);
+      }
+      const int64_t g = blk * 8 + j;
+      const __m512 xs = _mm512_set1_ps(xq.scale[g]);
+      for (int hp = 0; hp < 2; ++hp) {
+        __m512i lo_sum[P], hi_sum[P];
+        for (int p = 0; p < P; ++p) lo_sum[p] = hi_sum[p] = _mm512_setzero_si512();
+        for (int sub = 0; sub < 2; ++sub) {
+          const int kk = 2 * hp + sub;
+          const int64_t k = g * avx2::Q8_GROUP + kk * 8;
+          const __m512i x_lo = broadcast4_512(xq.q_at(0, k)), x_hi = broadcast4_512(xq.q_at(0, k + 4));
+          for (int p = 0; p < P; ++p) {
+            const __m512i hv = load_pair(b[2 * p] + Q6K_X8_QH + (j * 2 + hp) * 32, b[2 * p + 1] + Q6K_X8_QH + (j * 2 + hp) * 32);
+            const __m512i v = load_pair(b[2 * p] + Q6K_X8_QL + j * 128 + kk * 32, b[2 * p + 1] + Q6K_X8_QL + j * 128 + kk * 32);
+            const __m512i h_lo = _mm512_and_si512(sub == 0 ? _mm512_slli_epi16(hv, 4) : hv, bits45);
+            const __m512i h_hi = _mm512_and_si512(sub == 0 ? _mm512_slli_epi16(hv, 2) : _mm512_srli_epi16(hv, 2), bits45);
+            const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low4), h_lo);
+            const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), h_hi);
+            lo_sum[p] = udot4_add_512(lo_sum[p], lo, x_lo);
+            hi_sum[p] = udot4_add_512(hi_sum[p], hi, x_hi);
+          }
+        }
+        const __m512i x_sum = _mm512_set1_epi32(32 * half_sums[2 * g + hp]);
+        for (int p = 0; p < P; ++p) {
+          const __m512 scale =
+              _mm512_mul_ps(d[p], bytes_pair_ps(b[2 * p] + 32 + (2 * j + hp) * 8, b[2 * p + 1] + 32 + (2 * j + hp) * 8, true));
+          const __m512i centred = _mm512_sub_epi32(_mm512_add_epi32(lo_sum[p], hi_sum[p]), x_sum);
+          acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(scale, xs), acc[p]);
+        }
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p) store_pair(out + 16 * p, acc[p]);
+}
+
 template <int R>
 inline void q6k_x16_rows(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows,
                          const uint8_t* packed, int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
@@ -312,6 +364,7 @@ inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_su
   constexpr int ROWS = 4;  // the lone octet's tile rows
   if (M == 1) {
     int64_t o = o_begin;
+    for (; o + 4 <= o_end; o += 4) q6k_x16_gemv<2>(xq, half_sums, packed + o * octet_bytes, octet_bytes, K, out + 8 * o);
     for (; o + 2 <= o_end; o += 2) q6k_x16_tile<1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q6k_x8_tile<1, 1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     return;
