@@ -153,3 +153,31 @@ def test_session_affinity_without_events_and_the_other_policies():
     assert [rr.order([a, b], None, 1)[0].url for _ in range(4)] == ["http://a", "http://b"] * 2
     a.outstanding_tokens = 10  # least-loaded counts every token in flight
     assert ReplicaSelector("least-loaded").order([a, b], None, 1)[0] is b
+
+
+def test_a_new_subscriber_gets_a_snapshot_at_the_next_turn():
+    """A router that connects after the worker's last snapshot is trusted at the worker's next
+    turn (XPUB sees the subscription), not a whole snapshot interval later."""
+    pool = BlockPool(8)
+    ctx = zmq.Context.instance()
+    pub = KVEventPublisher("tcp://127.0.0.1:0", "eng", 4, pool, ctx, snapshot_interval_s=3600)
+    hashes = _hashes(list(range(8)))
+    for b, h in zip(pool.allocate(2), hashes):
+        assert pool.cache_block(b, h)
+    pub.publish()  # the periodic snapshot goes out to nobody; the next one is an hour away
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+    sub.connect(f"tcp://127.0.0.1:{pub.port}")
+    mirror = CachedPrefixes()
+    try:
+        deadline = time.monotonic() + 5
+        while not mirror.trusted and time.monotonic() < deadline:
+            pub.publish()  # engine turns; nothing forces a snapshot but the subscription
+            if sub.poll(50):
+                mirror.apply(json.loads(sub.recv_multipart()[1]))
+        assert mirror.trusted and mirror.longest_prefix_blocks(hashes) == 2
+        assert pub._next_snapshot > time.monotonic() + 3000  # the hourly schedule resumed
+    finally:
+        sub.close()
+        pub.close()

@@ -38,7 +38,11 @@ class KVEventPublisher:
         self.block_size = block_size
         self.pool = pool
         self.snapshot_interval_s = snapshot_interval_s
-        self.socket = context.socket(zmq.PUB)
+        # XPUB, not PUB: it hands us each subscription as it arrives, so a router that just
+        # connected (or reconnected) gets a snapshot at this worker's next turn instead of up
+        # to snapshot_interval_s later; until then it can only route by session affinity.
+        self.socket = context.socket(zmq.XPUB)
+        self.socket.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscribe, not only the first
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SNDHWM, 10000)
         self.socket.bind(address)
@@ -55,12 +59,24 @@ class KVEventPublisher:
         now = time.monotonic() if now is None else now
         events = self.pool.cache_events
         self.pool.cache_events = []
+        if self._new_subscriber():
+            self._next_snapshot = now
         if now >= self._next_snapshot:
             self._next_snapshot = now + self.snapshot_interval_s
             self._send("snapshot", [h.hex() for h in self.pool.cached_hashes()], [])
         elif events:
             self._send("delta", [h.hex() for stored, h in events if stored],
                        [h.hex() for stored, h in events if not stored])
+
+    def _new_subscriber(self) -> bool:
+        """Whether a subscription arrived since the last turn (XPUB's b"\\x01" + topic)."""
+        joined = False
+        while True:
+            try:
+                message = self.socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return joined
+            joined = joined or message[:1] == b"\x01"
 
     def _send(self, kind: str, stored: list[str], removed: list[str]) -> None:
         self.seq += 1
