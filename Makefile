@@ -12,7 +12,8 @@ serve: setup
 # AVX2 tier forced (CADENCE_ISA=avx2), so that tier is tested on every x86 machine.
 AVX2_TIER_TESTS = tests/model/test_fused_decode_f32.py tests/model/test_kernel_tiers.py tests/model/test_gguf_weight.py \
 	tests/model/test_families_vs_hf.py tests/engine/test_batch_invariant_default.py \
-	tests/model/test_attention_row_invariance.py tests/model/test_batch_invariant_paths.py tests/model/test_gguf_stack.py
+	tests/model/test_attention_row_invariance.py tests/model/test_batch_invariant_paths.py tests/model/test_gguf_stack.py \
+	tests/model/test_kv_cache_16bit.py
 
 test: setup
 	.venv/bin/python -m pytest -q tests

@@ -58,7 +58,7 @@ from cadence.model.config import ModelConfig  # noqa: E402
 from cadence.model.gguf_modules import GGUFLinear  # noqa: E402
 from cadence.model.kernels.cpu_ops import load_cpu_kernels  # noqa: E402
 from cadence.model.kernels.isa import describe  # noqa: E402
-from cadence.model.kv_cache import kv_bytes_per_block  # noqa: E402
+from cadence.model.kv_cache import kv_bytes_per_block, kv_cache_dtype  # noqa: E402
 from cadence.model.loader import LoadedModel, load_model  # noqa: E402
 
 
@@ -123,8 +123,8 @@ def int8_peak_flops() -> float | None:
     return max(kernels.int8_dot_peak(4_000_000) for _ in range(3))
 
 
-def kv_bytes_per_token(loaded: LoadedModel) -> int:
-    return kv_bytes_per_block(loaded.config, 1, loaded.dtype)
+def kv_bytes_per_token(loaded: LoadedModel, kv_dtype: torch.dtype) -> int:
+    return kv_bytes_per_block(loaded.config, 1, kv_dtype)
 
 
 def timed(fn, repeats: int) -> tuple[float, float]:
@@ -142,10 +142,10 @@ def timed(fn, repeats: int) -> tuple[float, float]:
 
 
 def decode_step_s(loaded: LoadedModel, batch: int, context: int, steps: int,
-                  kv_budget: float) -> tuple[float, float, bool]:
-    """(median wall seconds, CPU seconds of one decode step of `batch` sequences at `context`,
-    shared context)."""
-    shared = batch * context * kv_bytes_per_token(loaded) > kv_budget
+                  kv_budget: float, kv_dtype: torch.dtype) -> tuple[float, float, bool]:
+    """(median wall seconds, CPU seconds of one decode step of `batch` sequences at `context`
+    over a KV cache stored in kv_dtype, shared context)."""
+    shared = batch * context * kv_bytes_per_token(loaded, kv_dtype) > kv_budget
     per_seq = context // BLOCK_SIZE + 1
     if shared:  # one context's blocks read by all, a private last block each for the new K/V
         ctx_blocks = context // BLOCK_SIZE
@@ -155,7 +155,7 @@ def decode_step_s(loaded: LoadedModel, batch: int, context: int, steps: int,
         num_blocks = batch * per_seq
         order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0)).tolist()
         tables = [tuple(order[i * per_seq:(i + 1) * per_seq]) for i in range(batch)]
-    executor = ModelExecutor(loaded, num_blocks=num_blocks, block_size=BLOCK_SIZE, seed=0)
+    executor = ModelExecutor(loaded, num_blocks=num_blocks, block_size=BLOCK_SIZE, seed=0, kv_dtype=kv_dtype)
     executor.kv_cache.storage.normal_(0, 1)
     chunks = tuple(ScheduledChunk(f"d{i}", (100 + i,), context, tables[i], True, GREEDY, 1, is_prefill=False)
                    for i in range(batch))
@@ -164,10 +164,10 @@ def decode_step_s(loaded: LoadedModel, batch: int, context: int, steps: int,
     return wall, cpu, shared
 
 
-def prefill_s(loaded: LoadedModel, n: int, repeats: int) -> tuple[float, float]:
+def prefill_s(loaded: LoadedModel, n: int, repeats: int, kv_dtype: torch.dtype) -> tuple[float, float]:
     """(median wall seconds, CPU seconds) of one n-token prompt's prefill."""
     blocks = -(-n // BLOCK_SIZE)
-    executor = ModelExecutor(loaded, num_blocks=blocks, block_size=BLOCK_SIZE, seed=0)
+    executor = ModelExecutor(loaded, num_blocks=blocks, block_size=BLOCK_SIZE, seed=0, kv_dtype=kv_dtype)
     ids = tuple(torch.randint(3, loaded.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist())
     chunk = ScheduledChunk("p", ids, 0, tuple(range(blocks)), True, GREEDY, 0)
     return timed(lambda: executor.execute(StepPlan(0, (chunk,), BLOCK_SIZE)), repeats)
@@ -206,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-repeats", type=int, default=1)
     p.add_argument("--kv-budget-gib", type=float, default=4.0,
                    help="above this much KV a decode row shares one context's blocks")
+    p.add_argument("--kv-cache-dtype", nargs="+", default=["auto"],
+                   choices=("auto", "float32", "float16", "bfloat16"),
+                   help="the decode rows' KV cache dtype; several: each decode row once per dtype, "
+                        "side by side (prefill rows and llama.cpp's use the first)")
     p.add_argument("--no-llamacpp", action="store_true")
     p.add_argument("--tg", type=int, default=128,
                    help="llama-bench's generated tokens (tg128; fewer for a quick 8B run on a loaded host)")
@@ -235,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         print("llama.cpp is not built (benchmarks/llamacpp_peer.py --build, or CADENCE_LLAMACPP_CACHE)")
         args.no_llamacpp = True
     budget = args.kv_budget_gib * 2**30
+    kv_dtypes = [kv_cache_dtype(name, loaded.dtype) for name in args.kv_cache_dtype]
     ratios: dict[str, list[float]] = {}
     def peer(test: str) -> float | None:
         """llama-bench's tok/s for one test (pp512 / tg128) on the same file and threads."""
@@ -248,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         return result[test]
 
     def prefill_row(n: int) -> float:
-        wall, cpu = prefill_s(loaded, n, args.prefill_repeats)
+        wall, cpu = prefill_s(loaded, n, args.prefill_repeats, kv_dtypes[0])
         tok_s = n / wall
         floor = n / peaks.seconds(prefill_gemm_flops(c, n), prefill_attention_flops(c, n))
         print(f"  prefill {n:<5}         {tok_s:9.1f} tok/s   floor {floor:9.1f}  = {tok_s / floor:6.1%} "
@@ -257,8 +262,17 @@ def main(argv: list[str] | None = None) -> int:
         return tok_s
 
     def decode_row(batch: int, context: int) -> float:
-        step, cpu, shared = decode_step_s(loaded, batch, context, args.decode_steps, budget)
-        bytes_ = weights + batch * context * kv_bytes_per_token(loaded)
+        """The row for each --kv-cache-dtype; returns the first one's tok/s."""
+        rates = [decode_row_kv(batch, context, kv_dtype) for kv_dtype in kv_dtypes]
+        if len(rates) > 1:
+            print(f"  decode b{batch:<3} ctx{context:<5} " + ", ".join(
+                f"{str(d).removeprefix('torch.')} {r / rates[0]:.2f}x" for d, r in zip(kv_dtypes[1:], rates[1:]))
+                + f" of {str(kv_dtypes[0]).removeprefix('torch.')} KV", flush=True)
+        return rates[0]
+
+    def decode_row_kv(batch: int, context: int, kv_dtype: torch.dtype) -> float:
+        step, cpu, shared = decode_step_s(loaded, batch, context, args.decode_steps, budget, kv_dtype)
+        bytes_ = weights + batch * context * kv_bytes_per_token(loaded, kv_dtype)
         byte_floor_s = bytes_ / machine.bandwidth
         # The roofline floor: the bytes a step reads at the bandwidth, or its FLOPs at the peaks
         # of the arithmetic that runs them (GEMMs at the int8 peak for quantized weights,
@@ -270,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  decode b{batch:<3} ctx{context:<5} {batch / step:9.1f} tok/s  {step * 1e3:8.1f} ms  floor "
               f"{floor_s * 1e3:7.1f} ms = {floor_s / step:6.1%} (bytes {byte_floor_s * 1e3:.1f} ms, "
               f"{bytes_ / step / 1e9:.1f} GB/s; FLOPs {flop_floor_s * 1e3:.1f} ms at the {peaks.gemm_kind}); "
-              f"CPU {cpu * 1e3:.0f} ms{'  shared ctx' if shared else ''}", flush=True)
+              f"CPU {cpu * 1e3:.0f} ms{'  shared ctx' if shared else ''}"
+              f"{f'  KV {kv_dtype}'.replace('torch.', '') if len(kv_dtypes) > 1 else ''}", flush=True)
         return batch / step
 
     for r in range(args.rounds):

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 
 from cadence.core.config import CacheConfig, SchedulerConfig
 
+# --kv-cache-dtype values cadence stores, and vLLM's fp8 values, which it refuses by name.
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+
 # KV cache memory when neither num_blocks nor kv_cache_memory_bytes is given.
 DEFAULT_KV_CACHE_MEMORY_BYTES = 2 * 1024**3
 
@@ -23,7 +27,8 @@ class EngineConfig:
     dtype: str = field(
         default="auto",
         metadata={
-            "help": "Weights and KV cache dtype: auto, float32, bfloat16, float16.",
+            "help": "Weights and activations dtype: auto, float32, bfloat16, float16 (the KV "
+                    "cache follows it unless --kv-cache-dtype says otherwise).",
             "choices": ("auto", "float32", "bfloat16", "float16"),
         },
     )
@@ -81,9 +86,12 @@ class EngineConfig:
     )
     kv_cache_dtype: str = field(
         default="auto",
-        metadata={"help": "KV cache dtype: 'auto' = the model's dtype (the only one the "
-                          "kernels support today).",
-                  "choices": ("auto", "float32", "bfloat16", "float16")},
+        metadata={"help": "How the KV cache stores keys and values: 'auto' = the model's compute "
+                          "dtype; float16 or bfloat16 halve a float32 model's KV bytes (attention "
+                          "still computes in float32, the pool holds twice the tokens); a bf16 "
+                          "model's cache is bfloat16. vLLM's fp8 values are refused (not "
+                          "implemented).",
+                  "choices": (*KV_CACHE_DTYPES, *FP8_KV_CACHE_DTYPES)},
     )
     telemetry_max_steps: int = field(
         default=10_000, metadata={"help": "Recent step records kept in memory."}
@@ -93,6 +101,12 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype in FP8_KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}: cadence has no fp8 KV "
+                             "cache; use float16 or bfloat16 (half of float32's bytes) or auto")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}: use one of "
+                             f"{', '.join(KV_CACHE_DTYPES)}")
         if not isinstance(self.scheduler, SchedulerConfig):
             raise ValueError("scheduler must be a SchedulerConfig")
         if not isinstance(self.cache, CacheConfig):

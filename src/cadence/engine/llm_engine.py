@@ -95,7 +95,7 @@ class LLMEngine:
         from cadence.core.scheduler import Scheduler
         from cadence.executor.model_runner import ModelExecutor
         from cadence.engine.memory_bound import check_memory_bound, kv_bytes_from_fraction
-        from cadence.model.kv_cache import kv_bytes_per_block
+        from cadence.model.kv_cache import kv_bytes_per_block, kv_cache_dtype
 
         if cfg.deterministic:
             # Float32 / bf16 weights too on the packed kernels at every row count (integer
@@ -103,6 +103,8 @@ class LLMEngine:
             pin = getattr(loaded.model, "pin_invariant_gemms", None)
             if pin is not None:
                 pin()
+        # The KV cache's storage dtype: blocks per byte of pool and the bound follow it.
+        kv_dtype = kv_cache_dtype(cfg.kv_cache_dtype, loaded.dtype)
         sched_cfg = cfg.scheduler
         model_len = loaded.config.max_position_embeddings
         if sched_cfg.max_model_len > model_len:
@@ -116,15 +118,14 @@ class LLMEngine:
             cache_cfg = dataclasses.replace(cache_cfg, kv_cache_memory_bytes=pool)
         cache_cfg = resolve_num_blocks(
             cache_cfg,
-            kv_bytes_per_block(loaded.config, cfg.cache.block_size, loaded.dtype),
+            kv_bytes_per_block(loaded.config, cfg.cache.block_size, kv_dtype),
             sched_cfg.max_num_seqs,
             sched_cfg.max_model_len,
         )
         # Fail now, not under load, when the pool and one full step cannot fit.
         self.memory_bound = check_memory_bound(
             loaded,
-            cache_cfg.num_blocks * kv_bytes_per_block(loaded.config, cache_cfg.block_size,
-                                                      loaded.dtype),
+            cache_cfg.num_blocks * kv_bytes_per_block(loaded.config, cache_cfg.block_size, kv_dtype),
             sched_cfg.max_num_batched_tokens, sched_cfg.max_num_seqs)
         if loaded.device.type == "cpu":
             # Build/load the compiled CPU kernels before the first request, not inside it.
@@ -138,6 +139,7 @@ class LLMEngine:
             load_cpu_kernels()
             logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)
         executor = ModelExecutor(loaded, cache_cfg.num_blocks, cache_cfg.block_size, seed=cfg.seed,
+                                 kv_dtype=kv_dtype,
                                  num_swap_blocks=cache_cfg.num_swap_blocks,
                                  kv_offload_dir=cache_cfg.kv_offload_dir,
                                  kv_offload_disk_blocks=cache_cfg.kv_offload_disk_blocks)
@@ -267,6 +269,7 @@ class LLMEngine:
                                f" = {executor.num_blocks * executor.block_size} tokens")
             kv_bytes = kv.storage.numel() * kv.storage.element_size()
             out["kv_cache_mib"] = round(kv_bytes / 2**20, 1)
+            out["kv_cache_dtype"] = str(kv.dtype).removeprefix("torch.")
             out["kernels"] = (getattr(self, "fast_path", None)
                               or _kernel_description(loaded.device))
         if cfg is not None:

@@ -32,12 +32,9 @@ def apply_model_overrides(loaded: Any, cfg: EngineConfig) -> Any:
             with open(os.path.expanduser(source), encoding="utf-8") as f:
                 source = f.read()
         tokenizer = tokenizer.with_chat_template(source)
-    if cfg.kv_cache_dtype != "auto":
-        model_dtype = str(loaded.dtype).removeprefix("torch.")
-        if cfg.kv_cache_dtype != model_dtype:
-            raise ValueError(f"kv_cache_dtype={cfg.kv_cache_dtype} is not supported with a "
-                             f"{model_dtype} model: the KV cache follows the model's dtype "
-                             "(use 'auto')")
+    from cadence.model.kv_cache import kv_cache_dtype
+
+    kv_cache_dtype(cfg.kv_cache_dtype, loaded.dtype)  # a pair no path serves fails here
     if tokenizer is not loaded.tokenizer:
         loaded = dataclasses.replace(loaded, tokenizer=tokenizer)
     return loaded

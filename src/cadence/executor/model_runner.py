@@ -33,28 +33,30 @@ class DiskIO:
 class ModelExecutor:
     """StepPlan -> tensors -> forward -> logits of the sampling rows -> sampled tokens.
 
-    The cache holds `num_blocks` blocks of `block_size` positions, in the model's dtype and on
-    its device. `seed` seeds the RNG used by unseeded random sampling (seeded requests use their
+    The cache holds `num_blocks` blocks of `block_size` positions, on the model's device, in
+    `kv_dtype` (default: the model's dtype; float16 / bf16 under a float32 model halve it). `seed` seeds the RNG used by unseeded random sampling (seeded requests use their
     own generator, see sampler.py).
     """
 
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
                  seed: int | None = None, num_swap_blocks: int = 0,
-                 kv_offload_dir: str | None = None, kv_offload_disk_blocks: int = 8):
+                 kv_offload_dir: str | None = None, kv_offload_disk_blocks: int = 8,
+                 kv_dtype: torch.dtype | None = None):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
         self.device = loaded.device
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.kv_cache = KVCache(loaded.config, num_blocks, block_size, loaded.dtype, self.device)
+        kv_dtype = kv_dtype or loaded.dtype
+        self.kv_cache = KVCache(loaded.config, num_blocks, block_size, kv_dtype, self.device)
         # The host tier of swap preemption (core/swap.py): [num_layers, 2, num_swap_blocks,
         # block_size, num_kv_heads, head_dim] in host memory (pinned when the cache is on CUDA).
         self.host_kv: torch.Tensor | None = None
         if num_swap_blocks:
             shape = list(self.kv_cache.storage.shape)
             shape[2] = num_swap_blocks
-            self.host_kv = torch.zeros(shape, dtype=loaded.dtype, device="cpu",
+            self.host_kv = torch.zeros(shape, dtype=kv_dtype, device="cpu",
                                        pin_memory=self.device.type == "cuda")
         # The disk tier (core/disk_tier.py): block files under a directory of its own.
         self.disk = None
@@ -63,7 +65,7 @@ class ModelExecutor:
 
             shape = list(self.kv_cache.storage.shape)
             del shape[2]  # one block: [num_layers, 2, block_size, num_kv_heads, head_dim]
-            self.disk = DiskKVStore(kv_offload_dir, tuple(shape), loaded.dtype)
+            self.disk = DiskKVStore(kv_offload_dir, tuple(shape), kv_dtype)
         self.disk_slots_for_probe = kv_offload_disk_blocks
         self.model.prepare_fast_path()  # pack fast-path weights now, not in the first request
         self.structured = StructuredOutputs(loaded.tokenizer, loaded.config.vocab_size)

@@ -33,11 +33,12 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def _gather_context(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """Cache rows of the given blocks, in order: [..., n_blocks * block_size, kv_heads, head_dim]."""
+def _gather_context(cache: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cache rows of the given blocks, in order, in the compute dtype (a float16 / bf16 cache
+    under float32 queries is widened): [..., n_blocks * block_size, kv_heads, head_dim]."""
     # cache[blocks]: [..., n_blocks, block_size, kv_heads, head_dim]
     gathered = cache[blocks]
-    return gathered.flatten(-4, -3)
+    return gathered.flatten(-4, -3).to(dtype)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -89,8 +90,8 @@ def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     blocks = meta.block_tables[i, first: meta.num_blocks_host[i]]
     offset = first * meta.block_size  # position of the first gathered key
     # keys/values: [seq_len - offset, kv_heads, head_dim] -> [1, kv_heads, seq_len - offset, head_dim]
-    keys = _gather_context(k_cache, blocks)[:seq_len - offset].transpose(0, 1).unsqueeze(0)
-    values = _gather_context(v_cache, blocks)[:seq_len - offset].transpose(0, 1).unsqueeze(0)
+    keys = _gather_context(k_cache, blocks, q.dtype)[:seq_len - offset].transpose(0, 1).unsqueeze(0)
+    values = _gather_context(v_cache, blocks, q.dtype)[:seq_len - offset].transpose(0, 1).unsqueeze(0)
     query = q[q_start:q_end].transpose(0, 1).unsqueeze(0)  # [1, heads, n_new, head_dim]
     n_new = q_end - q_start
     if window is not None or softcap is not None:
@@ -131,8 +132,8 @@ def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         # Padding blocks (and the tail of the last block) are masked out.
         blocks, valid = meta.decode_blocks, meta.decode_valid  # [B, n_blocks], [B, L]
     # keys: [B, L, kv_heads, D] -> [B, kv_heads, D, L]; values -> [B, kv_heads, L, D]
-    keys = _gather_context(k_cache, blocks).permute(0, 2, 3, 1)
-    values = _gather_context(v_cache, blocks).transpose(1, 2)
+    keys = _gather_context(k_cache, blocks, q.dtype).permute(0, 2, 3, 1)
+    values = _gather_context(v_cache, blocks, q.dtype).transpose(1, 2)
     query = q[meta.decode_rows].view(batch, num_kv_heads, group, head_dim)  # [B, kv_heads, G, D]
     scores = torch.matmul(query, keys).float() * scale  # [B, kv_heads, G, L]
     if softcap is not None:

@@ -107,8 +107,8 @@ def _sdpa_over_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
     blocks = meta.block_tables[i, : meta.num_blocks_host[i]]
     # cache[blocks]: [n_blocks, block_size, Hkv, D] -> [1, Hkv, seq_len, D]
-    keys = k_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0)
-    values = v_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0)
+    keys = k_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0).to(q.dtype)
+    values = v_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1).unsqueeze(0).to(q.dtype)
     q_pos = torch.arange(start_pos, seq_len, device=q.device)
     k_pos = torch.arange(seq_len, device=q.device)
     mask = k_pos[None, :] <= q_pos[:, None]  # [n_new, seq_len]

@@ -7,14 +7,42 @@ import torch
 from cadence.model.config import ModelConfig
 
 
+# --kv-cache-dtype names -> storage dtypes ("auto" resolves by the model's dtype).
+_NAMED = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# What a 16-bit cache may sit under: float32 compute widens float16 / bf16 K/V in registers (the
+# CPU kernels, or a cast in the torch path); bf16 compute keeps a bf16 cache (its kernels read
+# only that).
+_STORABLE = {torch.float32: (torch.float32, torch.float16, torch.bfloat16),
+             torch.bfloat16: (torch.bfloat16,), torch.float16: (torch.float16,)}
+
+
+def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's storage dtype for --kv-cache-dtype `name` under a model computing in
+    `model_dtype`; ValueError for a pair the attention paths do not serve."""
+    if name == "auto":
+        return model_dtype
+    if name not in _NAMED:
+        raise ValueError(f"kv_cache_dtype={name!r}: use auto, {', '.join(_NAMED)}")
+    dtype = _NAMED[name]
+    if dtype not in _STORABLE.get(model_dtype, (model_dtype,)):
+        model = str(model_dtype).removeprefix("torch.")
+        raise ValueError(f"kv_cache_dtype={name} is not supported with a {model} model: a "
+                         f"{model} model's KV cache is {model} (use 'auto'); float16/bfloat16 "
+                         "caches serve float32 models")
+    return dtype
+
+
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block costs across all layers (K and V): what the engine divides memory by."""
+    """Bytes one block costs across all layers (K and V) in the cache's storage dtype: what the
+    engine divides memory by. [layers, 2, block_size, kv_heads, head_dim] elements: a GQA model
+    counts its KV heads (8 x 128 on Llama 3.x 8B), not its query heads."""
     element_size = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element_size
 
 
 class KVCache:
-    """Keys and values of every layer in fixed-size blocks.
+    """Keys and values of every layer in fixed-size blocks, in `dtype` (the model's compute
+    dtype, or float16 / bf16 under a float32 model: kv_cache_dtype).
 
     One tensor holds everything so that copying a block (copy-on-write) is one op for all layers:
     storage: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]. `k[layer]` and

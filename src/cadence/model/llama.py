@@ -651,7 +651,9 @@ class LlamaForCausalLM(nn.Module):
         if self.config.embedding_multiplier is not None:
             # HF Gemma: times sqrt(hidden) as a tensor of the hidden dtype (rounded to it).
             x = x * torch.tensor(self.config.embedding_multiplier, dtype=x.dtype)
-        kernels = cpu_kernels_for(x) if use_kernels and kv.dtype == x.dtype else None
+        # The kernels read a cache in the compute dtype, or float16 / bf16 under float32.
+        kv_ok = kv.dtype == x.dtype or (x.dtype == torch.float32 and kv.dtype in (torch.float16, torch.bfloat16))
+        kernels = cpu_kernels_for(x) if use_kernels and kv_ok else None
         if kernels is not None:
             return self._forward_cpu(x, positions, meta, kv, kernels, between_layers)
         self._check_float_weights("the pure-torch forward")

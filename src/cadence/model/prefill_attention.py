@@ -92,16 +92,18 @@ def blocked_over_context(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tens
     (the context gathered once)."""
     start_pos, seq_len = meta.start_pos_host[i], meta.seq_lens_host[i]
     kernel = prefill_kernel(q, kernels)
-    if kernel is not None:
-        if start_pos == 0:
-            return kernel(q, k_new, v_new, scale, None, -1)
+    if kernel is not None and start_pos == 0:
+        return kernel(q, k_new, v_new, scale, None, -1)
+    if kernel is not None and k_cache.dtype == q.dtype:  # (it reads a cache of q's dtype only)
         return kernel(q, k_cache, v_cache, scale, meta.block_tables[i], seq_len)
     if start_pos == 0:
         keys, values = k_new, v_new
     else:
         blocks = meta.block_tables[i, : meta.num_blocks_host[i]]
-        keys = k_cache[blocks].flatten(0, 1)[:seq_len]  # [seq_len, Hkv, D]
-        values = v_cache[blocks].flatten(0, 1)[:seq_len]
+        keys = k_cache[blocks].flatten(0, 1)[:seq_len].to(q.dtype)  # [seq_len, Hkv, D]
+        values = v_cache[blocks].flatten(0, 1)[:seq_len].to(q.dtype)
+    if kernel is not None:
+        return kernel(q, keys.contiguous(), values.contiguous(), scale, None, -1)
     return blocked_causal_attention(q, keys, values, scale, QUERY_BLOCK)
 
 

@@ -10,6 +10,7 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -39,11 +40,18 @@ inline float to_float(c10::BFloat16 x) {
   return f;
 }
 
+// float16 (a 16-bit KV cache of the float32 path): torch's own conversion, exact.
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
+
 template <typename T> inline T from_float(float x);
 template <> inline float from_float<float>(float x) { return x; }
 template <> inline c10::BFloat16 from_float<c10::BFloat16>(float x) {
   // Round to nearest even, as torch's float -> bfloat16 cast does.
   return c10::BFloat16(x);
+}
+template <> inline c10::Half from_float<c10::Half>(float x) {
+  // Round to nearest even, as torch's float -> float16 cast does.
+  return c10::Half(x);
 }
 
 // Rounds a float through the storage type (a no-op for float32): reproduces the model dtype's
@@ -70,6 +78,10 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // The first lanes of `mask` from T (zeros elsewhere).

@@ -135,10 +135,11 @@ bool attend_grouped_d64(int64_t G, const float* qf, const T* kb, const T* vb, co
 // ---------------------------------------------------------------------------------------------
 // paged_attention
 constexpr int64_t PARALLEL_MIN_POSITIONS = 32768;  // (position, KV head) pairs
-// q: [N, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables: [S, max_blocks]
-// int32; row_seq: [N] int64 (which block-table row each query uses); ctx_lens: [N] int64 (query
-// row n attends over positions [0, ctx_lens[n])). Returns [N, Hq, D] in q's dtype.
-template <typename T>
+// q: [N, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D] in storage type KV (T, or a
+// float16 / bf16 cache under float32 queries); block_tables: [S, max_blocks] int32; row_seq: [N]
+// int64 (which block-table row each query uses); ctx_lens: [N] int64 (query row n attends over
+// positions [0, ctx_lens[n])). Returns [N, Hq, D] in q's dtype.
+template <typename T, typename KV = T>
 void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
                           const at::Tensor& v_cache, const at::Tensor& block_tables,
                           const at::Tensor& row_seq, const at::Tensor& ctx_lens,
@@ -148,8 +149,8 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   const int64_t G = Hq / Hkv;
   const int64_t max_blocks = block_tables.size(1);
   const T* qp = q.data_ptr<T>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
+  const KV* kp = k_cache.data_ptr<KV>();
+  const KV* vp = v_cache.data_ptr<KV>();
   const int32_t* bt = block_tables.data_ptr<int32_t>();
   const int64_t* seq = row_seq.data_ptr<int64_t>();
   const int64_t* lens = ctx_lens.data_ptr<int64_t>();
@@ -176,16 +177,16 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
       }
 #if defined(__AVX512F__)
       if (D == 64 || D == 128) {
-        const T* kb = kp + h * D;
-        const T* vb = vp + h * D;
-        if (D == 64 && attend_grouped_d64<T>(G, qf.data(), kb, vb, table, block_size, ctx,
+        const KV* kb = kp + h * D;
+        const KV* vb = vp + h * D;
+        if (D == 64 && attend_grouped_d64<KV>(G, qf.data(), kb, vb, table, block_size, ctx,
                                              token_stride, scores.data(), acc.data())) {
           // done by the grouped kernel
         } else if (D == 64)
-          attend_item_avx512<T, 4>(qf.data(), G, kb, vb, table, block_size, ctx, token_stride,
+          attend_item_avx512<KV, 4>(qf.data(), G, kb, vb, table, block_size, ctx, token_stride,
                                    scores.data(), acc.data());
         else
-          attend_item_avx512<T, 8>(qf.data(), G, kb, vb, table, block_size, ctx, token_stride,
+          attend_item_avx512<KV, 8>(qf.data(), G, kb, vb, table, block_size, ctx, token_stride,
                                    scores.data(), acc.data());
         for (int64_t g = 0; g < G; ++g) {
           T* dst = op + (n * Hq + h * G + g) * D;
@@ -197,7 +198,7 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
       // scores[g, pos] = q_g . k_pos
       for (int64_t pos = 0; pos < ctx; ++pos) {
         const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
-        const T* krow = kp + slot * token_stride + h * D;
+        const KV* krow = kp + slot * token_stride + h * D;
         for (int64_t g = 0; g < G; ++g) {
           const float* qg = qf.data() + g * D;
           float dot = 0.f;
@@ -223,7 +224,7 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t pos = 0; pos < ctx; ++pos) {
         const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
-        const T* vrow = vp + slot * token_stride + h * D;
+        const KV* vrow = vp + slot * token_stride + h * D;
         for (int64_t g = 0; g < G; ++g) {
           const float p = scores[g * ctx + pos];
           float* a = acc.data() + g * D;
@@ -246,6 +247,8 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
 // order. Serves every row of the steps the stack does not take (mixed prefill + decode steps,
 // long prompt chunks, batches over its row cap): one arithmetic per row whatever its step
 // (batch-invariant greedy results, attention_cpu.py). The AVX-512 tiers take it too.
+// KV: the cache's storage type (float, c10::Half or c10::BFloat16; attention_f32.h).
+template <typename KV>
 void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                               const at::Tensor& block_tables, const at::Tensor& row_seq,
                               const at::Tensor& ctx_lens, double scale, at::Tensor& out) {
@@ -253,8 +256,8 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
   const int64_t block_size = k_cache.size(1), Hkv = k_cache.size(2), G = Hq / Hkv;
   const int64_t max_blocks = block_tables.size(1);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const KV* kp = k_cache.data_ptr<KV>();
+  const KV* vp = v_cache.data_ptr<KV>();
   float* op = out.data_ptr<float>();
   const int32_t* bt = block_tables.data_ptr<int32_t>();
   const int64_t* seq = row_seq.data_ptr<int64_t>();
@@ -307,8 +310,8 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
           attend(qp + first * Hq * D, G, Hkv, kp, vp, table, block_size, q0, q1, fscale, scores.data(),
                  plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[first]);
         };
-        if (D == 64) run(avx2::attend_span_f32<64>);
-        else run(avx2::attend_span_f32<128>);
+        if (D == 64) run(avx2::attend_span_f32<64, KV>);
+        else run(avx2::attend_span_f32<128, KV>);
         return;
       }
       const int rows = static_cast<int>(last - first);
@@ -325,8 +328,8 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
         attend(qp + first * Hq * D, Hq * D, rows, G, Hkv, kp, vp, table, block_size, p0, lens + first, fscale,
                scores.data(), mx, sm, acc);
       };
-      if (D == 64) run(avx2::attend_rows_span_f32<64>);
-      else run(avx2::attend_rows_span_f32<128>);
+      if (D == 64) run(avx2::attend_rows_span_f32<64, KV>);
+      else run(avx2::attend_rows_span_f32<128, KV>);
     }
   });
   at::parallel_for(0, N * Hq, parallel ? 1 : N * Hq + 1, [&](int64_t begin, int64_t end) {
@@ -388,8 +391,13 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
   check_cpu_contiguous(block_tables, "block_tables");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
               "paged_attention: q [N, Hq, D], caches [blocks, block_size, Hkv, D]");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
-              "paged_attention: q and caches must share a dtype");
+  // Caches in q's dtype, or float16 / bf16 under float32 queries (a 16-bit KV cache of the float32
+  // path: loads widen to float32, the arithmetic is float32's).
+  const auto cache_type = k_cache.scalar_type();
+  TORCH_CHECK(v_cache.scalar_type() == cache_type &&
+                  (q.scalar_type() == cache_type ||
+                   (q.scalar_type() == at::kFloat && (cache_type == at::kHalf || cache_type == at::kBFloat16))),
+              "paged_attention: caches must share q's dtype, or be float16 / bfloat16 under float32 q");
   TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(2) == 0,
               "paged_attention: head_dim mismatch or Hq not a multiple of Hkv");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt, "block_tables must be int32");
@@ -417,13 +425,19 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
   }
   auto out = at::empty_like(q);
   if (q.scalar_type() == at::kFloat) {
+    auto by_cache = [&](auto kv_tag) {
+      using KV = decltype(kv_tag);
 #if CADENCE_HAVE_AVX2
-    if (q.size(2) == 64 || q.size(2) == 128) {
-      paged_attention_f32_avx2(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
-      return out;
-    }
+      if (q.size(2) == 64 || q.size(2) == 128) {
+        paged_attention_f32_avx2<KV>(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
+        return;
+      }
 #endif
-    paged_attention_impl<float>(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
+      paged_attention_impl<float, KV>(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
+    };
+    if (cache_type == at::kHalf) by_cache(c10::Half{});
+    else if (cache_type == at::kBFloat16) by_cache(c10::BFloat16{});
+    else by_cache(float{});
   } else if (q.scalar_type() == at::kBFloat16) {
 #if CADENCE_HAVE_AVX512BF16
     if (decode_attention_supports(q.size(2))) {

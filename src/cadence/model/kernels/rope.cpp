@@ -10,7 +10,7 @@ namespace cadence_kernels {
 // rope_write_kv
 // qkv: [T, (Hq + 2 Hkv) * D] (q heads, then k heads, then v heads), rotated in place;
 // cos, sin: [T, D] float32; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; slots: [T] int64.
-template <typename T>
+template <typename T, typename C>
 void rope_write_kv_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                         int64_t Hq, int64_t Hkv, at::Tensor& k_cache, at::Tensor& v_cache,
                         const at::Tensor& slots) {
@@ -19,13 +19,13 @@ void rope_write_kv_impl(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
   T* x = qkv.data_ptr<T>();
   const float* c = cos.data_ptr<float>();
   const float* s = sin.data_ptr<float>();
-  T* kc = k_cache.data_ptr<T>();
-  T* vc = v_cache.data_ptr<T>();
+  C* kc = k_cache.data_ptr<C>();
+  C* vc = v_cache.data_ptr<C>();
   const int64_t* sl = slots.data_ptr<int64_t>();
   at::parallel_for(0, T_, row_grain(T_, width), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
-      rope_write_row<T>(x + t * width, c + t * D, s + t * D, Hq, Hkv, D, kc + sl[t] * Hkv * D,
-                        vc + sl[t] * Hkv * D);
+      rope_write_row<T, C>(x + t * width, c + t * D, s + t * D, Hq, Hkv, D, kc + sl[t] * Hkv * D,
+                           vc + sl[t] * Hkv * D);
   });
 }
 
@@ -44,9 +44,13 @@ void rope_write_kv(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t num_h
                   c.size(0) == qkv.size(0) && sl.numel() == qkv.size(0) &&
                   k_cache.size(2) == num_kv_heads,
               "rope_write_kv: shape mismatch");
-  TORCH_CHECK(qkv.scalar_type() == k_cache.scalar_type() && v_cache.sizes() == k_cache.sizes() &&
-                  v_cache.scalar_type() == k_cache.scalar_type(),
-              "rope_write_kv: qkv and caches must share dtype and shape");
+  // A float32 qkv may go into a float32, float16 or bf16 cache (a 16-bit KV cache of the
+  // float32 path); a bf16 qkv into a bf16 cache.
+  const auto cache_type = k_cache.scalar_type();
+  TORCH_CHECK(v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == cache_type &&
+                  (qkv.scalar_type() == cache_type ||
+                   (qkv.scalar_type() == at::kFloat && (cache_type == at::kHalf || cache_type == at::kBFloat16))),
+              "rope_write_kv: caches must share a shape and dtype: qkv's, or float16 / bfloat16 under a float32 qkv");
   {
     const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
     const int64_t* sp = sl.data_ptr<int64_t>();
@@ -54,9 +58,14 @@ void rope_write_kv(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t num_h
       TORCH_CHECK(sp[t] >= 0 && sp[t] < num_slots, "rope_write_kv: slot ", sp[t], " outside cache of ", num_slots);
   }
   if (qkv.scalar_type() == at::kFloat) {
-    rope_write_kv_impl<float>(qkv, c, s, num_heads, num_kv_heads, k_cache, v_cache, sl);
+    if (cache_type == at::kHalf)
+      rope_write_kv_impl<float, c10::Half>(qkv, c, s, num_heads, num_kv_heads, k_cache, v_cache, sl);
+    else if (cache_type == at::kBFloat16)
+      rope_write_kv_impl<float, c10::BFloat16>(qkv, c, s, num_heads, num_kv_heads, k_cache, v_cache, sl);
+    else
+      rope_write_kv_impl<float, float>(qkv, c, s, num_heads, num_kv_heads, k_cache, v_cache, sl);
   } else if (qkv.scalar_type() == at::kBFloat16) {
-    rope_write_kv_impl<c10::BFloat16>(qkv, c, s, num_heads, num_kv_heads, k_cache, v_cache, sl);
+    rope_write_kv_impl<c10::BFloat16, c10::BFloat16>(qkv, c, s, num_heads, num_kv_heads, k_cache, v_cache, sl);
   } else {
     TORCH_CHECK(false, "rope_write_kv: float32 or bfloat16 only");
   }

@@ -91,12 +91,34 @@ inline void silu_mul_row(const T* g, const T* u, T* y, int64_t I) {
   }
 }
 
+// n values of a K or V row into a cache slot of storage type C: a copy where C is the row's
+// type, else rounded to nearest even (float32 rows into a float16 or bf16 cache) exactly as
+// torch's cast rounds them, so the torch write path (attention.write_kv) stores the same bits.
+template <typename T, typename C>
+inline void store_kv_row(C* dst, const T* src, int64_t n) {
+  if constexpr (std::is_same_v<T, C>) {
+    std::memcpy(dst, src, sizeof(T) * n);
+  } else {
+    static_assert(std::is_same_v<T, float>, "a 16-bit KV cache holds float32 rows only");
+    int64_t i = 0;
+#if defined(__F16C__)
+    if constexpr (std::is_same_v<C, c10::Half>) {
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#endif
+    for (; i < n; ++i) dst[i] = from_float<C>(src[i]);
+  }
+}
+
 // One token of rope + cache write: row = [q heads | k heads | v heads] (each D wide) rotated in
 // place (q and k: x * cos + rotate_half(x) * sin, each product and the sum rounded to T as the
-// eager path does); then k and v are copied to the cache slot (kc, vc point at the slot's row).
-template <typename T>
+// eager path does); then k and v are stored in the cache slot (kc, vc point at the slot's row),
+// in the cache's storage type C (T, or float16 / bf16 for a float32 row: store_kv_row).
+template <typename T, typename C = T>
 inline void rope_write_row(T* row, const float* ct, const float* st, int64_t Hq, int64_t Hkv,
-                           int64_t D, T* kc_slot, T* vc_slot) {
+                           int64_t D, C* kc_slot, C* vc_slot) {
   const int64_t half = D / 2;
 #if defined(__AVX512F__)
   // bf16 rows 16 dims at a time (the same roundings lane by lane; float32 keeps the scalar
@@ -125,8 +147,8 @@ inline void rope_write_row(T* row, const float* ct, const float* st, int64_t Hq,
           store16(v + half + 16 * i, hi);
         }
       }
-      std::memcpy(kc_slot, row + Hq * D, sizeof(T) * Hkv * D);
-      std::memcpy(vc_slot, row + (Hq + Hkv) * D, sizeof(T) * Hkv * D);
+      store_kv_row(kc_slot, row + Hq * D, Hkv * D);
+      store_kv_row(vc_slot, row + (Hq + Hkv) * D, Hkv * D);
       return;
     }
   }
@@ -143,8 +165,8 @@ inline void rope_write_row(T* row, const float* ct, const float* st, int64_t Hq,
       v[d + half] = from_float<T>(hi);
     }
   }
-  std::memcpy(kc_slot, row + Hq * D, sizeof(T) * Hkv * D);
-  std::memcpy(vc_slot, row + (Hq + Hkv) * D, sizeof(T) * Hkv * D);
+  store_kv_row(kc_slot, row + Hq * D, Hkv * D);
+  store_kv_row(vc_slot, row + (Hq + Hkv) * D, Hkv * D);
 }
 
 }  // namespace cadence_kernels

@@ -27,6 +27,9 @@
 #include <utility>
 #include <vector>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include "vec8.h"
 
 namespace cadence_kernels {
@@ -39,6 +42,21 @@ constexpr int64_t ATTN_SPAN = 256;
 inline int64_t num_spans(int64_t ctx_len) { return (ctx_len + ATTN_SPAN - 1) / ATTN_SPAN; }
 
 #if CADENCE_HAVE_AVX2
+
+// 8 cache values widened to float32: the cache stores K/V as float32, float16 (F16C's
+// vcvtph2ps, on every x86 tier) or bf16 (a shift); attention computes in float32 either way, a
+// 16-bit cache halves the bytes each position streams.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) { return load_bf16(reinterpret_cast<const uint16_t*>(p)); }
+inline __m256 load8(const c10::Half* p) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  alignas(32) float f[8];
+  for (int i = 0; i < 8; ++i) f[i] = static_cast<float>(p[i]);
+  return _mm256_load_ps(f);
+#endif
+}
 
 // Query heads of one KV head computed together: 3 x 4 accumulators (+ 3 query or weight
 // vectors + 1 K/V vector) fill the 16 ymm registers.
@@ -63,14 +81,14 @@ inline __m128 transpose_sum4(const __m256 v[4]) {
 
 // scores[h][i] = scale * q_h . k_i for HC query heads (q [HC, D]) over the span's K rows (at
 // element koff of each row).
-template <int D, int HC>
-inline void scores_pass(const float* q, const float* const* krow, int64_t koff, int64_t span, float scale,
+template <int D, int HC, typename KV>
+inline void scores_pass(const float* q, const KV* const* krow, int64_t koff, int64_t span, float scale,
                         float* scores) {
   constexpr int DC = D / 8;
   const __m128 vscale = _mm_set1_ps(scale);
   for (int64_t i0 = 0; i0 < span; i0 += 4) {
     const int count = static_cast<int>(std::min<int64_t>(4, span - i0));
-    const float* k4[4];
+    const KV* k4[4];
     for (int j = 0; j < 4; ++j) k4[j] = krow[i0 + std::min(j, count - 1)] + koff;
     __m256 acc[HC][4];
     for (int h = 0; h < HC; ++h)
@@ -79,7 +97,7 @@ inline void scores_pass(const float* q, const float* const* krow, int64_t koff, 
       __m256 qv[HC];
       for (int h = 0; h < HC; ++h) qv[h] = _mm256_loadu_ps(q + h * D + 8 * c);
       for (int j = 0; j < 4; ++j) {
-        const __m256 kv = _mm256_loadu_ps(k4[j] + 8 * c);
+        const __m256 kv = load8(k4[j] + 8 * c);
         for (int h = 0; h < HC; ++h) acc[h][j] = _mm256_fmadd_ps(qv[h], kv, acc[h][j]);
       }
     }
@@ -96,15 +114,15 @@ inline void scores_pass(const float* q, const float* const* krow, int64_t koff, 
 // by the same tree: transpose_sum8 and transpose_sum4 both add lanes (0+1)+(2+3), then the two
 // 128-bit halves), with 8 keys per q load and a cheaper reduction per score. Its 3 x 8
 // accumulators need the 32 vector registers of AVX-512VL; elsewhere it is scores_pass.
-template <int D, int HC>
-inline void scores_pass_wide(const float* q, const float* const* krow, int64_t koff, int64_t span, float scale,
+template <int D, int HC, typename KV>
+inline void scores_pass_wide(const float* q, const KV* const* krow, int64_t koff, int64_t span, float scale,
                              float* scores) {
 #if defined(__AVX512VL__)
   constexpr int DC = D / 8;
   const __m256 vscale = _mm256_set1_ps(scale);
   for (int64_t i0 = 0; i0 < span; i0 += 8) {
     const int count = static_cast<int>(std::min<int64_t>(8, span - i0));
-    const float* k8[8];
+    const KV* k8[8];
     for (int j = 0; j < 8; ++j) k8[j] = krow[i0 + std::min(j, count - 1)] + koff;
     __m256 acc[HC][8];
     for (int h = 0; h < HC; ++h)
@@ -113,7 +131,7 @@ inline void scores_pass_wide(const float* q, const float* const* krow, int64_t k
       __m256 qv[HC];
       for (int h = 0; h < HC; ++h) qv[h] = _mm256_loadu_ps(q + h * D + 8 * c);
       for (int j = 0; j < 8; ++j) {
-        const __m256 kv = _mm256_loadu_ps(k8[j] + 8 * c);
+        const __m256 kv = load8(k8[j] + 8 * c);
         for (int h = 0; h < HC; ++h) acc[h][j] = _mm256_fmadd_ps(qv[h], kv, acc[h][j]);
       }
     }
@@ -123,7 +141,7 @@ inline void scores_pass_wide(const float* q, const float* const* krow, int64_t k
     }
   }
 #else
-  scores_pass<D, HC>(q, krow, koff, span, scale, scores);
+  scores_pass<D, HC, KV>(q, krow, koff, span, scale, scores);
 #endif
 }
 
@@ -131,8 +149,8 @@ inline void scores_pass_wide(const float* q, const float* const* krow, int64_t k
 // [i0, i1) of the span (at element voff of each row), 32 dims at a time, key by key in order:
 // from zero when `first`, else continuing the sums in acc_io (a span taken in pieces sums exactly
 // as in one pass).
-template <int D, int HC>
-inline void values_range(const float* p, const float* const* vrow, int64_t voff, int64_t i0, int64_t i1,
+template <int D, int HC, typename KV>
+inline void values_range(const float* p, const KV* const* vrow, int64_t voff, int64_t i0, int64_t i1,
                          float* acc_io, bool first) {
   for (int d0 = 0; d0 < D; d0 += 32) {
     __m256 acc[HC][4];
@@ -142,9 +160,9 @@ inline void values_range(const float* p, const float* const* vrow, int64_t voff,
     for (int64_t i = i0; i < i1; ++i) {
       __m256 w[HC];
       for (int h = 0; h < HC; ++h) w[h] = _mm256_broadcast_ss(p + h * ATTN_SPAN + i);
-      const float* v = vrow[i] + voff + d0;
+      const KV* v = vrow[i] + voff + d0;
       for (int c = 0; c < 4; ++c) {
-        const __m256 vv = _mm256_loadu_ps(v + 8 * c);
+        const __m256 vv = load8(v + 8 * c);
         for (int h = 0; h < HC; ++h) acc[h][c] = _mm256_fmadd_ps(w[h], vv, acc[h][c]);
       }
     }
@@ -153,26 +171,26 @@ inline void values_range(const float* p, const float* const* vrow, int64_t voff,
   }
 }
 
-template <int D, int HC>
-inline void values_pass(const float* p, const float* const* vrow, int64_t voff, int64_t span, float* acc_out) {
-  values_range<D, HC>(p, vrow, voff, 0, span, acc_out, true);
+template <int D, int HC, typename KV>
+inline void values_pass(const float* p, const KV* const* vrow, int64_t voff, int64_t span, float* acc_out) {
+  values_range<D, HC, KV>(p, vrow, voff, 0, span, acc_out, true);
 }
 
 // q: the row's Hq = G * Hkv query heads [Hq, D] (head h reads KV head h / G); kc, vc: the layer's
-// caches [blocks, block_size, Hkv, D]; positions [p0, p1) of the sequence with block table
+// caches [blocks, block_size, Hkv, D] in storage type KV (float, c10::Half or c10::BFloat16); positions [p0, p1) of the sequence with block table
 // `table`. scores: Hq * ATTN_SPAN floats of scratch. Writes max[Hq], sum[Hq], acc[Hq, D].
-template <int D>
-void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const float* kc, const float* vc,
+template <int D, typename KV = float>
+void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const KV* kc, const KV* vc,
                      const int32_t* table, int64_t block_size, int64_t p0, int64_t p1, float scale,
                      float* scores, float* max_out, float* sum_out, float* acc_out, bool copy_rows) {
   static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
   const int64_t stride = Hkv * D, Hq = G * Hkv;
   const int64_t span = p1 - p0;
-  const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(float));
+  const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(KV));
   // Each position's K and V rows, found once per span by walking the block table (a division
   // per position and head cost more than the dot products).
-  const float* krow[ATTN_SPAN];
-  const float* vrow[ATTN_SPAN];
+  const KV* krow[ATTN_SPAN];
+  const KV* vrow[ATTN_SPAN];
   for (int64_t pos = p0, i = 0; pos < p1;) {
     const int64_t off = pos % block_size, count = std::min(block_size - off, p1 - pos);
     const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + off;
@@ -184,11 +202,11 @@ void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const float* kc, co
   }
   // With copy_rows, the span's rows copied into `gathered` (one memcpy per run of adjacent
   // rows: a block, or several adjacent blocks), `rows` repointed at the copies.
-  thread_local std::vector<float> gathered;
+  thread_local std::vector<KV> gathered;
   if (copy_rows) gathered.resize(static_cast<size_t>(span * stride));
-  auto gather = [&](const float** rows) {
+  auto gather = [&](const KV** rows) {
     if (!copy_rows) return;
-    float* dst = gathered.data();
+    KV* dst = gathered.data();
     for (int64_t i = 0; i < span;) {
       int64_t n = 1;
       while (i + n < span && rows[i + n] == rows[i] + n * stride) ++n;
@@ -205,7 +223,7 @@ void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const float* kc, co
       const int64_t h0 = kh * G + g0;
       const int heads = static_cast<int>(std::min<int64_t>(HEADS_PER_PASS, G - g0));
       dispatch_heads(heads, [&](auto hc) {
-        scores_pass<D, decltype(hc)::value>(q + h0 * D, krow, kh * D, span, scale, scores + h0 * ATTN_SPAN);
+        scores_pass<D, decltype(hc)::value, KV>(q + h0 * D, krow, kh * D, span, scale, scores + h0 * ATTN_SPAN);
       });
     }
   // Pass 2: p = exp(s - max) in place, per head.
@@ -222,7 +240,7 @@ void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const float* kc, co
       const int64_t h0 = kh * G + g0;
       const int heads = static_cast<int>(std::min<int64_t>(HEADS_PER_PASS, G - g0));
       dispatch_heads(heads, [&](auto hc) {
-        values_pass<D, decltype(hc)::value>(scores + h0 * ATTN_SPAN, vrow, kh * D, span, acc_out + h0 * D);
+        values_pass<D, decltype(hc)::value, KV>(scores + h0 * ATTN_SPAN, vrow, kh * D, span, acc_out + h0 * D);
       });
     }
 }
@@ -243,9 +261,9 @@ constexpr int64_t KEY_PIECE = 32;
 // Only the loop order differs: keys in pieces of KEY_PIECE, all rows of the tile per piece.
 // q: row r's heads at q + r * q_stride ([Hq, D]); scores: ROW_TILE * Hq * ATTN_SPAN floats of
 // scratch; max_out[r] [Hq], sum_out[r] [Hq], acc_out[r] [Hq, D]: row r's item partials.
-template <int D>
-void attend_rows_span_f32(const float* q, int64_t q_stride, int rows, int64_t G, int64_t Hkv, const float* kc,
-                          const float* vc, const int32_t* table, int64_t block_size, int64_t p0, const int64_t* lens,
+template <int D, typename KV = float>
+void attend_rows_span_f32(const float* q, int64_t q_stride, int rows, int64_t G, int64_t Hkv, const KV* kc,
+                          const KV* vc, const int32_t* table, int64_t block_size, int64_t p0, const int64_t* lens,
                           float scale, float* scores, float* const* max_out, float* const* sum_out,
                           float* const* acc_out) {
   static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
@@ -253,8 +271,8 @@ void attend_rows_span_f32(const float* q, int64_t q_stride, int rows, int64_t G,
   int64_t span_of[ROW_TILE];
   for (int r = 0; r < rows; ++r) span_of[r] = std::min(lens[r], p0 + ATTN_SPAN) - p0;
   const int64_t span = span_of[rows - 1];
-  const float* krow[ATTN_SPAN];
-  const float* vrow[ATTN_SPAN];
+  const KV* krow[ATTN_SPAN];
+  const KV* vrow[ATTN_SPAN];
   for (int64_t pos = p0, i = 0; pos < p0 + span;) {
     const int64_t off = pos % block_size, count = std::min(block_size - off, p0 + span - pos);
     const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + off;
@@ -277,7 +295,7 @@ void attend_rows_span_f32(const float* q, int64_t q_stride, int rows, int64_t G,
           const int64_t h0 = kh * G + g0;
           const int heads = static_cast<int>(std::min<int64_t>(HEADS_PER_PASS, G - g0));
           dispatch_heads(heads, [&](auto hc) {
-            scores_pass_wide<D, decltype(hc)::value>(q + r * q_stride + h0 * D, krow + i0, kh * D, n, scale,
+            scores_pass_wide<D, decltype(hc)::value, KV>(q + r * q_stride + h0 * D, krow + i0, kh * D, n, scale,
                                                      row_scores(r, h0) + i0);
           });
         }
@@ -298,7 +316,7 @@ void attend_rows_span_f32(const float* q, int64_t q_stride, int rows, int64_t G,
           const int64_t h0 = kh * G + g0;
           const int heads = static_cast<int>(std::min<int64_t>(HEADS_PER_PASS, G - g0));
           dispatch_heads(heads, [&](auto hc) {
-            values_range<D, decltype(hc)::value>(row_scores(r, h0), vrow, kh * D, i0, i1, acc_out[r] + h0 * D,
+            values_range<D, decltype(hc)::value, KV>(row_scores(r, h0), vrow, kh * D, i0, i1, acc_out[r] + h0 * D,
                                                  i0 == 0);
           });
         }

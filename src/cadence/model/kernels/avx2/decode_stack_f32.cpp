@@ -92,6 +92,24 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
                                    const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
                                    const at::Tensor& ctx_lens, double scale) const {
 #if CADENCE_HAVE_AVX2
+  // The KV cache's storage type: float32, or float16 / bf16 (half the bytes attention streams).
+  switch (kv.scalar_type()) {
+    case at::kHalf: return forward_kv<c10::Half>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
+    case at::kBFloat16:
+      return forward_kv<c10::BFloat16>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
+    default: return forward_kv<float>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
+  }
+#else
+  TORCH_CHECK(false, "DecodeStackF32: built without AVX2/FMA");
+  return x;
+#endif
+}
+
+template <typename KV>
+at::Tensor DecodeStackF32::forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
+                                      const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
+                                      const at::Tensor& ctx_lens, double scale) const {
+#if CADENCE_HAVE_AVX2
   const int64_t T = x.size(0), H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
   const int64_t I = intermediate_, L = num_layers(), G = Hq / Hkv;
   const int64_t qkv_width = (Hq + 2 * Hkv) * D;
@@ -99,9 +117,8 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
   check_cpu_contiguous(kv, "kv");
   check_cpu_contiguous(block_tables, "block_tables");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == H, "DecodeStackF32: x [T, H] float32");
-  TORCH_CHECK(kv.scalar_type() == at::kFloat && kv.dim() == 6 && kv.size(0) == L && kv.size(1) == 2 &&
-                  kv.size(4) == Hkv && kv.size(5) == D,
-              "DecodeStackF32: kv [layers, 2, blocks, block_size, Hkv, D] float32");
+  TORCH_CHECK(kv.dim() == 6 && kv.size(0) == L && kv.size(1) == 2 && kv.size(4) == Hkv && kv.size(5) == D,
+              "DecodeStackF32: kv [layers, 2, blocks, block_size, Hkv, D] float32, float16 or bfloat16");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.size(0) == T &&
                   cos.size(1) == D && sin.sizes() == cos.sizes(),
               "DecodeStackF32: cos, sin [T, D] float32");
@@ -119,7 +136,7 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
   const int32_t* btp = block_tables.data_ptr<int32_t>();
   check_step_rows("DecodeStackF32", T, slp, seqp, lenp, btp, block_tables.size(0), max_blocks, blocks, block_size);
   const int64_t layer_stride = 2 * blocks * block_size * Hkv * D;
-  float* kvp = kv.data_ptr<float>();
+  KV* kvp = kv.data_ptr<KV>();
   const float* cp = c.data_ptr<float>();
   const float* sp = s.data_ptr<float>();
 
@@ -176,8 +193,8 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
       };
       for (int64_t l = 0; l < L; ++l) {
         const Layer& w = layers_[l];
-        float* kc = kvp + l * layer_stride;
-        float* vc = kc + layer_stride / 2;
+        KV* kc = kvp + l * layer_stride;
+        KV* vc = kc + layer_stride / 2;
         // 1. qkv projection.
         gemm(normed.data(), w.qkv, qkv_width, w.qkv_bias.defined() ? w.qkv_bias.data_ptr<float>() : nullptr,
              qkv_buf.data());
@@ -187,7 +204,7 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
         {
           const auto [r0, r1] = share(T, tid, nth);
           for (int64_t t = r0; t < r1; ++t)
-            rope_write_row<float>(qkv_buf.data() + t * qkv_width, cp + t * D, sp + t * D, Hq, Hkv, D,
+            rope_write_row<float, KV>(qkv_buf.data() + t * qkv_width, cp + t * D, sp + t * D, Hq, Hkv, D,
                                   kc + slp[t] * Hkv * D, vc + slp[t] * Hkv * D);
         }
         sync();
@@ -199,10 +216,10 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
           const float* q = qkv_buf.data() + t * qkv_width;
           const int32_t* table = btp + seqp[t] * max_blocks;
           if (D == 64)
-            avx2::attend_span_f32<64>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
+            avx2::attend_span_f32<64, KV>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
                                       plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
           else
-            avx2::attend_span_f32<128>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
+            avx2::attend_span_f32<128, KV>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
                                        plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
         }
         sync();

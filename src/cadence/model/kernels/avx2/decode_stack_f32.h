@@ -6,7 +6,7 @@
 // forward; GEMMs are split over threads by column blocks, attention by (row, span)
 // items (attention_f32.h); threads meet at a spinning barrier that yields; after two steps in a
 // row in which a thread was pushed off its core, SOLO_STEPS steps run on one thread. Activations
-// and the KV cache are float32.
+// are float32; the KV cache float32, float16 or bf16.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,7 +32,7 @@ class DecodeStackF32 {
                  int64_t num_kv_heads, double eps, int64_t format);
 
   // x: [T, H] float32 embeddings; cos, sin: [T, D] float32; kv: [layers, 2, blocks, block_size,
-  // Hkv, D] float32; slots [T] int64; block_tables [S, max_blocks] int32; row_seq [T] int64;
+  // Hkv, D] float32, float16 or bfloat16 (K/V stored rounded to it, attention computes in float32); slots [T] int64; block_tables [S, max_blocks] int32; row_seq [T] int64;
   // ctx_lens [T] int64 (row t attends over [0, ctx_lens[t]), itself included). Writes this step's
   // K/V into the cache; returns the final-norm hidden states [T, H] float32.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
@@ -52,6 +52,11 @@ class DecodeStackF32 {
   std::vector<at::Tensor> packed_layer(int64_t l) const;
 
  private:
+  // forward with the cache's storage type KV (float, c10::Half or c10::BFloat16).
+  template <typename KV>
+  at::Tensor forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
+                        const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
+                        const at::Tensor& ctx_lens, double scale) const;
   struct Packed {
     at::Tensor data, scales;
   };
