@@ -221,3 +221,19 @@ def test_default_model_logits_on_16bit_cache_teacher_forced(kernels, quantizatio
         diff = (logprobs[dtype] - ref).abs()
         assert diff.mean().item() < mean_limit and diff.max().item() < max_limit, (dtype, diff.mean(), diff.max())
         assert (logprobs[dtype].argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gguf_stack_on_16bit_cache_gives_the_per_op_bits(kernels, tmp_path, monkeypatch, dtype):
+    # A GGUF-native model (Q4_K_M-like mix): its fused stack and its per-op path on one 16-bit cache.
+    from .random_gguf import Q, write_random_gguf
+
+    path = write_random_gguf(str(tmp_path / "m.gguf"), Q.Q4_K, heads=4, kv_heads=2,
+                             type_of={"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K})
+    loaded = load_model(path, dtype="float32", device="cpu", quantization="gguf")
+    model, config = loaded.model, loaded.config
+    stack, stack_kv = _run(model, config, dtype, True, monkeypatch)
+    assert model._decode_stack is not None and hasattr(model._decode_stack, "num_layers")
+    per_op, per_op_kv = _run(model, config, dtype, False, monkeypatch)
+    assert torch.equal(stack_kv.storage, per_op_kv.storage) and stack_kv.storage.dtype == dtype
+    assert torch.equal(stack, per_op)

@@ -249,6 +249,24 @@ at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, 
                                     const at::Tensor& slots, const at::Tensor& block_tables,
                                     const at::Tensor& row_seq, const at::Tensor& ctx_lens, double scale) const {
 #if CADENCE_HAVE_AVX2
+  // The KV cache's storage type: float32, or float16 / bf16 (--kv-cache-dtype; attention_f32.h).
+  switch (kv.scalar_type()) {
+    case at::kHalf: return forward_kv<c10::Half>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
+    case at::kBFloat16:
+      return forward_kv<c10::BFloat16>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
+    default: return forward_kv<float>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
+  }
+#else
+  TORCH_CHECK(false, "DecodeStackGGUF: built without AVX2/FMA");
+  return x;
+#endif
+}
+
+template <typename KV>
+at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                       at::Tensor kv, const at::Tensor& slots, const at::Tensor& block_tables,
+                                       const at::Tensor& row_seq, const at::Tensor& ctx_lens, double scale) const {
+#if CADENCE_HAVE_AVX2
   const int64_t T = x.size(0), H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
   const int64_t I = intermediate_, L = num_layers(), G = Hq / Hkv;
   const int64_t qkv_width = (Hq + 2 * Hkv) * D;
@@ -256,9 +274,8 @@ at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, 
   check_cpu_contiguous(kv, "kv");
   check_cpu_contiguous(block_tables, "block_tables");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == H, "DecodeStackGGUF: x [T, H] float32");
-  TORCH_CHECK(kv.scalar_type() == at::kFloat && kv.dim() == 6 && kv.size(0) == L && kv.size(1) == 2 &&
-                  kv.size(4) == Hkv && kv.size(5) == D,
-              "DecodeStackGGUF: kv [layers, 2, blocks, block_size, Hkv, D] float32");
+  TORCH_CHECK(kv.dim() == 6 && kv.size(0) == L && kv.size(1) == 2 && kv.size(4) == Hkv && kv.size(5) == D,
+              "DecodeStackGGUF: kv [layers, 2, blocks, block_size, Hkv, D] float32, float16 or bfloat16");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.size(0) == T &&
                   cos.size(1) == D && sin.sizes() == cos.sizes(),
               "DecodeStackGGUF: cos, sin [T, D] float32");
@@ -276,7 +293,7 @@ at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, 
   const int32_t* btp = block_tables.data_ptr<int32_t>();
   check_step_rows("DecodeStackGGUF", T, slp, seqp, lenp, btp, block_tables.size(0), max_blocks, blocks, block_size);
   const int64_t layer_stride = 2 * blocks * block_size * Hkv * D;
-  float* kvp = kv.data_ptr<float>();
+  KV* kvp = kv.data_ptr<KV>();
   const float* cp = c.data_ptr<float>();
   const float* sp = s.data_ptr<float>();
 
@@ -325,8 +342,8 @@ at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, 
                             normed.data() + t * H, H, eps);
       for (int64_t l = 0; l < L; ++l) {
         const Layer& w = layers_[l];
-        float* kc = kvp + l * layer_stride;
-        float* vc = kc + layer_stride / 2;
+        KV* kc = kvp + l * layer_stride;
+        KV* vc = kc + layer_stride / 2;
         // 1. q, k, v side by side.
         acts.prepare(normed.data(), T, H, {&w.q, &w.k, &w.v});
         gemm_share({&w.q, &w.k, &w.v}, acts, normed.data(), T, qkv_buf.data(), qkv_width, tid, nth);
@@ -336,7 +353,7 @@ at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, 
         {
           const auto [r0, r1] = share(T, tid, nth);
           for (int64_t t = r0; t < r1; ++t)
-            rope_write_row<float>(qkv_buf.data() + t * qkv_width, cp + t * D, sp + t * D, Hq, Hkv, D,
+            rope_write_row<float, KV>(qkv_buf.data() + t * qkv_width, cp + t * D, sp + t * D, Hq, Hkv, D,
                                   kc + slp[t] * Hkv * D, vc + slp[t] * Hkv * D);
         }
         sync();
@@ -348,10 +365,10 @@ at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, 
           const float* q = qkv_buf.data() + t * qkv_width;
           const int32_t* table = btp + seqp[t] * max_blocks;
           if (D == 64)
-            avx2::attend_span_f32<64>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
+            avx2::attend_span_f32<64, KV>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
                                       plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
           else
-            avx2::attend_span_f32<128>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
+            avx2::attend_span_f32<128, KV>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
                                        plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
         }
         sync();

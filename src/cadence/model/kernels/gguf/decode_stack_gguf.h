@@ -37,7 +37,7 @@ class DecodeStackGGUF {
                   int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps);
 
   // As DecodeStackF32::forward: x [T, H] float32 embeddings; cos, sin [T, D]; kv [layers, 2,
-  // blocks, block_size, Hkv, D] float32; slots, block_tables, row_seq, ctx_lens. Writes this
+  // blocks, block_size, Hkv, D] float32, float16 or bf16; slots, block_tables, row_seq, ctx_lens. Writes this
   // step's K/V; returns the final-norm hidden states [T, H] float32.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                      const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
@@ -58,6 +58,11 @@ class DecodeStackGGUF {
   };
 
  private:
+  // forward with the cache's storage type KV (float, c10::Half or c10::BFloat16).
+  template <typename KV>
+  at::Tensor forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
+                        const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
+                        const at::Tensor& ctx_lens, double scale) const;
   struct Layer {
     Matrix q, k, v, o, gate, up, down;
     at::Tensor input_norm, post_norm;  // float32 [H]
