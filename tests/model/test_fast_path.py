@@ -195,11 +195,17 @@ def test_small_bf16_gemm_matches_float_reference(rows, k_dim):
 
 
 def test_kernels_reject_bad_input():
-    with pytest.raises(RuntimeError, match="share a dtype"):
-        KERNELS.paged_attention(torch.zeros(1, 2, 8), torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16),
-                                torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16),
-                                torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
-                                torch.ones(1, dtype=torch.int64), 1.0)
+    # A 16-bit cache under float32 queries is the float32 path's 16-bit KV cache; a float32
+    # cache under bf16 queries, or K and V of different dtypes, is no path's.
+    for q_dtype, k_dtype, v_dtype in ((torch.bfloat16, torch.float32, torch.float32),
+                                      (torch.float32, torch.float16, torch.bfloat16)):
+        with pytest.raises(RuntimeError, match="share q's dtype"):
+            KERNELS.paged_attention(torch.zeros(1, 2, 8, dtype=q_dtype),
+                                    torch.zeros(2, 4, 1, 8, dtype=k_dtype),
+                                    torch.zeros(2, 4, 1, 8, dtype=v_dtype),
+                                    torch.zeros(1, 1, dtype=torch.int32),
+                                    torch.zeros(1, dtype=torch.int64),
+                                    torch.ones(1, dtype=torch.int64), 1.0)
     with pytest.raises(RuntimeError, match="bfloat16 only"):
         KERNELS.linear_bf16(torch.zeros(1, 8), torch.zeros(4, 8))
     cache = torch.zeros(2, 4, 1, 8)
