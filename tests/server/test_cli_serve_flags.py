@@ -80,3 +80,14 @@ def test_one_name_per_concept_in_serve_generate_and_llm():
     assert cfg.scheduler.policy == "eager"
     with pytest.raises(TypeError, match="scheduling"):
         engine_config_from_kwargs(scheduling="priority")  # the internal field name is not one
+
+
+def test_quantization_gguf_is_a_flag_value_the_loader_knows():
+    """Every --quantization the loader serves is a choice of the flag (serve and generate)."""
+    from cadence.model.loader import QUANTIZATIONS
+
+    _, process = _serve("/models/m.gguf", "--quantization", "gguf")
+    assert process.engine_config["quantization"] == "gguf"
+    choices = next(f.metadata["choices"] for f in dataclasses.fields(EngineConfig)
+                   if f.name == "quantization")
+    assert set(choices) == set(QUANTIZATIONS)
