@@ -69,11 +69,17 @@ FAMILIES = tuple(name for name in _family_configs(400) if name not in ("llama_li
 
 def build_family_checkpoint(out_dir: str, family: str) -> str:
     """A random transformers model of `family` (a FAMILIES name) and the tiny tokenizer in out_dir."""
+    return save_random_checkpoint(out_dir, family, _family_configs)
+
+
+def save_random_checkpoint(out_dir: str, family: str, family_configs) -> str:
+    """The tiny tokenizer and a seeded random model of `family_configs(vocab)[family]` (config
+    class, model class, kwargs) saved as safetensors in out_dir."""
     import torch
     import transformers
 
     vocab = build_tiny_tokenizer(out_dir)
-    config_name, model_name, kwargs = _family_configs(vocab)[family]
+    config_name, model_name, kwargs = family_configs(vocab)[family]
     config = getattr(transformers, config_name)(**kwargs)
     torch.manual_seed(0)
     model = getattr(transformers, model_name)(config).eval()

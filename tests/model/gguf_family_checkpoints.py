@@ -13,7 +13,7 @@ round trip is exact:
 
 from __future__ import annotations
 
-from tests.conftest import _randomize, build_tiny_tokenizer
+from tests.model.family_checkpoints import save_random_checkpoint
 
 WINDOW = 8
 SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
@@ -64,19 +64,4 @@ GGUF_FAMILIES = tuple(_family_configs(400))
 
 def build_gguf_family_checkpoint(out_dir: str, family: str) -> str:
     """A random transformers model of `family` (a GGUF_FAMILIES name) and the tiny tokenizer."""
-    import torch
-    import transformers
-
-    vocab = build_tiny_tokenizer(out_dir)
-    config_name, model_name, kwargs = _family_configs(vocab)[family]
-    config = getattr(transformers, config_name)(**kwargs)
-    torch.manual_seed(0)
-    model = getattr(transformers, model_name)(config).eval()
-    _randomize(model)
-    if "gemma" in family:
-        with torch.no_grad():  # Gemma norms store w of (1 + w): random around 0, not 1
-            for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.sub_(1.0)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
+    return save_random_checkpoint(out_dir, family, _family_configs)
