@@ -234,3 +234,30 @@ def test_auto_keeps_a_quantized_gguf_in_its_own_format(tiny_llama_d64_dir, tmp_p
     explicit = load_model(path, dtype="float32", device="cpu")
     assert getattr(explicit.model, "decode_weight_format", "float32") == "float32"
     assert gguf_weight_format(str(tmp_path / "missing.gguf")) is None
+
+
+def test_auto_keeps_a_large_q8_file_on_its_own_blocks(tiny_llama_d64_dir, tmp_path, monkeypatch):
+    """Past the memory budget (the widened float32 copy's load peak over half of what is
+    available) `--quantization auto` computes an int4/int8 GGUF file on its own blocks instead
+    of widening it: an 8B Q8_0 file widened would not fit 24 GiB."""
+    import gguf
+
+    from cadence.model import loader
+    from cadence.model.fused_decode import has_f32_stack
+    from cadence.model.kernels.cpu_ops import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
+    if kernels is None or not has_f32_stack(kernels):
+        pytest.skip("no float32 fused stack on this CPU: auto never widens")
+    path = write_tiny_gguf(tiny_llama_d64_dir, str(tmp_path / "q.gguf"), layer_type=gguf.GGMLQuantizationType.Q8_0)
+    elements = sum(int(np.prod(t.shape)) for t in gguf.GGUFReader(path).tensors)
+    assert loader.widened_copy_fits(path, available_bytes=2 * 8 * elements)
+    assert not loader.widened_copy_fits(path, available_bytes=2 * 8 * elements - 8)
+    assert loader.file_weight_format(path, torch.device("cpu")) == "int8"
+    monkeypatch.setattr(loader, "_available_memory_bytes", lambda: 8 * elements)
+    assert loader.file_weight_format(path, torch.device("cpu")) == "gguf"
+    from cadence.model.gguf_modules import GGUFLinear
+
+    on_blocks = load_model(path, device="cpu")
+    assert isinstance(on_blocks.model.lm_head, GGUFLinear)  # the file's blocks, not float32
+    assert on_blocks.model.decode_weight_format == "gguf"

@@ -127,7 +127,8 @@ def file_weight_format(path: str, device: torch.device) -> str | None:
     products as llama.cpp computes such a file. The file's own numbers, so nothing is lost
     that the file had; and on SmolLM2's Q4_1 file on Zen 4 it is the fast setting (2 threads:
     decode b1 ctx512 166 tok/s vs 90 in bf16, prefill of 2048 985 tok/s, llama.cpp's best
-    pp512 639). None elsewhere (float files, other devices): --dtype auto decides."""
+    pp512 639). "gguf" (the file's own blocks) where the widened copy would not fit the memory
+    budget (widened_copy_fits). None elsewhere (float files, other devices): --dtype auto decides."""
     if device.type != "cpu" or not (os.path.isfile(path) and path.endswith(".gguf")):
         return None
     from cadence.model.fused_decode import has_f32_stack
@@ -142,7 +143,56 @@ def file_weight_format(path: str, device: torch.device) -> str | None:
 
         return "gguf" if has_quantized_matrices(path) else None
     kernels = load_cpu_kernels()
-    return fmt if kernels is not None and has_f32_stack(kernels) else None
+    if kernels is None or not has_f32_stack(kernels):
+        return None
+    if not widened_copy_fits(path):
+        # The int4/int8 path builds float32 weights first (for its prefill GEMMs): a 1B Q8_0
+        # file held 5.6 GiB (peak 9) against 0.5 GiB on its own blocks, and an 8B one would not
+        # fit 24 GiB at all. Past the memory budget the file computes on its own blocks, as
+        # llama.cpp does (1B Q8_0, Zen 4, 2 threads: prefill 512 75 vs 133 tok/s widened,
+        # decode b1 40.1 vs 38.0 ms; load + profile 19 vs 58 s).
+        return "gguf"
+    return fmt
+
+
+# Loading the widened int4/int8 path peaks near twice its float32 copy (the float weights and
+# the repacked integer copy beside them); it is chosen only while that peak stays under this
+# share of the memory available at load.
+WIDENED_PEAK_SHARE_OF_AVAILABLE = 0.5
+
+
+def widened_copy_fits(path: str, available_bytes: int | None = None) -> bool:
+    """Whether a GGUF file's matrices, widened to float32 for the int4/int8 fast path, fit the
+    memory budget (peak ~2x the float32 copy <= half of what is available now)."""
+    from cadence.model.gguf_fields import GGUFFile
+
+    try:
+        reader = GGUFFile(path)
+    except (ValueError, OSError, EOFError, IndexError):
+        return True  # unreadable: loading reports it
+    elements = 0
+    for t in reader.tensors:
+        n = 1
+        for d in t.shape:
+            n *= int(d)
+        elements += n
+    available = _available_memory_bytes() if available_bytes is None else available_bytes
+    return available is None or 2 * 4 * elements <= WIDENED_PEAK_SHARE_OF_AVAILABLE * available
+
+
+def _available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux); else physical pages x page size; None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def load_model(path: str | None = None, dtype: str | torch.dtype = "auto",
