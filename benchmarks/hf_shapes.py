@@ -240,6 +240,44 @@ def quantize(binary: Path, src: Path, out: Path, qtype: str, threads: int) -> No
         raise RuntimeError(f"llama-quantize {qtype} failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
 
+def checkpoint_bytes(shape: HFShape) -> int:
+    """Bytes of the shape's bf16 checkpoint (also about its bf16 GGUF's)."""
+    total = 0
+    for _, dims in tensor_shapes(shape):
+        n = 2
+        for d in dims:
+            n *= d
+        total += n
+    return total
+
+
+# Bytes per weight of each output type relative to bf16's 2 (an upper estimate: the K-quant mixes
+# keep some tensors at 6 bits), for the disk check.
+_TYPE_SHARE = {"Q4_K_M": 0.34, "Q8_0": 0.54}
+
+
+def disk_needed(shape_name: str, types: list[str], have_bf16: bool = False) -> int:
+    """Peak bytes a build writes: the checkpoint and the bf16 GGUF side by side while the
+    converter runs (the checkpoint is deleted right after), then the bf16 GGUF beside the
+    quantized files."""
+    bf16 = checkpoint_bytes(SHAPES[shape_name])
+    outputs = sum(int(bf16 * _TYPE_SHARE.get(t, 1.0)) for t in types)
+    return max(0 if have_bf16 else 2 * bf16, bf16 + outputs)
+
+
+def check_disk(shape_name: str, out_dir: Path, types: list[str], have_bf16: bool = False) -> None:
+    """Refuse to start a build the disk cannot hold (OSError naming the bytes): the 8B's
+    checkpoint and bf16 GGUF are 15 GiB each, and a disk that fills in the converter leaves
+    both behind half written."""
+    needed = disk_needed(shape_name, types, have_bf16)
+    free = shutil.disk_usage(out_dir).free
+    if needed > free:
+        raise OSError(f"{shape_name}: the build needs about {needed / GIB:.1f} GiB on {out_dir} at "
+                      f"its peak, {free / GIB:.1f} GiB are free")
+    print(f"{shape_name}: needs about {needed / GIB:.1f} GiB of disk at its peak, "
+          f"{free / GIB:.1f} GiB free", flush=True)
+
+
 def build(shape_name: str, types: list[str], out_dir: Path, *, seed: int = 0, shard_gib: float = 2.0,
           threads: int = 2, gguf_py: str = "vendor", keep_intermediate: bool = False,
           cache: Path | None = None) -> dict[str, Path]:
@@ -256,6 +294,8 @@ def build(shape_name: str, types: list[str], out_dir: Path, *, seed: int = 0, sh
         return targets
     folder = out_dir / f"{shape_name}-hf-random"
     bf16 = out_dir / f"{shape_name}-hf-random-BF16.gguf"
+    partials = [bf16.with_suffix(".tmp"), *(targets[t].with_suffix(".tmp") for t in todo)]
+    check_disk(shape_name, out_dir, todo, have_bf16=bf16.exists())
     try:
         if not bf16.exists():
             start = time.perf_counter()
@@ -275,6 +315,10 @@ def build(shape_name: str, types: list[str], out_dir: Path, *, seed: int = 0, sh
             print(f"{shape_name}: {t} {targets[t].stat().st_size / GIB:.2f} GiB in "
                   f"{time.perf_counter() - start:.0f} s -> {targets[t]}", flush=True)
     finally:
+        # A step that failed leaves its partial output (the converter's is as large as the
+        # checkpoint: 16 GB for the 8B); nothing resumes from it.
+        for partial in partials:
+            partial.unlink(missing_ok=True)
         if not keep_intermediate:
             shutil.rmtree(folder, ignore_errors=True)
             if all(p.exists() for p in targets.values()):

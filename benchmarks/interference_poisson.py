@@ -58,9 +58,9 @@ class MixResult:
     num_itl: int
 
 
-def schedule(tokenizer, args) -> list[Arrival]:
+def schedule(tokenizer, args, seed: int) -> list[Arrival]:
     """The seeded arrival schedule (identical for every config)."""
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / args.rate, size=args.requests)
     offsets = np.cumsum(gaps) - gaps[0]
     chat = tokenizer.encode(CHAT_WORDS * (1 + args.chat_tokens // 20))[:args.chat_tokens]
@@ -81,12 +81,24 @@ def schedule(tokenizer, args) -> list[Arrival]:
     return out
 
 
+# The startup profile of the first engine that takes one (slo, adaptive), for the later ones:
+# both policies then plan from the same calibration, and a 1B-shape run does not pay its ~20 s
+# profile once per config and seed.
+_PROFILE: list = []
+
+
 def run_one(loaded, label: str, knobs: dict, arrivals: list[Arrival], args) -> MixResult:
+    sched = SchedulerConfig(max_model_len=max(args.doc_tokens) + 256, **knobs)
     cfg = EngineConfig(
-        scheduler=SchedulerConfig(max_model_len=max(args.doc_tokens) + 256, **knobs),
+        scheduler=sched,
         cache=CacheConfig(kv_cache_memory_bytes=int(args.kv_gib * 1024**3)),
+        startup_profile=not _PROFILE,
     )
     engine = LLMEngine.from_loaded(loaded, cfg)
+    if engine.profile_samples:
+        _PROFILE.extend(engine.profile_samples)
+    elif _PROFILE and sched.models_step_time:
+        engine.scheduler.calibrate(_PROFILE)
     pending = list(arrivals)
     t0 = time.monotonic()
 
@@ -120,10 +132,10 @@ def run_one(loaded, label: str, knobs: dict, arrivals: list[Arrival], args) -> M
     return MixResult(
         config=label,
         itl_p50_ms=1e3 * statistics.median(itl),
-        itl_p99_ms=1e3 * q(itl, n=100)[-1],
+        itl_p99_ms=1e3 * q(itl, n=100, method="inclusive")[-1],
         itl_max_ms=1e3 * max(itl),
         chat_ttft_p50_ms=1e3 * statistics.median(chat_ttft),
-        chat_ttft_p99_ms=1e3 * q(chat_ttft, n=100)[-1] if len(chat_ttft) > 1 else float("nan"),
+        chat_ttft_p99_ms=1e3 * q(chat_ttft, n=100, method="inclusive")[-1] if len(chat_ttft) > 1 else float("nan"),
         doc_ttft_p50_ms=1e3 * statistics.median(doc_ttft) if doc_ttft else float("nan"),
         wall_s=wall,
         num_itl=len(itl),
@@ -135,7 +147,25 @@ CONFIGS = {
     "chunked-256": {"policy": "chunked", "max_num_batched_tokens": 256},
     "chunked-512": {"policy": "chunked", "max_num_batched_tokens": 512},
     "default": {},
+    # slo's colocated steps, and while a prompt waits beside running decodes its chunk runs on
+    # every core with the decode steps between two of its layers (--core-split interleave).
+    "adaptive": {"policy": "adaptive"},
 }
+
+
+def print_table(per: dict[str, list[MixResult]]) -> None:
+    """Medians over the rounds of one schedule, the p99 ratio to eager per round."""
+    print(f"\n{'config':12s} {'ITL p50':>8s} {'ITL p99':>8s} {'ITL max':>8s} {'p99/eager':>9s} "
+          f"{'chat TTFT p50':>13s} {'doc TTFT p50':>12s}")
+    base = per.get("eager")
+    for c, rs in per.items():
+        med = {f: statistics.median(getattr(r, f) for r in rs)
+               for f in ("itl_p50_ms", "itl_p99_ms", "itl_max_ms", "chat_ttft_p50_ms",
+                         "doc_ttft_p50_ms")}
+        ratio = (statistics.median(r.itl_p99_ms / e.itl_p99_ms for r, e in zip(rs, base))
+                 if base else float("nan"))
+        print(f"{c:12s} {med['itl_p50_ms']:8.0f} {med['itl_p99_ms']:8.0f} {med['itl_max_ms']:8.0f} "
+              f"{ratio:9.2f} {med['chat_ttft_p50_ms']:13.0f} {med['doc_ttft_p50_ms']:12.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,40 +183,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--kv-gib", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, nargs="+", default=[0],
+                   help="arrival schedules; several: each one's rounds in turn, the table per seed "
+                   "and the p99 ratios of every (seed, round)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
     loaded = load_model(args.model)
-    arrivals = schedule(loaded.tokenizer, args)
-    num_docs = sum(a.req_id.startswith("doc") for a in arrivals)
-    print(f"model {loaded.name}; {len(arrivals)} requests at {args.rate}/s ({num_docs} documents "
-          f"of {args.doc_tokens[0]}-{args.doc_tokens[1]} tokens), {args.repeats} round(s)",
-          flush=True)
-    per: dict[str, list[MixResult]] = {c: [] for c in args.configs}
-    for rep in range(args.repeats):
+    results: dict[int, dict[str, list[MixResult]]] = {}
+    for seed in args.seed:
+        arrivals = schedule(loaded.tokenizer, args, seed)
+        num_docs = sum(a.req_id.startswith("doc") for a in arrivals)
+        print(f"model {loaded.name}; seed {seed}: {len(arrivals)} requests at {args.rate}/s "
+              f"({num_docs} documents of {args.doc_tokens[0]}-{args.doc_tokens[1]} tokens), "
+              f"{args.repeats} round(s)", flush=True)
+        per: dict[str, list[MixResult]] = {c: [] for c in args.configs}
+        for rep in range(args.repeats):
+            for c in args.configs:
+                r = run_one(loaded, c, CONFIGS[c], arrivals, args)
+                per[c].append(r)
+                print(f"seed {seed} round {rep + 1} {c:12s} ITL p50 {r.itl_p50_ms:6.0f} p99 "
+                      f"{r.itl_p99_ms:6.0f} max {r.itl_max_ms:6.0f} ms | chat TTFT p50 "
+                      f"{r.chat_ttft_p50_ms:6.0f} p99 {r.chat_ttft_p99_ms:6.0f} | doc TTFT p50 "
+                      f"{r.doc_ttft_p50_ms:6.0f} ms | {r.num_itl} ITLs, {r.wall_s:.0f} s", flush=True)
+        results[seed] = per
+        print_table(per)
+    if len(args.seed) > 1:
+        print("\nITL p99 / each baseline's, every (seed, round):")
         for c in args.configs:
-            r = run_one(loaded, c, CONFIGS[c], arrivals, args)
-            per[c].append(r)
-            print(f"round {rep + 1} {c:12s} ITL p50 {r.itl_p50_ms:6.0f} p99 {r.itl_p99_ms:6.0f} "
-                  f"max {r.itl_max_ms:6.0f} ms | chat TTFT p50 {r.chat_ttft_p50_ms:6.0f} p99 "
-                  f"{r.chat_ttft_p99_ms:6.0f} | doc TTFT p50 {r.doc_ttft_p50_ms:6.0f} ms | "
-                  f"{r.num_itl} ITLs, {r.wall_s:.0f} s", flush=True)
-    print(f"\n{'config':12s} {'ITL p50':>8s} {'ITL p99':>8s} {'ITL max':>8s} {'p99/eager':>9s} "
-          f"{'chat TTFT p50':>13s} {'doc TTFT p50':>12s}")
-    base = per.get("eager")
-    for c, rs in per.items():
-        med = {f: statistics.median(getattr(r, f) for r in rs)
-               for f in ("itl_p50_ms", "itl_p99_ms", "itl_max_ms", "chat_ttft_p50_ms",
-                         "doc_ttft_p50_ms")}
-        ratio = (statistics.median(r.itl_p99_ms / e.itl_p99_ms for r, e in zip(rs, base))
-                 if base else float("nan"))
-        print(f"{c:12s} {med['itl_p50_ms']:8.0f} {med['itl_p99_ms']:8.0f} {med['itl_max_ms']:8.0f} "
-              f"{ratio:9.2f} {med['chat_ttft_p50_ms']:13.0f} {med['doc_ttft_p50_ms']:12.0f}")
+            for base in ("eager", "chunked-512"):
+                if base == c or base not in args.configs:
+                    continue
+                ratios = [r.itl_p99_ms / b.itl_p99_ms for per in results.values()
+                          for r, b in zip(per[c], per[base])]
+                print(f"  {c:12s} / {base:11s}: " + " ".join(f"{x:.2f}" for x in ratios))
     print("acceptance: default's ITL p99 no worse than eager's and chunked-512's (same round)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({c: [asdict(r) for r in rs] for c, rs in per.items()}, f, indent=2)
+            json.dump({str(seed): {c: [asdict(r) for r in rs] for c, rs in per.items()}
+                       for seed, per in results.items()}, f, indent=2)
     return 0
 
 
