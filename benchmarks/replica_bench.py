@@ -40,10 +40,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from cadence.server.proc_stat import command_line, cpu_seconds, descendants, thread_cpu_seconds
 
 WORDS = ("the model reads each token of the prompt and writes keys and values into blocks of "
          "its cache while the scheduler packs prefill chunks next to decode steps under a "
@@ -95,6 +98,121 @@ def replica_counters(urls: list[str]) -> dict[str, float]:
     return out
 
 
+CPU_ROLES = ("engine_loop", "engine_other", "front_end", "template", "router", "load_generator",
+             "other")
+
+
+def cpu_by_role(router_pids: list[int]) -> dict[str, float]:
+    """CPU seconds so far of every process of the run, by what it does: each engine process's
+    loop thread (its main thread: the steps and the work between them) and its other threads
+    (admission, tokenizing, the stats heartbeat), the replicas' front ends (HTTP, SSE), the
+    chat-template workers, the routers (the serve process, which also launched the replicas,
+    and each `cadence router`) and this process (the load generator). What the engines'
+    steps share the cores with is everything but engine_loop."""
+    out = dict.fromkeys(CPU_ROLES, 0.0)
+    for root in router_pids:
+        out["router"] += cpu_seconds(root)
+        for pid in descendants(root):
+            cmd = command_line(pid)
+            if "engine_process" in cmd:
+                threads = thread_cpu_seconds(pid)
+                out["engine_loop"] += threads.pop(pid, 0.0)
+                out["engine_other"] += sum(threads.values())
+            elif "worker_main" in cmd:
+                out["front_end"] += cpu_seconds(pid)
+            elif "template_worker" in cmd:
+                out["template"] += cpu_seconds(pid)
+            else:
+                out["other"] += cpu_seconds(pid)
+    out["load_generator"] = cpu_seconds(os.getpid())
+    return out
+
+
+class CpuSampler:
+    """cpu_by_role every `period_s` in a thread, while the workload runs: the CPU the rest of
+    the stack takes, over time, to set against the requests and tokens of each interval."""
+
+    def __init__(self, pids: list[int], period_s: float = 0.5) -> None:
+        self.pids, self.period_s = pids, period_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.monotonic(), cpu_by_role(self.pids)))
+            if self._stop.wait(self.period_s):
+                return
+
+    def __enter__(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append((time.monotonic(), cpu_by_role(self.pids)))
+
+
+def read_traces(paths: list[str]) -> tuple[dict[str, tuple[int, dict]], list[list[dict]]]:
+    """The replicas' --trace files: each finished request's timeline by its id (with the
+    replica's index) and each replica's steps."""
+    timelines: dict[str, tuple[int, dict]] = {}
+    steps: list[list[dict]] = []
+    for index, path in enumerate(paths):
+        mine = []
+        if os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:  # a line cut short at shutdown
+                        continue
+                    if rec.get("type") == "request":
+                        timelines[rec["req_id"]] = (index, rec)
+                    elif rec.get("type") == "step":
+                        mine.append(rec)
+        steps.append(mine)
+    return timelines, steps
+
+
+def attach_engine_records(row: dict, timelines: dict, steps: list[list[dict]]) -> list[list]:
+    """Each record of `row` gets its replica's view (`engine`: the replica's index, arrival,
+    first scheduled, first token, in seconds from the run's start as `sent` is, its cached
+    and prompt tokens); returns the steps of the run's window per replica as [start, seconds,
+    forward seconds, prefill tokens, decode tokens, sequences] (start from the run's start)."""
+    t0, t1 = row["window"]
+    for rec in row["records"]:
+        match = timelines.get(rec.get("id") or "")
+        if match is None:  # an id the replica extended (e.g. one per choice)
+            match = next((v for k, v in timelines.items()
+                          if rec.get("id") and k.startswith(rec["id"])), None)
+        if match is None:
+            continue
+        index, tl = match
+        rel = {k: (tl[k] - t0 if tl.get(k) is not None else None)
+               for k in ("arrival_time", "first_scheduled_time", "first_token_time")}
+        rec["engine"] = {"replica": index, "arrival": rel["arrival_time"],
+                         "scheduled": rel["first_scheduled_time"],
+                         "first_token": rel["first_token_time"],
+                         "cached_tokens": tl.get("num_cached_tokens"),
+                         "prompt_tokens": tl.get("num_prompt_tokens"),
+                         "preemptions": tl.get("num_preemptions")}
+    window = [[st for st in mine if t0 <= st["t_start"] <= t1] for mine in steps]
+    # The engine loop's work per step beyond the forward the profile times: inside the step's
+    # bracket (schedule, update, detokenize) and between two steps of a busy replica (the
+    # batch message out, arrivals in, the trace line); medians over the run's steps.
+    inside = [st["t_end"] - st["t_start"] - st["forward_time_s"] for mine in window for st in mine]
+    between = [b["t_start"] - a["t_end"] for mine in window for a, b in zip(mine, mine[1:])
+               if 0 <= b["t_start"] - a["t_end"] < 0.02]
+    row["engine_step_overhead_s"] = {
+        "inside": statistics.median(inside) if inside else 0.0,
+        "between": statistics.median(between) if between else 0.0}
+    return [[[st["t_start"] - t0, st["t_end"] - st["t_start"], st["forward_time_s"],
+              st["num_prefill_tokens"], st["num_decode_tokens"], st["num_seqs"]]
+             for st in mine] for mine in window]
+
+
 def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
@@ -128,12 +246,13 @@ async def one_turn(client: httpx.AsyncClient, url: str, messages: list[dict],
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     start, wall_start = time.perf_counter(), time.time()
-    ttft, text, error, usage = None, [], None, {}
+    ttft, text, error, usage, resp_id = None, [], None, {}, None
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = json.loads(line[6:])
+            resp_id = resp_id or event.get("id")
             if "error" in event:
                 error = event["error"]
                 continue
@@ -144,7 +263,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, messages: list[dict],
                     ttft = ttft if ttft is not None else time.perf_counter() - start
                     text.append(piece)
     details = usage.get("prompt_tokens_details") or {}
-    return {"ttft": ttft, "text": "".join(text), "error": error, "sent": start,
+    return {"ttft": ttft, "text": "".join(text), "error": error, "sent": start, "id": resp_id,
             "wall_sent": wall_start,
             "e2e": time.perf_counter() - start, "prompt_tokens": usage.get("prompt_tokens", 0),
             "cached_tokens": details.get("cached_tokens", 0),
@@ -170,7 +289,7 @@ async def run_workload(url: str, convs: list[dict], max_tokens: int) -> tuple[li
         t0 = time.perf_counter()
         await asyncio.gather(*(conversation(client, url, c, max_tokens, t0, records, i)
                                for i, c in enumerate(convs)))
-        return records, time.perf_counter() - t0
+        return records, t0, time.perf_counter() - t0
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -251,6 +370,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--serve-args", default="", help="extra `cadence serve` flags")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--no-traces", dest="traces", action="store_false",
+                        help="run the replicas without --trace (by default each writes its "
+                             "steps and requests to --out/trace-N.I.jsonl: every record then "
+                             "gets its replica's arrival, scheduling and first-token times, "
+                             "and --out/steps-N-POLICY.json the replicas' steps)")
     args = parser.parse_args()
     out_dir = args.out or tempfile.mkdtemp(prefix="replica-bench-")
     os.makedirs(out_dir, exist_ok=True)
@@ -259,10 +383,12 @@ def main() -> int:
     print(f"load average before: {os.getloadavg()}", flush=True)
     for n in (int(x) for x in args.replicas.split(",")):
         procs = []
+        rows_of_n = []
+        trace = [f"--trace={os.path.join(out_dir, f'trace-{n}.jsonl')}"] if args.traces else []
         try:
             proc, first_url = start(["serve", *model, "--data-parallel-size", str(n),
                                      "--routing-policy", "cache-aware",
-                                     *args.serve_args.split()],
+                                     *args.serve_args.split(), *trace],
                                     os.path.join(out_dir, f"serve-{n}.log"))
             procs.append(proc)
             workers = [w["url"] for w in httpx.get(first_url + "/health").json()["workers"]]
@@ -286,7 +412,9 @@ def main() -> int:
                         "add_generation_prompt": False}).json()["tokens"]) for c in convs}
                 before = replica_counters(workers)
                 seq = httpx.get(url + "/decisions", params={"since": 1 << 40}).json()["next"]
-                records, wall = asyncio.run(run_workload(url, convs, args.max_tokens))
+                with CpuSampler([p.pid for p in procs]) as sampler:
+                    records, t0, wall = asyncio.run(run_workload(url, convs, args.max_tokens))
+                cpu_before, cpu_after = sampler.samples[0][1], sampler.samples[-1][1]
                 after = replica_counters(workers)
                 delta = {k: after[k] - before[k] for k in COUNTERS}
                 placed_decisions = decisions(url, seq)
@@ -319,8 +447,15 @@ def main() -> int:
                        "per_replica": {w: placed.count(w) for w in workers},
                        "routing_audit": audit,
                        "ttfts": ttfts, "records": records, "system_tokens": system_tokens,
-                       "load_avg": os.getloadavg()}
+                       "load_avg": os.getloadavg(),
+                       # CPU seconds each role used during the run (cpu_by_role), and the
+                       # window on the monotonic clock the engines' traces are stamped in.
+                       "cpu_s": {k: cpu_after[k] - cpu_before[k] for k in CPU_ROLES},
+                       "cores": len(os.sched_getaffinity(0)), "window": [t0, t0 + wall],
+                       "cpu_samples": [[round(t - t0, 4), {k: round(v, 3) for k, v in c.items()}]
+                                       for t, c in sampler.samples]}
                 results.append(row)
+                rows_of_n.append(row)
                 print(f"N={n} {policy:>12}: hit {row['prefix_hit_rate']:.3f} (counters "
                       f"{row['counter_hit_rate']:.3f}, preemptions {row['preemptions']:.0f})  TTFT p50 "
                       f"{1000 * (row['ttft_p50'] or 0):.0f} ms p99 "
@@ -329,6 +464,9 @@ def main() -> int:
                       f"requests {row['requests']} errors "
                       f"{row['errors']}  per replica {list(row['per_replica'].values())}",
                       flush=True)
+                print("    CPU s during the run: " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in row["cpu_s"].items()) + f" (wall {wall:.1f} s)",
+                    flush=True)
                 if audit:
                     print(f"    routing audit: {audit['matched']}/{audit['decisions']} matched; "
                           f"chosen replica not the longest prefix {audit['not_longest']} "
@@ -346,6 +484,13 @@ def main() -> int:
                     p.wait(30)
                 except subprocess.TimeoutExpired:
                     p.kill()
+        if args.traces:  # written at the replicas' exit
+            timelines, steps = read_traces([os.path.join(out_dir, f"trace-{n}.{i}.jsonl")
+                                            for i in range(n)])
+            for row in rows_of_n:
+                window_steps = attach_engine_records(row, timelines, steps)
+                with open(os.path.join(out_dir, f"steps-{n}-{row['policy']}.json"), "w") as f:
+                    json.dump(window_steps, f)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"args": vars(args), "results": results}, f, indent=1)
     print(f"load average after: {os.getloadavg()}; results in {out_dir}/results.json")

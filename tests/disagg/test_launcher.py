@@ -68,3 +68,22 @@ def test_serve_data_parallel_starts_replicas_behind_a_cache_aware_router(tiny_ll
     for url in workers:  # the launcher stopped its replicas
         with pytest.raises(httpx.HTTPError):
             httpx.get(url + "/health", timeout=2)
+
+
+def test_each_launched_worker_writes_its_own_trace_file(tiny_llama_dir, tmp_path):
+    from cadence.cli import build_parser
+    from cadence.disagg.cli import disagg_config_from_args
+    from cadence.disagg.launcher import worker_process_config, worker_specs
+    from cadence.server.cli_serve import configs_from_args
+
+    trace = str(tmp_path / "trace.jsonl")
+    args = build_parser().parse_args(["serve", "--model", tiny_llama_dir, "--trace", trace,
+                                      "--data-parallel-size", "3"])
+    server, process = configs_from_args(args)
+    disagg = disagg_config_from_args(args)
+    specs = worker_specs(0, 0, server, process, disagg, num_replicas=3)
+    assert [s.process.engine_config["trace_path"] for s in specs] == [
+        str(tmp_path / f"trace.{i}.jsonl") for i in range(3)]
+    # A lone `--role` worker keeps the path it was given.
+    alone = worker_process_config(process, disagg, None)
+    assert alone.engine_config["trace_path"] == trace

@@ -60,11 +60,23 @@ class WorkerSpec:
                            "log_level": log_level})
 
 
+def worker_trace_path(path: str | None, index: int) -> str | None:
+    """Worker `index`'s own `--trace` file: FILE.jsonl -> FILE.<index>.jsonl (N engines writing
+    one file would truncate each other's lines); None stays None."""
+    if not path:
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}.{index}{ext}"
+
+
 def worker_process_config(process: EngineProcessConfig, disagg: DisaggConfig,
-                          threads: int | None) -> EngineProcessConfig:
-    """The engine process config of a worker with `disagg`'s role."""
+                          threads: int | None, index: int | None = None) -> EngineProcessConfig:
+    """The engine process config of a worker with `disagg`'s role; worker `index` of a
+    launched set writes its own trace file (None: a lone worker keeps the path given)."""
     engine = dict(process.engine_config)
     engine["disagg"] = dataclasses.asdict(disagg)
+    if index is not None:
+        engine["trace_path"] = worker_trace_path(engine.get("trace_path"), index)
     factory = process.engine_factory
     if factory == EngineProcessConfig.engine_factory:  # the default LLMEngine
         factory = "cadence.disagg.worker:build_disagg_engine"
@@ -84,7 +96,7 @@ def worker_specs(num_prefill: int, num_decode: int, server: ServerConfig,
                                                 engine_threads=threads)
             cfg = dataclasses.replace(disagg, role=role)
             specs.append(WorkerSpec(role, worker_server,
-                                    worker_process_config(process, cfg, threads)))
+                                    worker_process_config(process, cfg, threads, len(specs))))
     return specs
 
 
