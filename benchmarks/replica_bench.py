@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import os
 import random
@@ -46,6 +47,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from cadence.core.step_cost import StepFeatures
 from cadence.server.proc_stat import command_line, cpu_seconds, descendants, thread_cpu_seconds
 
 WORDS = ("the model reads each token of the prompt and writes keys and values into blocks of "
@@ -208,9 +210,51 @@ def attach_engine_records(row: dict, timelines: dict, steps: list[list[dict]]) -
     row["engine_step_overhead_s"] = {
         "inside": statistics.median(inside) if inside else 0.0,
         "between": statistics.median(between) if between else 0.0}
+    row["step_sample"] = step_sample(window, {k: tl for k, (_, tl) in timelines.items()})
     return [[[st["t_start"] - t0, st["t_end"] - st["t_start"], st["forward_time_s"],
               st["num_prefill_tokens"], st["num_decode_tokens"], st["num_seqs"]]
              for st in mine] for mine in window]
+
+
+def step_sample(window: list[list[dict]], timelines: dict[str, dict]) -> list[list]:
+    """Every traced step as the cost model sees it, to price against the machine profile
+    (cadence.sim.run_speed): [forward seconds, prefill tokens, decode tokens, attention pairs,
+    per-op path (0/1), sequences, the share of its time another replica was computing]. Each
+    decode's context comes from its request's token times, each prompt chunk's start from the
+    request's cached tokens and its earlier chunks."""
+    out = []
+    for index, mine in enumerate(window):
+        others = sorted((st["t_start"], st["t_end"]) for j, theirs in enumerate(window)
+                        if j != index for st in theirs)
+        starts = [a for a, _ in others]
+        done: dict[str, int] = {}
+        for st in mine:
+            chunks = dict(zip(st["prefill_req_ids"], st["prefill_chunk_tokens"]))
+            features, known = StepFeatures(), True
+            for rid in st["req_ids"]:
+                tl = timelines.get(rid)
+                if tl is None:
+                    known = False
+                    break
+                if rid in chunks:
+                    start = (tl.get("num_cached_tokens") or 0) + done.get(rid, 0)
+                    features = features + StepFeatures.of_chunk(start, chunks[rid], True)
+                    done[rid] = done.get(rid, 0) + chunks[rid]
+                else:
+                    made = bisect.bisect_left(tl["token_times"], st["t_start"])
+                    ctx = tl["num_prompt_tokens"] + made - 1
+                    features = features + StepFeatures.of_chunk(ctx, 1, False)
+            if not known or not st["req_ids"]:
+                continue
+            a, b = st["t_start"], st["t_end"]
+            k, overlap = bisect.bisect_left(starts, a - 5.0), 0.0
+            while k < len(others) and others[k][0] < b:
+                overlap += max(0.0, min(b, others[k][1]) - max(a, others[k][0]))
+                k += 1
+            out.append([round(st["forward_time_s"], 6), features.prefill_tokens,
+                        features.decode_tokens, features.attention_pairs, features.prompt_step,
+                        len(st["req_ids"]), round(min(1.0, overlap / max(1e-9, b - a)), 3)])
+    return out
 
 
 def words(rng: random.Random, n: int) -> str:

@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"cadence sim: {exc}", file=sys.stderr)
         return 2
     if args.replicas or args.compare:
-        return run_fleet(args, cost_model, samples)
+        return run_fleet(args, cost_model, samples, rounds)
     jitter = None
     if args.step_jitter:
         jitter = StepJitter.from_rounds(rounds, seed=args.seed)

@@ -94,9 +94,12 @@ class LinearCostModel:
     def step_time(self, plan: StepPlan) -> float:
         if plan.is_empty:
             return 0.0
-        f = StepFeatures.of_plan(plan)
+        return self.features_time(StepFeatures.of_plan(plan), len(plan.chunks))
+
+    def features_time(self, f: StepFeatures, num_seqs: int) -> float:
+        """Seconds of a step of `f` over `num_seqs` sequences (step_time of its plan)."""
         fixed, per_seq = self.engine_overhead
-        overhead = fixed + per_seq * len(plan.chunks)
+        overhead = fixed + per_seq * num_seqs
         if self.stack_rows is not None and not f.prompt_step:
             return max(0.0, self.stack_rows.seconds(f)) + overhead
         c = self.coefficients

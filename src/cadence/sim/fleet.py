@@ -20,6 +20,7 @@ the time between an answer and the next turn's arrival.
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -33,7 +34,9 @@ from cadence.disagg.router.replicas import PromptBlocks, ReplicaSelector
 from cadence.disagg.router.workers import Outstanding, Worker
 from cadence.sim.conversations import ConversationWorkload, new_token_ids, system_token_ids
 from cadence.sim.cost_model import CostModel
+from cadence.sim.host_cpu import HostCpu
 from cadence.sim.sim_executor import HashSampler
+from cadence.sim.step_jitter import StepJitter
 
 
 class _PoolPrefixes:
@@ -60,6 +63,7 @@ class FleetRequest:
     expected_cached_tokens: int
     cached_tokens: int = 0
     output_tokens: int = 0
+    scheduled_s: float | None = None  # the start of its first step (queue: scheduled - sent)
     ttft_s: float | None = None
     finished_s: float | None = None
 
@@ -70,6 +74,9 @@ class FleetResult:
     policy: str
     requests: list[FleetRequest] = field(default_factory=list)
     preemptions: int = 0
+    # Every step: (replica, start, seconds, prefill tokens, decode tokens, sequences), as the
+    # replicas' --trace files give them (benchmarks/replica_bench.py steps-N-POLICY.json).
+    steps: list[tuple[int, float, float, int, int, int]] = field(default_factory=list)
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -114,17 +121,25 @@ class _Replica:
         self.worker = Worker(f"sim://replica-{index}", "decode")
         self.worker.metrics["cadence:kv_cache_blocks_total"] = float(cache.num_blocks)
         self.step_end: float | None = None  # None: idle
-        self.step_s = 0.0
+        self.step_s = 0.0  # the current step's cost-model seconds
+        self.step_start = 0.0
+        self.work_left = 0.0  # solo seconds of it (and of interjections into it) still to do
+        self.interjected_s = 0.0  # wall seconds interjections added to it
         self.plan = None
 
 
 def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: str,
                    cost_model: CostModel, sched: SchedulerConfig, cache: CacheConfig,
                    load_weight: float = 0.25, hop_s: float = 0.0, vocab_size: int = 49152,
-                   calibration: list | None = None,
-                   max_steps: int = 10_000_000) -> FleetResult:
+                   calibration: list | None = None, host: HostCpu | None = None,
+                   jitter: StepJitter | None = None, max_steps: int = 10_000_000) -> FleetResult:
     """Serve every conversation of `workload` on `num_replicas` simulated replicas routed by
-    `policy` (round-robin | least-loaded | cache-aware); deterministic for a given input."""
+    `policy` (round-robin | least-loaded | cache-aware); deterministic for a given input.
+    `host`: the replicas share its cores with the serving stack (sim/host_cpu.py), so a step
+    takes its cost model's seconds only while the cores are not oversubscribed; None: each
+    replica computes on cores of its own. `jitter`: each step's time drawn from a profile's
+    measured spread (sim/step_jitter.py, seeded); near saturation one run's TTFT p50 moves with
+    a few steps' luck, so `cadence sim --compare` takes the median over seeds."""
     if num_replicas < 1:
         raise ValueError("num_replicas must be >= 1")
     replicas = [_Replica(i, sched, cache, calibration) for i in range(num_replicas)]
@@ -141,6 +156,53 @@ def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: st
     arrivals = [(c.start_s, c.conv_id, 0) for c in workload.conversations]
     heapq.heapify(arrivals)
     steps = 0
+    # Processor sharing (host): the time the replicas' remaining work was last brought up to,
+    # and the stack's pending pieces of work (solo seconds left, one thread each).
+    shared_at = 0.0
+    background: list[float] = []
+
+    def priced(plan) -> float:
+        seconds = cost_model.step_time(plan)
+        return seconds * jitter.factor(plan) if jitter is not None else seconds
+
+    def rate() -> float:
+        """A busy replica's solo-seconds per second now."""
+        if host is None:
+            return 1.0
+        return host.engine_rate(sum(1 for r in replicas if r.step_end is not None),
+                                len(background))
+
+    def stack_rate() -> float:
+        return host.rate(sum(1 for r in replicas if r.step_end is not None), len(background))
+
+    def advance(now: float) -> None:
+        """Bring every busy replica's and background piece's remaining work up to `now` at the
+        rate the cores gave them since the last event."""
+        nonlocal shared_at, background
+        if host is None:
+            return
+        elapsed = now - shared_at
+        if elapsed > 0:
+            done = elapsed * rate()
+            for r in replicas:
+                if r.step_end is not None:
+                    r.work_left -= done
+            done = elapsed * stack_rate()
+            background = [w - done for w in background if w - done > 1e-9]
+        shared_at = now
+
+    def reprice(now: float) -> None:
+        """Each busy replica's step end at the rate the cores give now."""
+        if host is None:
+            return
+        share = rate()
+        for r in replicas:
+            if r.step_end is not None:
+                r.step_end = now + max(0.0, r.work_left) / share
+
+    def stack_work(seconds: float) -> None:
+        if host is not None and seconds > 0:
+            background.append(seconds)
 
     def send(now: float, conv_id: int, turn: int) -> None:
         conv = convs[conv_id]
@@ -160,6 +222,7 @@ def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: st
         req = FleetRequest(req_id, conv_id, turn, chosen.index, now, len(prompt),
                            len(prompt) - miss)
         live[req_id] = (req, counter, [])
+        stack_work(host.cpu_per_request_s if host is not None else 0.0)
         params = SamplingParams(max_tokens=spec.output_tokens, temperature=0.0, ignore_eos=True)
         chosen.scheduler.add_request(Request(req_id, list(tokens), params, now))
         if chosen.step_end is None:
@@ -181,8 +244,12 @@ def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: st
             if steps > max_steps:
                 raise RuntimeError(f"fleet simulation did not finish in {max_steps} steps")
             replica.plan = plan
-            replica.step_s = cost_model.step_time(plan)
-            replica.step_end = now + replica.step_s
+            replica.step_s = priced(plan)
+            replica.step_end = now + replica.step_s / rate()
+            replica.work_left = replica.step_s
+            replica.interjected_s = 0.0
+            replica.step_start = now
+            scheduled(plan, now)
             return
         replica.step_end = None
 
@@ -193,12 +260,26 @@ def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: st
         plan = replica.scheduler.schedule_interjection(replica.plan)
         if plan is None:
             return
-        seconds = cost_model.step_time(plan)
+        seconds = priced(plan)
+        wall = seconds / rate()  # at the cores' share now (the next event reprices the rest)
+        scheduled(plan, now)
+        result.steps.append((replica.index, now, wall, plan.num_prefill_tokens,
+                             plan.num_tokens - plan.num_prefill_tokens, len(plan.chunks)))
         updates = replica.scheduler.update(plan, executor.execute(plan))
-        replica.step_end += seconds
-        deliver(replica, updates, now + seconds)
+        replica.step_end += wall
+        replica.work_left += seconds
+        replica.interjected_s += wall
+        deliver(replica, updates, now + wall)
+
+    def scheduled(plan, now: float) -> None:
+        for chunk in plan.chunks:
+            entry = live.get(chunk.req_id)
+            if entry is not None and entry[0].scheduled_s is None:
+                entry[0].scheduled_s = now
 
     def deliver(replica: _Replica, updates, now: float) -> None:
+        if host is not None:
+            stack_work(host.cpu_per_token_s * sum(len(u.new_token_ids) for u in updates))
         for u in updates:
             entry = live.get(u.req_id)
             if entry is None:
@@ -226,21 +307,35 @@ def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: st
     def end_step(replica: _Replica) -> None:
         now = replica.step_end
         plan = replica.plan
+        # What the engine's clock sees: the step's own time (an interjection's is left out, as
+        # the engine observes it), stretched while the cores were shared.
+        wall = replica.step_s if host is None else now - replica.step_start - replica.interjected_s
+        result.steps.append((replica.index, replica.step_start, wall,
+                             plan.num_prefill_tokens, plan.num_tokens - plan.num_prefill_tokens,
+                             len(plan.chunks)))
         out = executor.execute(plan)
         updates = replica.scheduler.update(plan, out)
-        # The step's own time (an interjection's is left out, as the engine observes it).
-        replica.scheduler.observe_step(plan, replica.step_s)
+        replica.scheduler.observe_step(plan, wall)
         deliver(replica, updates, now)
         start_step(replica, now)
 
     while True:
         busy = [r for r in replicas if r.step_end is not None]
         next_step = min(busy, key=lambda r: (r.step_end, r.index)) if busy else None
-        if arrivals and (next_step is None or arrivals[0][0] < next_step.step_end):
+        step_t = next_step.step_end if next_step is not None else math.inf
+        stack_t = shared_at + min(background) / stack_rate() if background else math.inf
+        if arrivals and arrivals[0][0] < step_t and arrivals[0][0] <= stack_t:
             t, conv_id, turn = heapq.heappop(arrivals)
+            advance(t)
             send(t, conv_id, turn)
-        elif next_step is not None:
+            reprice(t)
+        elif next_step is not None and step_t <= stack_t:
+            advance(step_t)
             end_step(next_step)
+            reprice(step_t)
+        elif background:
+            advance(stack_t)
+            reprice(stack_t)
         else:
             break
     if live:
