@@ -24,7 +24,11 @@ which count a preempted request's readmission again, next to it), TTFT p50/p99, 
 (requests per second that finished with TTFT <= --slo-ttft), requests per replica, the hop
 (mean client TTFT less the replicas' own: router, HTTP), and for cache-aware a routing audit
 (routing_audit below); results (with every request's record, which `cadence sim --compare`
-replays) in --out as JSON.
+replays) in --out as JSON. For the simulator's check each row also holds what the run measured
+about its host: every process's CPU by role every 0.5 s (cpu_samples), each record's replica
+view (the replicas' --trace files: arrival, first scheduled, first token), the replicas' steps
+as the cost model sees them (step_sample) and the engine loop's work per step beyond the
+forward (engine_step_overhead_s).
 """
 
 from __future__ import annotations
