@@ -60,6 +60,26 @@ def test_logits_match_transformers(family_files):
     assert diff < TOLERANCE, f"{family}: max abs diff {diff}"
 
 
+def test_native_path_matches_transformers(family_files):
+    """The GGUF-native path (`--quantization gguf`: each matrix a GGUFLinear on the file's own
+    blocks, float32 ones here) computes every family's pieces as the float model does: Qwen3's
+    q/k norms, Gemma's norms and soft-capping, Phi-3's fused projections taken apart."""
+    import transformers
+
+    from cadence.model.gguf_modules import GGUFLinear
+
+    family, hf_dir, path = family_files
+    ours = load_model(path, device="cpu", quantization="gguf")
+    assert any(isinstance(m, GGUFLinear) for m in ours.model.modules())
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    prompt = [int(t) for t in np.random.default_rng(7).integers(3, ours.config.vocab_size, 29)]
+    with torch.inference_mode():
+        expected = theirs(torch.tensor([prompt])).logits[0].float()
+    got = paged_logits(ours, prompt, chunk_size=11)
+    diff = (got - expected).abs().max().item()
+    assert diff < TOLERANCE, f"{family}: max abs diff {diff}"
+
+
 @pytest.mark.parametrize("base, dim, factor, original", [
     (500000.0, 128, 8.0, 8192),  # Llama 3.1
     (500000.0, 64, 32.0, 8192),  # Llama 3.2 1B
