@@ -145,7 +145,9 @@ class SchedulerConfig:
             "one decode thread runs on top, its steps paced to the target (kept while they "
             "take at most 0.8 of it). 'disjoint': as auto, the teams always on separate "
             "cores. 'interleave': no second team: the prompt chunk runs on every core and the "
-            "decode steps run between two of its layers, paced as auto's. 'off': colocated "
+            "decode steps run between two of its layers, a step each pace, set from the "
+            "measured decode step so that decode steps take 15 percent of the prefill's time (at "
+            "most 0.8 x --target-itl-ms). 'off': colocated "
             "steps only. Default: 'interleave' with --policy adaptive (an engine whose "
             "forward cannot pause between layers takes 'auto'), else 'off'.",
             "choices": CORE_SPLITS,
@@ -155,7 +157,11 @@ class SchedulerConfig:
         default=512,
         metadata={
             "help": "--core-split: the most prompt tokens one prefill-team step computes (a "
-            "short prompt arriving meanwhile waits at most that long for its first token)."
+            "short prompt arriving meanwhile waits at most that long for its first token). "
+            "Under 'interleave' (where short prompts are interjected between layers) the first "
+            "chunk's size and the smallest: later chunks are the largest whose layer segment "
+            "fits half the decode pace, from their measured time, within "
+            "--max-num-batched-tokens."
         },
     )
 

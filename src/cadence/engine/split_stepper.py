@@ -30,6 +30,7 @@ from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from cadence.core.core_split import CoreSplit, SplitDecision
+from cadence.core.interleave_pace import interleave_chunk_tokens, interleave_pace_s
 from cadence.core.plan import StepOutput, StepPlan
 from cadence.executor.thread_team import ThreadTeam, set_thread_count, torch_threads
 
@@ -62,6 +63,12 @@ class SplitStepper:
         self.interleave = (cfg.core_split == "interleave"
                            and getattr(engine.executor, "can_pause", False))
         self._last_decode_t = 0.0
+        # Interleave's measurements (core/interleave_pace.py): the seconds the chunk is paused
+        # for one decode step (schedule, forward, outputs sent), and the chunk's longest layer
+        # segment per chunk token (running averages).
+        self._paused_decode_s: float | None = None
+        self._segment_s_per_token: float | None = None
+        self._budget = cfg.max_num_batched_tokens
         if pin is None:  # CADENCE_PIN_TEAMS=1 pins the prefill team to its cores
             # Off by default: on a host shared with other processes a pinned team cannot move
             # off a busy core; the thread counts alone keep the teams within the cores.
@@ -92,7 +99,8 @@ class SplitStepper:
         if self._inflight is None:
             decision = self._decide()
             if decision.is_split:
-                plan = sched.schedule_prefill(self.chunk_tokens)
+                plan = sched.schedule_prefill(self._interleave_chunk() if self.interleave
+                                              else self.chunk_tokens)
                 if plan is not None:
                     if self.interleave:
                         return outputs + self._interleaved(plan)
@@ -124,27 +132,50 @@ class SplitStepper:
                 outputs += self._collect(rest)
         return outputs
 
+    def pace_s(self) -> float:
+        """Interleave: seconds from one paused decode step's start to the next."""
+        return interleave_pace_s(self._paused_decode_s, self.split.target_itl_s)
+
+    def _interleave_chunk(self) -> int:
+        return interleave_chunk_tokens(self._segment_s_per_token, self.pace_s(),
+                                       self.chunk_tokens, self._budget)
+
     def _interleaved(self, plan: StepPlan) -> list[Any]:
         """The prefill stream's `plan` on every core of this thread; between two of its layers
-        the decode stream's next step whenever one is due (PACE x the target since the last
-        one started), and short prompts that arrived meanwhile (interjected whole), their
-        tokens sent at once (the engine loop's emit hook)."""
+        the decode stream's next step whenever one is due (the next layer boundary would be
+        past the pace since the last one started: core/interleave_pace.py), and short prompts
+        that arrived meanwhile (interjected whole), their tokens sent at once (the engine
+        loop's emit hook)."""
         engine, sched, split = self.engine, self.scheduler, self.split
         cores = split.num_cores
         set_thread_count(cores)
         self._decode_threads = cores
-        pace = self.PACE * split.target_itl_s
+        pace = self.pace_s()
         emitted: list[Any] = []
+        # The chunk's own segments: when the latest one started (the hook's return) and the
+        # longest one so far, interjections and decode steps left out.
+        segment = {"start": time.perf_counter(), "last": 0.0, "longest": 0.0}
 
         def between_layers() -> None:
+            t0 = time.perf_counter()
+            seg = t0 - segment["start"]
+            segment["last"] = seg
+            segment["longest"] = max(segment["longest"], seg)
+            try:
+                paused(t0, seg)
+            finally:
+                segment["start"] = time.perf_counter()
+
+        def paused(t0: float, seg: float) -> None:
             if engine._poll_arrivals is not None:
                 engine._poll_arrivals()
             # A short prompt that arrived during the chunk runs here whole (the colocated
             # interjection), not after the chunk: its first token goes out at once.
             if sched.may_interject(plan) and sched.interjection_wanted(plan):
                 engine._interject(plan)
-            t0 = time.perf_counter()
-            if t0 - self._last_decode_t < pace or not sched.num_decode_rows():
+                t0 = time.perf_counter()
+            # Due when the next boundary, about a segment away, would be past the pace.
+            if t0 + seg - self._last_decode_t < pace or not sched.num_decode_rows():
                 return
             dplan = sched.schedule_decodes()
             if dplan.is_empty and not _moves_blocks(dplan):
@@ -165,6 +196,7 @@ class SplitStepper:
                 engine._emit(outs)
             else:
                 emitted.extend(outs)
+            self._paused_decode_s = _ema(self._paused_decode_s, time.perf_counter() - t0)
 
         t_start = engine._clock()
         t0 = time.perf_counter()
@@ -174,6 +206,9 @@ class SplitStepper:
             sched.drop_prefill(plan)
             return emitted + engine._fail_plan(plan, exc)
         split.observe_prefill(time.perf_counter() - t0)
+        if segment["longest"] > 0 and plan.num_prefill_tokens:
+            self._segment_s_per_token = _ema(self._segment_s_per_token,
+                                             segment["longest"] / plan.num_prefill_tokens)
         return emitted + engine._finish_step(plan, out, t_start)
 
     def _colocated(self) -> list[Any]:
@@ -185,6 +220,8 @@ class SplitStepper:
         plan, seconds = engine.last_executed
         if plan is not None and plan.num_prefill_tokens == 0:
             self.split.observe_decode(cores, plan.num_decode_tokens, seconds, contended=False)
+            if self._paused_decode_s is None:  # interleave's first pace, until it measures
+                self._paused_decode_s = seconds
         return outputs
 
     def _decide(self) -> SplitDecision:
@@ -273,6 +310,10 @@ class SplitStepper:
             self._team.close()
             self._team = None
         set_thread_count(self._threads_before)
+
+
+def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
 
 
 def _moves_blocks(plan: StepPlan) -> bool:

@@ -10,13 +10,14 @@ not shrink with fewer cores), times the team's measured contention factor while 
 computes beside it (the memory bandwidth both share; core/contention.py). Requests join at step
 boundaries, as in simulate(). 'interleave' (--policy adaptive's default) has one team: a
 chunk on every core, lengthened by the decode steps (on every core, no contention) that run
-between its layers, a step each pace.
+between its layers, a step each pace (core/interleave_pace.py, from the predicted decode step).
 """
 
 from __future__ import annotations
 
 from cadence.core.contention import Contention
 from cadence.core.core_split import CoreSplit
+from cadence.core.interleave_pace import interleave_pace_s
 from cadence.core.plan import StepOutput, StepPlan
 from cadence.core.request import Request
 from cadence.core.sampling_params import SamplingParams
@@ -104,10 +105,12 @@ def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostMod
                     overlap = decision.overlaps(num_cores)
                     if interleave:
                         seconds = duration(plan, num_cores, False)
-                        if rows:  # the decode steps' share of each pace
+                        if rows:  # the decode steps' share of each pace (the engine's rule)
                             step_s = split.predict_decode_s(num_cores, rows) or 0.0
+                            pace_s = interleave_pace_s(step_s or None, split.target_itl_s)
                             seconds /= 1.0 - min(0.9, step_s / pace_s)
                     elif overlap and rows:
+                        pace_s = PACE * split.target_itl_s
                         # The paced decode thread takes one core for its steps' share of time.
                         step_s = split.predict_decode_s(1, rows) or 0.0
                         seconds /= 1.0 - min(0.9, step_s / pace_s) / num_cores

@@ -1,0 +1,54 @@
+"""How often decode steps run between a prompt chunk's layers, and how large the chunk is
+(--core-split interleave, --policy adaptive's default).
+
+Under interleave the prompt chunk runs on every core and the decode stream's steps run between
+two of its layers. Two numbers decide what that costs:
+- the pace, the time from one decode step's start to the next: the streams' gap while a prompt
+  prefills is about one pace, and the prompt's prefill is slowed by the decode steps' time per
+  pace. The pace is set from the measured decode step time so that the decode steps take
+  DECODE_SHARE of the prefill's time: pace = step x (1 + 1 / DECODE_SHARE), so a document's
+  TTFT grows by about that share while the streams get a token as often as it allows. It is
+  never longer than PACE_CAP x the ITL target (the target holds however slow the steps are).
+  A step runs at the last layer boundary before the pace is up (the next one, a segment later,
+  would be past it), so steps start between a pace less a segment and a pace apart.
+  (Measured on the 2-core Zen 4 host, SmolLM2-135M: a 3-row decode step takes 6.1 ms alone
+  (6.9 ms with CADENCE_ISA=avx2) but 9-11.5 ms between two prompt layers, whose work has
+  evicted the weights from the caches: a pace of 70-80 ms at 0.15. At 0.2 (a 55-69 ms pace)
+  the document's TTFT was already 1.34-1.44x eager's in-process, over issue 34's 1.3x bound.)
+- the chunk: the pauses are at layer boundaries (between two layers and between a layer's
+  attention and its MLP), so a pause is due at most one such segment late; the chunk is the
+  largest whose segment fits in SEGMENT_SHARE of the pace (from the measured segment time per
+  chunk token; steps then start at least half a pace apart), within the step's token budget. Larger chunks cost less per token (the GEMMs
+  run in longer tiles, fewer steps' fixed work): a 1650-token document took 1.10x as long in
+  512-token chunks as in one step there, 0.97-1.0x in 1024-token ones; the longest segment
+  measured 48-68 us per chunk token (SmolLM2, 2 cores), so ~600-800-token chunks.
+"""
+
+from __future__ import annotations
+
+# Decode seconds per second of prefill while a prompt's chunk is paused for decode steps.
+DECODE_SHARE = 0.15
+# The longest pace, as a share of the ITL target (a margin for the step's own variation).
+PACE_CAP = 0.8
+# The longest layer segment of a chunk, as a share of the pace.
+SEGMENT_SHARE = 0.5
+
+
+def interleave_pace_s(decode_step_s: float | None, target_itl_s: float) -> float:
+    """Seconds from one paused decode step's start to the next, given the measured decode
+    step time (None: not measured yet, the cap)."""
+    cap = PACE_CAP * target_itl_s
+    if decode_step_s is None or decode_step_s <= 0:
+        return cap
+    return min(cap, decode_step_s * (1.0 + 1.0 / DECODE_SHARE))
+
+
+def interleave_chunk_tokens(segment_s_per_token: float | None, pace_s: float, first: int,
+                            budget: int) -> int:
+    """Prompt tokens of the next interleaved chunk: the largest whose longest layer segment
+    (measured seconds per chunk token) fits SEGMENT_SHARE of the pace, at least `first` (the
+    chunk before any measurement, --split-prefill-chunk) and at most the token budget."""
+    if segment_s_per_token is None or segment_s_per_token <= 0:
+        return min(first, budget)
+    fits = int(SEGMENT_SHARE * pace_s / segment_s_per_token)
+    return max(min(first, budget), min(budget, fits))
