@@ -22,7 +22,7 @@ def test_the_pace_keeps_decode_steps_to_their_share_of_the_prefill():
 
 def test_the_chunk_is_the_largest_whose_layer_segment_fits_the_pace():
     pace = 0.04
-    per_token = 20e-6  # seconds of the longest segment per chunk token
+    per_token = 5e-6  # seconds of the longest segment per chunk token
     tokens = interleave_chunk_tokens(per_token, pace, first=512, budget=2048)
     assert tokens == int(SEGMENT_SHARE * pace / per_token)
     assert tokens * per_token <= SEGMENT_SHARE * pace

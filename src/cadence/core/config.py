@@ -160,7 +160,7 @@ class SchedulerConfig:
             "short prompt arriving meanwhile waits at most that long for its first token). "
             "Under 'interleave' (where short prompts are interjected between layers) the first "
             "chunk's size and the smallest: later chunks are the largest whose layer segment "
-            "fits half the decode pace, from their measured time, within "
+            "fits a quarter of the decode pace, from their measured time, within "
             "--max-num-batched-tokens."
         },
     )

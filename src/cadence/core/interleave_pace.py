@@ -9,8 +9,9 @@ two of its layers. Two numbers decide what that costs:
   DECODE_SHARE of the prefill's time: pace = step x (1 + 1 / DECODE_SHARE), so a document's
   TTFT grows by about that share while the streams get a token as often as it allows. It is
   never longer than PACE_CAP x the ITL target (the target holds however slow the steps are).
-  A step runs at the last layer boundary before the pace is up (the next one, a segment later,
-  would be past it), so steps start between a pace less a segment and a pace apart.
+  A step runs at the layer boundary nearest to a pace after the last one's start, so steps
+  start a pace apart on average and at most half a segment more (at the last boundary before
+  the pace was up, they started 35-80 ms apart for a 75 ms pace: more steps than the share).
   (Measured on the 2-core Zen 4 host, SmolLM2-135M: a 3-row decode step takes 6.1 ms alone
   (6.9 ms with CADENCE_ISA=avx2) but 9-11.5 ms between two prompt layers, whose work has
   evicted the weights from the caches: a pace of 70-80 ms at 0.15. At 0.2 (a 55-69 ms pace)
@@ -18,10 +19,11 @@ two of its layers. Two numbers decide what that costs:
 - the chunk: the pauses are at layer boundaries (between two layers and between a layer's
   attention and its MLP), so a pause is due at most one such segment late; the chunk is the
   largest whose segment fits in SEGMENT_SHARE of the pace (from the measured segment time per
-  chunk token; steps then start at least half a pace apart), within the step's token budget. Larger chunks cost less per token (the GEMMs
+  chunk token; steps then start at most 1.125 paces apart), within the step's token budget. Larger chunks cost less per token (the GEMMs
   run in longer tiles, fewer steps' fixed work): a 1650-token document took 1.10x as long in
   512-token chunks as in one step there, 0.97-1.0x in 1024-token ones; the longest segment
-  measured 48-68 us per chunk token (SmolLM2, 2 cores), so ~600-800-token chunks.
+  measured 48-68 us per chunk token (SmolLM2, 2 cores), so a 75 ms pace keeps the first chunk's
+  512 tokens there.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ DECODE_SHARE = 0.15
 # The longest pace, as a share of the ITL target (a margin for the step's own variation).
 PACE_CAP = 0.8
 # The longest layer segment of a chunk, as a share of the pace.
-SEGMENT_SHARE = 0.5
+SEGMENT_SHARE = 0.25
 
 
 def interleave_pace_s(decode_step_s: float | None, target_itl_s: float) -> float:

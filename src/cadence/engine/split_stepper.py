@@ -142,8 +142,8 @@ class SplitStepper:
 
     def _interleaved(self, plan: StepPlan) -> list[Any]:
         """The prefill stream's `plan` on every core of this thread; between two of its layers
-        the decode stream's next step whenever one is due (the next layer boundary would be
-        past the pace since the last one started: core/interleave_pace.py), and short prompts
+        the decode stream's next step whenever one is due (this boundary is the nearest to a
+        pace after the last one's start: core/interleave_pace.py), and short prompts
         that arrived meanwhile (interjected whole), their tokens sent at once (the engine
         loop's emit hook)."""
         engine, sched, split = self.engine, self.scheduler, self.split
@@ -174,8 +174,10 @@ class SplitStepper:
             if sched.may_interject(plan) and sched.interjection_wanted(plan):
                 engine._interject(plan)
                 t0 = time.perf_counter()
-            # Due when the next boundary, about a segment away, would be past the pace.
-            if t0 + seg - self._last_decode_t < pace or not sched.num_decode_rows():
+            # Due at the boundary nearest to the pace's end (the next one is about a segment
+            # away): steps start a pace apart on average, so they take the share of the
+            # prefill's time the pace was set for.
+            if t0 + seg / 2 - self._last_decode_t < pace or not sched.num_decode_rows():
                 return
             dplan = sched.schedule_decodes()
             if dplan.is_empty and not _moves_blocks(dplan):
