@@ -154,12 +154,11 @@ class SplitStepper:
         emitted: list[Any] = []
         # The chunk's own segments: when the latest one started (the hook's return) and the
         # longest one so far, interjections and decode steps left out.
-        segment = {"start": time.perf_counter(), "last": 0.0, "longest": 0.0}
+        segment = {"start": time.perf_counter(), "longest": 0.0}
 
         def between_layers() -> None:
             t0 = time.perf_counter()
             seg = t0 - segment["start"]
-            segment["last"] = seg
             segment["longest"] = max(segment["longest"], seg)
             try:
                 paused(t0, seg)
@@ -208,7 +207,8 @@ class SplitStepper:
             sched.drop_prefill(plan)
             return emitted + engine._fail_plan(plan, exc)
         split.observe_prefill(time.perf_counter() - t0)
-        if segment["longest"] > 0 and plan.num_prefill_tokens:
+        if segment["longest"] > 0 and plan.num_prefill_tokens >= self.chunk_tokens:
+            # Full-size chunks only: a short one's fixed work per segment would count per token.
             self._segment_s_per_token = _ema(self._segment_s_per_token,
                                              segment["longest"] / plan.num_prefill_tokens)
         return emitted + engine._finish_step(plan, out, t_start)
