@@ -146,7 +146,7 @@ class SchedulerConfig:
             "take at most 0.8 of it). 'disjoint': as auto, the teams always on separate "
             "cores. 'interleave': no second team: the prompt chunk runs on every core and the "
             "decode steps run between two of its layers, a step each pace, set from the "
-            "measured decode step so that decode steps take 15 percent of the prefill's time (at "
+            "measured decode step so that decode steps take 10 percent of the prefill's time (at "
             "most 0.8 x --target-itl-ms). 'off': colocated "
             "steps only. Default: 'interleave' with --policy adaptive (an engine whose "
             "forward cannot pause between layers takes 'auto'), else 'off'.",

@@ -14,13 +14,17 @@ two of its layers. Two numbers decide what that costs:
   the pace was up, they started 35-80 ms apart for a 75 ms pace: more steps than the share).
   (Measured on the 2-core Zen 4 host, SmolLM2-135M: a 3-row decode step takes 6.1 ms alone
   (6.9 ms with CADENCE_ISA=avx2) but 9-11.5 ms between two prompt layers, whose work has
-  evicted the weights from the caches: a pace of 70-80 ms at 0.15. At 0.2 (a 55-69 ms pace)
+  evicted the weights from the caches: at 0.1 a pace of 100-125 ms, so the cap (80 ms at the
+  default target) sets it there. At 0.15 (70-80 ms) a Poisson mix at 2 req/s (AVX2) served
+  0.84-0.87x disagg's goodput in one run; at 0.1 1.22-2.1x the former fixed pace's in one
+  call, within this host's run-to-run spread. At 0.2 (a 55-69 ms pace)
   the document's TTFT was already 1.34-1.44x eager's in-process, over issue 34's 1.3x bound.)
 - the chunk: the pauses are at layer boundaries (between two layers and between a layer's
   attention and its MLP), so a pause is due at most one such segment late; the chunk is the
   largest whose segment fits in SEGMENT_SHARE of the pace (from the measured segment time per
-  chunk token; steps then start at most 1.125 paces apart), within the step's token budget. Larger chunks cost less per token (the GEMMs
-  run in longer tiles, fewer steps' fixed work): a 1650-token document took 1.10x as long in
+  chunk token; steps then start at most 1.125 paces apart), within the step's token budget.
+  Larger chunks cost less per token (the GEMMs run in longer tiles, fewer steps' fixed work):
+  a 1650-token document took 1.10x as long in
   512-token chunks as in one step there, 0.97-1.0x in 1024-token ones; the longest segment
   measured 48-68 us per chunk token (SmolLM2, 2 cores), so a 75 ms pace keeps the first chunk's
   512 tokens there.
@@ -29,7 +33,7 @@ two of its layers. Two numbers decide what that costs:
 from __future__ import annotations
 
 # Decode seconds per second of prefill while a prompt's chunk is paused for decode steps.
-DECODE_SHARE = 0.15
+DECODE_SHARE = 0.1
 # The longest pace, as a share of the ITL target (a margin for the step's own variation).
 PACE_CAP = 0.8
 # The longest layer segment of a chunk, as a share of the pace.
