@@ -38,6 +38,10 @@ struct QuantizedRows {
   std::vector<uint8_t> mag;
   std::vector<float> scale;
   std::vector<float> sum;
+  // Per group of 32 k the exact sum of q (|sum| <= 32 * 127), where the quantizer writes it (the
+  // K-quants' per-256 rows, gguf/quantize.h): the AVX-512 Q4_K tiles take their minimums' terms
+  // in integers from it.
+  std::vector<int16_t> group_sum;
   int64_t K = 0;
 
   const int8_t* q_at(int64_t row, int64_t k) const { return q.data() + row * K + k; }

@@ -126,10 +126,12 @@ struct Activations {
     out.mag.resize(static_cast<size_t>(T * K));
     out.scale.resize(static_cast<size_t>(T * groups));
     out.sum.resize(static_cast<size_t>(T * groups));
+    if (per_256) out.group_sum.resize(static_cast<size_t>(T * groups));
     for (int64_t m = 0; m < T; ++m) {
       if (per_256)
         gguf::quantize_row_q8_per_256(x + m * K, K, out.q.data() + m * K, out.mag.data() + m * K,
-                                      out.scale.data() + m * groups, out.sum.data() + m * groups);
+                                      out.scale.data() + m * groups, out.sum.data() + m * groups,
+                                      out.group_sum.data() + m * groups);
       else
         avx2::quantize_row_q8(x + m * K, K, out.q.data() + m * K, out.mag.data() + m * K,
                               out.scale.data() + m * groups, out.sum.data() + m * groups);

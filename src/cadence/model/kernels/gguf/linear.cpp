@@ -45,13 +45,14 @@ void quantize_rows(const float* x, int64_t M, int64_t K, bool per_256, avx2::Qua
   out.mag.resize(static_cast<size_t>(M * K));
   out.scale.resize(static_cast<size_t>(M * groups));
   out.sum.resize(static_cast<size_t>(M * groups));
+  if (per_256) out.group_sum.resize(static_cast<size_t>(M * groups));
   at::parallel_for(0, M, M * K >= (1 << 16) ? 16 : M, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       int8_t* q = out.q.data() + m * K;
       uint8_t* mag = out.mag.data() + m * K;
       float* scale = out.scale.data() + m * groups;
       float* sum = out.sum.data() + m * groups;
-      if (per_256) gguf::quantize_row_q8_per_256(x + m * K, K, q, mag, scale, sum);
+      if (per_256) gguf::quantize_row_q8_per_256(x + m * K, K, q, mag, scale, sum, out.group_sum.data() + m * groups);
       else avx2::quantize_row_q8(x + m * K, K, q, mag, scale, sum);
     }
   });

@@ -58,89 +58,127 @@ inline void repack_q4k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
   }
 }
 
-// out[(m0 + r) * ldo + n0 + 8i + c], c < 8, r < R, i < O: rows of x against O consecutive octets
-// (packed: the first, octet_bytes apart). Each (row, octet) pair keeps two integer sums per group
-// (the low and the high nibbles'), so a tile runs 2 * R * O independent vpdpbusd chains instead of
-// R chains 8 deep (a decode row had one: its latency, not memory, bounded the GEMV). The sums are
-// exact integers, added once per group; every (row, column) pair runs the same instructions in
-// the same order whatever R and O: a row's result does not depend on the rows beside it.
-template <int R, int O>
-inline void q4k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t octet_bytes,
-                        int64_t K, float* out, int64_t ldo, int64_t n0) {
-  __m256 acc[R][O];
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < O; ++i) acc[r][i] = _mm256_setzero_ps();
+#ifdef CADENCE_GGUF_X16
+// The AVX-512 tiers' Q4_K tiles: the groups' 6-bit scales and minimums applied in integers, the
+// float work once per 256-block (llama.cpp's q4_K x q8_K idea; the AVX2 tier's tiles below do the
+// scales the same way). Per (row, octet) and group of 32 k, the low and the high nibbles' vpdpbusd
+// sums (two independent chains: their latency, not memory, bounded a one-chain GEMV; 16 products
+// of q <= 15 and |x| <= 127 each: |s| <= 30480, an int16 in an int32 lane) each go through one
+// vpdpwssd by the group's scale (the lane's low int16 times sc <= 63, its high int16 times 0) into
+// the block's int32 sum (8 groups x 2 x 30480 x 63 < 2^25: exact). The minimums: one vpdpwssd per
+// two groups of (mn_j, mn_j+1) by the row's exact group sums of q (|sum| <= 4064) into a second
+// int32 (< 2^21). Then per block and column: acc += float(sum) * (d * x_scale), acc -=
+// float(min_sum) * (dmin * x_scale), x_scale the activations' one scale per 256 (quantize.h).
+// Every tile below (16 columns of a pair of octets, R rows or one row over P pairs; 8 columns of
+// a lone octet) runs these operations lane for lane in this order, so a column's bits do not
+// depend on the tile, the rows beside it or the thread split.
+
+// Byte c of rows j and j + 1 of an octet's [group][column] minimums side by side (per 128 bits).
+inline __m128i min_pairs_order() { return _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15); }
+// The minimums of groups j, j + 1 (16 bytes at a, [group][column]) as int32 lanes of int16 pairs
+// (mn_j, mn_j+1), one lane per column; the pair form: 8 columns at a, then 8 at b.
+inline __m256i min_words(const uint8_t* a) {
+  return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)), min_pairs_order()));
+}
+inline __m512i min_words_pair(const uint8_t* a, const uint8_t* b) {
+  const __m256i both = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+  const __m256i order = _mm256_broadcastsi128_si256(min_pairs_order());
+  return _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(both, order));
+}
+// Group sums j, j + 1 of a row (int16, adjacent) in every int32 lane.
+inline int32_t sum_pair(const avx2::QuantizedRows& xq, int64_t row, int64_t group) {
+  int32_t v;
+  std::memcpy(&v, xq.group_sum.data() + row * (xq.K / avx2::Q8_GROUP) + group, sizeof(v));
+  return v;
+}
+// 8 bytes at a (then 8 at b) zero-extended into int32 lanes (byte, 0): word_dot_add's multiplier.
+inline __m256i scale_words(const uint8_t* a) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)));
+}
+inline __m512i scale_words_pair(const uint8_t* a, const uint8_t* b) {
+  return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                                                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b))));
+}
+// acc + the int16 pair dot products per int32 lane (vpdpwssd; madd + add without VNNI): exact.
+inline __m512i word_dot_add_512(__m512i acc, __m512i s, __m512i w) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, s, w);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(s, w));
+#endif
+}
+inline __m256i word_dot_add_256(__m256i acc, __m256i s, __m256i w) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, s, w);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(s, w));
+#endif
+}
+
+// out[(m0 + r) * ldo + n0 + c], c < 8, r < R: rows of x against the lone octet at `packed` (an odd
+// octet count's last), on 8 lanes.
+template <int R>
+inline void q4k_x8_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t K, float* out,
+                        int64_t ldo, int64_t n0) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
   const int64_t groups = K / avx2::Q8_GROUP;
   for (int64_t blk = 0; blk < K / 256; ++blk) {
-    for (int i = 0; i < O; ++i)
-      _mm_prefetch(reinterpret_cast<const char*>(packed + i * octet_bytes + blk * Q4K_X8_BYTES + 2048), _MM_HINT_T0);
+    const uint8_t* hdr = packed + blk * Q4K_X8_BYTES;
+    _mm_prefetch(reinterpret_cast<const char*>(hdr + PREFETCH_AHEAD), PREFETCH_HINT);
+    __m256i block_sum[R], min_sum[R];
+    for (int r = 0; r < R; ++r) block_sum[r] = min_sum[r] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
-      const int64_t g = blk * 8 + j;
-      // VNNI: two int32 chains per (row, octet). Without it: maddubs' int16 pair sums added in
-      // int16 over the whole group (each pair <= 2 * 15 * 127 = 3810, eight of them 30480 <
-      // 2^15: exact), widened by one madd per group instead of one per maddubs.
-      __m256i lo_sum[R][O], hi_sum[R][O];
-      for (int r = 0; r < R; ++r)
-        for (int i = 0; i < O; ++i) lo_sum[r][i] = hi_sum[r][i] = _mm256_setzero_si256();
-      for (int i = 0; i < O; ++i) {
-        const uint8_t* q = packed + i * octet_bytes + blk * Q4K_X8_BYTES + Q4K_X8_HEADER + j * 128;
-        _mm_prefetch(reinterpret_cast<const char*>(q + 2048), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(q + 2048 + 64), _MM_HINT_T0);
-      }
+      const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
+      const uint8_t* q = hdr + Q4K_X8_HEADER + j * 128;
+      _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_AHEAD), PREFETCH_HINT);
+      _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+      __m256i lo_sum[R], hi_sum[R];
+      for (int r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
       for (int kk = 0; kk < 4; ++kk) {
-        const int64_t k = g * avx2::Q8_GROUP + kk * 8;
-        __m256i lo[O], hi[O];
-        for (int i = 0; i < O; ++i) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-              packed + i * octet_bytes + blk * Q4K_X8_BYTES + Q4K_X8_HEADER + j * 128 + kk * 32));
-          lo[i] = _mm256_and_si256(v, low4);
-          hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        }
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kk * 32));
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         for (int r = 0; r < R; ++r) {
-          const __m256i x_lo = avx2::broadcast4(xq.q_at(m0 + r, k)), x_hi = avx2::broadcast4(xq.q_at(m0 + r, k + 4));
-          for (int i = 0; i < O; ++i) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-            lo_sum[r][i] = avx2::udot4_add(lo_sum[r][i], lo[i], x_lo, ones16);
-            hi_sum[r][i] = avx2::udot4_add(hi_sum[r][i], hi[i], x_hi, ones16);
-#else
-            lo_sum[r][i] = _mm256_add_epi16(lo_sum[r][i], _mm256_maddubs_epi16(lo[i], x_lo));
-            hi_sum[r][i] = _mm256_add_epi16(hi_sum[r][i], _mm256_maddubs_epi16(hi[i], x_hi));
-#endif
-          }
+          const int8_t* x = xq.q_at(m0 + r, k0 + kk * 8);
+          lo_sum[r] = avx2::udot4_add(lo_sum[r], lo, avx2::broadcast4(x), ones16);
+          hi_sum[r] = avx2::udot4_add(hi_sum[r], hi, avx2::broadcast4(x + 4), ones16);
         }
       }
-#if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+      const __m256i sc = scale_words(hdr + 64 + 8 * j);
       for (int r = 0; r < R; ++r)
-        for (int i = 0; i < O; ++i) {
-          lo_sum[r][i] = _mm256_madd_epi16(_mm256_add_epi16(lo_sum[r][i], hi_sum[r][i]), ones16);
-          hi_sum[r][i] = _mm256_setzero_si256();
-        }
-#endif
-      for (int i = 0; i < O; ++i) {
-        const uint8_t* hdr = packed + i * octet_bytes + blk * Q4K_X8_BYTES;
-        const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr));
-        const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 32));
-        const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 64 + 8 * j)))));
-        const __m256 b = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 128 + 8 * j)))));
-        for (int r = 0; r < R; ++r) {
-          const __m256i isum = _mm256_add_epi32(lo_sum[r][i], hi_sum[r][i]);
-          const float row_scale = xq.scale[(m0 + r) * groups + g], row_sum = xq.sum[(m0 + r) * groups + g];
-          acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(a, _mm256_set1_ps(row_scale)), acc[r][i]);
-          acc[r][i] = _mm256_fnmadd_ps(b, _mm256_set1_ps(row_sum), acc[r][i]);
-        }
-      }
+        block_sum[r] = word_dot_add_256(word_dot_add_256(block_sum[r], lo_sum[r], sc), hi_sum[r], sc);
+    }
+    for (int jp = 0; jp < 4; ++jp) {
+      const __m256i mn = min_words(hdr + 128 + 16 * jp);
+      for (int r = 0; r < R; ++r)
+        min_sum[r] = word_dot_add_256(min_sum[r], mn, _mm256_set1_epi32(sum_pair(xq, m0 + r, blk * 8 + 2 * jp)));
+    }
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr));
+    const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 32));
+    for (int r = 0; r < R; ++r) {
+      const __m256 xs = _mm256_set1_ps(xq.scale[(m0 + r) * groups + blk * 8]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[r]), _mm256_mul_ps(d, xs), acc[r]);
+      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_sum[r]), _mm256_mul_ps(dmin, xs), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < O; ++i) _mm256_storeu_ps(out + (m0 + r) * ldo + n0 + 8 * i, acc[r][i]);
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + (m0 + r) * ldo + n0, acc[r]);
 }
 
-#ifdef CADENCE_GGUF_X16
-// q4k_x8_tile<R, 2> on the AVX-512 tiers: the octets at `packed` and packed + octet_bytes in the
-// two halves of each register (x16_pairs.h), the same operations lane for lane.
+template <int R>
+inline void q4k_x8_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed, int64_t K,
+                        float* out, int64_t ldo, int64_t n0) {
+  int64_t m = m0;
+  for (; m + R <= m0 + rows; m += R) q4k_x8_tile<R>(xq, m, packed, K, out, ldo, n0);
+  if constexpr (R > 1) {
+    if (m < m0 + rows) q4k_x8_rows<R - 1>(xq, m, m0 + rows - m, packed, K, out, ldo, n0);
+  }
+}
+
+// R rows against the octets at `packed` and packed + octet_bytes, in the two halves of each
+// register (x16_pairs.h).
 template <int R>
 inline void q4k_x16_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t octet_bytes,
                          int64_t K, float* out, int64_t ldo, int64_t n0) {
@@ -151,36 +189,45 @@ inline void q4k_x16_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_
   for (int64_t blk = 0; blk < K / 256; ++blk) {
     const uint8_t* h0 = packed + blk * Q4K_X8_BYTES;
     const uint8_t* h1 = h0 + octet_bytes;
-    _mm_prefetch(reinterpret_cast<const char*>(h0 + 2048), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(h1 + 2048), _MM_HINT_T0);
-    const __m512 d = load_pair_ps(h0, h1), dmin = load_pair_ps(h0 + 32, h1 + 32);
+    _mm_prefetch(reinterpret_cast<const char*>(h0 + PREFETCH_AHEAD), PREFETCH_HINT);
+    _mm_prefetch(reinterpret_cast<const char*>(h1 + PREFETCH_AHEAD), PREFETCH_HINT);
+    __m512i block_sum[R];
+    for (int r = 0; r < R; ++r) block_sum[r] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
-      const int64_t g = blk * 8 + j;
+      const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
       const uint8_t* q0 = h0 + Q4K_X8_HEADER + j * 128;
       const uint8_t* q1 = h1 + Q4K_X8_HEADER + j * 128;
-      _mm_prefetch(reinterpret_cast<const char*>(q0 + 2048), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(q0 + 2048 + 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(q1 + 2048), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(q1 + 2048 + 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q0 + PREFETCH_AHEAD), PREFETCH_HINT);
+      _mm_prefetch(reinterpret_cast<const char*>(q0 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+      _mm_prefetch(reinterpret_cast<const char*>(q1 + PREFETCH_AHEAD), PREFETCH_HINT);
+      _mm_prefetch(reinterpret_cast<const char*>(q1 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
       __m512i lo_sum[R], hi_sum[R];
       for (int r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();
       for (int kk = 0; kk < 4; ++kk) {
         const __m512i v = load_pair(q0 + kk * 32, q1 + kk * 32);
         const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        const int64_t k = g * avx2::Q8_GROUP + kk * 8;
         for (int r = 0; r < R; ++r) {
-          lo_sum[r] = udot4_add_512(lo_sum[r], lo, broadcast4_512(xq.q_at(m0 + r, k)));
-          hi_sum[r] = udot4_add_512(hi_sum[r], hi, broadcast4_512(xq.q_at(m0 + r, k + 4)));
+          const int8_t* x = xq.q_at(m0 + r, k0 + kk * 8);
+          lo_sum[r] = udot4_add_512(lo_sum[r], lo, broadcast4_512(x));
+          hi_sum[r] = udot4_add_512(hi_sum[r], hi, broadcast4_512(x + 4));
         }
       }
-      const __m512 a = _mm512_mul_ps(d, bytes_pair_ps(h0 + 64 + 8 * j, h1 + 64 + 8 * j, false));
-      const __m512 b = _mm512_mul_ps(dmin, bytes_pair_ps(h0 + 128 + 8 * j, h1 + 128 + 8 * j, false));
-      for (int r = 0; r < R; ++r) {
-        const __m512i isum = _mm512_add_epi32(lo_sum[r], hi_sum[r]);
-        const float row_scale = xq.scale[(m0 + r) * groups + g], row_sum = xq.sum[(m0 + r) * groups + g];
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(a, _mm512_set1_ps(row_scale)), acc[r]);
-        acc[r] = _mm512_fnmadd_ps(b, _mm512_set1_ps(row_sum), acc[r]);
-      }
+      const __m512i sc = scale_words_pair(h0 + 64 + 8 * j, h1 + 64 + 8 * j);
+      for (int r = 0; r < R; ++r)
+        block_sum[r] = word_dot_add_512(word_dot_add_512(block_sum[r], lo_sum[r], sc), hi_sum[r], sc);
+    }
+    __m512i min_sum[R];
+    for (int r = 0; r < R; ++r) min_sum[r] = _mm512_setzero_si512();
+    for (int jp = 0; jp < 4; ++jp) {
+      const __m512i mn = min_words_pair(h0 + 128 + 16 * jp, h1 + 128 + 16 * jp);
+      for (int r = 0; r < R; ++r)
+        min_sum[r] = word_dot_add_512(min_sum[r], mn, _mm512_set1_epi32(sum_pair(xq, m0 + r, blk * 8 + 2 * jp)));
+    }
+    const __m512 d = load_pair_ps(h0, h1), dmin = load_pair_ps(h0 + 32, h1 + 32);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xs = _mm512_set1_ps(xq.scale[(m0 + r) * groups + blk * 8]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sum[r]), _mm512_mul_ps(d, xs), acc[r]);
+      acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum[r]), _mm512_mul_ps(dmin, xs), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) store_pair(out + (m0 + r) * ldo + n0, acc[r]);
@@ -200,24 +247,20 @@ inline void q4k_x16_gemv(const avx2::QuantizedRows& xq, const uint8_t* packed, i
     const uint8_t* h[2 * P];
     for (int i = 0; i < 2 * P; ++i) {
       h[i] = packed + i * octet_bytes + blk * Q4K_X8_BYTES;
-      _mm_prefetch(reinterpret_cast<const char*>(h[i] + 2048), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(h[i] + PREFETCH_AHEAD), PREFETCH_HINT);
     }
-    __m512 d[P], dmin[P];
-    for (int p = 0; p < P; ++p) {
-      d[p] = load_pair_ps(h[2 * p], h[2 * p + 1]);
-      dmin[p] = load_pair_ps(h[2 * p] + 32, h[2 * p + 1] + 32);
-    }
+    __m512i block_sum[P];
+    for (int p = 0; p < P; ++p) block_sum[p] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
-      const int64_t g = blk * 8 + j;
+      const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
       for (int i = 0; i < 2 * P; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(h[i] + Q4K_X8_HEADER + j * 128 + 2048), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(h[i] + Q4K_X8_HEADER + j * 128 + 2048 + 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(h[i] + Q4K_X8_HEADER + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(h[i] + Q4K_X8_HEADER + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
       }
       __m512i lo_sum[P], hi_sum[P];
       for (int p = 0; p < P; ++p) lo_sum[p] = hi_sum[p] = _mm512_setzero_si512();
       for (int kk = 0; kk < 4; ++kk) {
-        const int64_t k = g * avx2::Q8_GROUP + kk * 8;
-        const __m512i x_lo = broadcast4_512(xq.q_at(0, k)), x_hi = broadcast4_512(xq.q_at(0, k + 4));
+        const __m512i x_lo = broadcast4_512(xq.q_at(0, k0 + kk * 8)), x_hi = broadcast4_512(xq.q_at(0, k0 + kk * 8 + 4));
         for (int p = 0; p < P; ++p) {
           const __m512i v = load_pair(h[2 * p] + Q4K_X8_HEADER + j * 128 + kk * 32,
                                       h[2 * p + 1] + Q4K_X8_HEADER + j * 128 + kk * 32);
@@ -225,14 +268,23 @@ inline void q4k_x16_gemv(const avx2::QuantizedRows& xq, const uint8_t* packed, i
           hi_sum[p] = udot4_add_512(hi_sum[p], _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), x_hi);
         }
       }
-      const __m512 row_scale = _mm512_set1_ps(xq.scale[g]), row_sum = _mm512_set1_ps(xq.sum[g]);
       for (int p = 0; p < P; ++p) {
-        const __m512 a = _mm512_mul_ps(d[p], bytes_pair_ps(h[2 * p] + 64 + 8 * j, h[2 * p + 1] + 64 + 8 * j, false));
-        const __m512 b = _mm512_mul_ps(dmin[p], bytes_pair_ps(h[2 * p] + 128 + 8 * j, h[2 * p + 1] + 128 + 8 * j, false));
-        const __m512i isum = _mm512_add_epi32(lo_sum[p], hi_sum[p]);
-        acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(a, row_scale), acc[p]);
-        acc[p] = _mm512_fnmadd_ps(b, row_sum, acc[p]);
+        const __m512i sc = scale_words_pair(h[2 * p] + 64 + 8 * j, h[2 * p + 1] + 64 + 8 * j);
+        block_sum[p] = word_dot_add_512(word_dot_add_512(block_sum[p], lo_sum[p], sc), hi_sum[p], sc);
       }
+    }
+    __m512i min_sum[P];
+    for (int p = 0; p < P; ++p) min_sum[p] = _mm512_setzero_si512();
+    for (int jp = 0; jp < 4; ++jp) {
+      const __m512i sums = _mm512_set1_epi32(sum_pair(xq, 0, blk * 8 + 2 * jp));
+      for (int p = 0; p < P; ++p)
+        min_sum[p] = word_dot_add_512(min_sum[p], min_words_pair(h[2 * p] + 128 + 16 * jp, h[2 * p + 1] + 128 + 16 * jp), sums);
+    }
+    const __m512 xs = _mm512_set1_ps(xq.scale[blk * 8]);
+    for (int p = 0; p < P; ++p) {
+      const __m512 d = load_pair_ps(h[2 * p], h[2 * p + 1]), dmin = load_pair_ps(h[2 * p] + 32, h[2 * p + 1] + 32);
+      acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sum[p]), _mm512_mul_ps(d, xs), acc[p]);
+      acc[p] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum[p]), _mm512_mul_ps(dmin, xs), acc[p]);
     }
   }
   for (int p = 0; p < P; ++p) store_pair(out + 16 * p, acc[p]);
@@ -279,8 +331,8 @@ inline void q4k_x8_tile_avx2(const avx2::QuantizedRows& xq, int64_t m0, const ui
       const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
       for (int i = 0; i < O; ++i) {
         const uint8_t* q = packed + i * octet_bytes + blk * Q4K_X8_BYTES + Q4K_X8_HEADER + j * 128;
-        _mm_prefetch(reinterpret_cast<const char*>(q + 2048), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(q + 2048 + 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_AHEAD), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_AHEAD + 64), PREFETCH_HINT);
       }
       __m256i group_sum[R][O];
       for (int kk = 0; kk < 4; ++kk) {
@@ -339,16 +391,6 @@ inline void q4k_x8_rows_avx2(const avx2::QuantizedRows& xq, int64_t m0, int64_t 
 }
 #endif
 
-template <int R, int O>
-inline void q4k_x8_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* packed,
-                        int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
-  int64_t m = m0;
-  for (; m + R <= m0 + rows; m += R) q4k_x8_tile<R, O>(xq, m, packed, octet_bytes, K, out, ldo, n0);
-  if constexpr (R > 1) {
-    if (m < m0 + rows) q4k_x8_rows<R - 1, O>(xq, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
-  }
-}
-
 // Octets [o_begin, o_end) of a repacked Q4_K weight for every row (row blocks that stay in L2,
 // as int_gemm_columns). One row (a decode step) takes the octets two at a time: independent
 // chains hide the dot products' latency; more rows share each octet's decode across 4 rows.
@@ -361,7 +403,7 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
     int64_t o = o_begin;
     for (; o + 4 <= o_end; o += 4) q4k_x16_gemv<2>(xq, packed + o * octet_bytes, octet_bytes, K, out + 8 * o);
     for (; o + 2 <= o_end; o += 2) q4k_x16_tile<1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
-    if (o < o_end) q4k_x8_tile<1, 1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q4k_x8_tile<1>(xq, 0, packed + o * octet_bytes, K, out, ldo, 8 * o);
     return;
   }
   const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
@@ -370,7 +412,7 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
     int64_t o = o_begin;
     for (; o + 2 <= o_end; o += 2)
       q4k_x16_rows<X16_ROWS>(xq, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
-    if (o < o_end) q4k_x8_rows<ROWS, 1>(xq, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q4k_x8_rows<ROWS>(xq, mb, rows, packed + o * octet_bytes, K, out, ldo, 8 * o);
   }
 #else
   if (M == 1) {

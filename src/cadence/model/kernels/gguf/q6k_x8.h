@@ -73,9 +73,9 @@ inline void q6k_x8_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums,
     for (int j = 0; j < 8; ++j) {
       for (int i = 0; i < O; ++i) {
         const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048 + 64), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + 2048), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
       }
       const int64_t g = blk * 8 + j;
       for (int p = 0; p < 2; ++p) {
@@ -147,9 +147,9 @@ inline void q6k_x16_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums
     const __m512 d = load_pair_ps(b0, b1);
     for (int j = 0; j < 8; ++j) {
       for (const uint8_t* base : {b0, b1}) {
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048 + 64), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + 2048), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
       }
       const int64_t g = blk * 8 + j;
       for (int p = 0; p < 2; ++p) {
@@ -198,9 +198,9 @@ inline void q6k_x16_gemv(const avx2::QuantizedRows& xq, const int32_t* half_sums
     for (int p = 0; p < P; ++p) d[p] = load_pair_ps(b[2 * p], b[2 * p + 1]);
     for (int j = 0; j < 8; ++j) {
       for (int i = 0; i < 2 * P; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + 2048), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + 2048 + 64), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QH + j * 64 + 2048), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
       }
       const int64_t g = blk * 8 + j;
       const __m512 xs = _mm512_set1_ps(xq.scale[g]);
@@ -272,9 +272,9 @@ inline void q6k_x8_tile_avx2(const avx2::QuantizedRows& xq, const int32_t* half_
     for (int j = 0; j < 8; ++j) {
       for (int i = 0; i < O; ++i) {
         const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + 2048 + 64), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + 2048), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
       }
       const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
       for (int p = 0; p < 2; ++p) {

@@ -17,9 +17,10 @@ constexpr int64_t KQUANT_SPAN = 256;
 #if CADENCE_HAVE_AVX2
 
 // One row of K floats (K a multiple of 256) -> q, |q|, and per group of 32 the span's scale
-// (amax of the 256 / 127) and scale * sum of the group's q. Round half to even
-// (_mm256_cvtps_epi32 in the default rounding mode), |q| <= 127.
-inline void quantize_row_q8_per_256(const float* x, int64_t K, int8_t* q, uint8_t* mag, float* scale, float* sum) {
+// (amax of the 256 / 127), scale * sum of the group's q, and that sum itself (group_sum). Round half
+// to even (_mm256_cvtps_epi32 in the default rounding mode), |q| <= 127.
+inline void quantize_row_q8_per_256(const float* x, int64_t K, int8_t* q, uint8_t* mag, float* scale, float* sum,
+                                    int16_t* group_sum) {
   constexpr int64_t G = avx2::Q8_GROUP;
   const __m256 sign_bit = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -42,8 +43,10 @@ inline void quantize_row_q8_per_256(const float* x, int64_t K, int8_t* q, uint8_
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(mag + at), _mm256_abs_epi8(bytes));
       // The group's sum of q, exact in float32 (|sum| <= 32 * 127).
       const __m256i quads = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, bytes), ones16);
+      const float q_sum = avx2::hsum(_mm256_cvtepi32_ps(quads));
       scale[group] = span_scale;
-      sum[group] = span_scale * avx2::hsum(_mm256_cvtepi32_ps(quads));
+      sum[group] = span_scale * q_sum;
+      group_sum[group] = static_cast<int16_t>(q_sum);
     }
   }
 }
