@@ -14,15 +14,15 @@
 namespace cadence_kernels {
 namespace gguf {
 
-// Software prefetch of the repacked K-quant tiles: this many bytes ahead of what each octet's
-// stream reads now, into L2 (a GEMV reads 2-4 octet streams at once; the L2 stream prefetcher
-// alone left a 1B decode step at ~55-60% of a plain read's bandwidth). 4 KiB ahead into L2 ran
-// ~10% faster than 2 KiB into L1 (a 320 MB Q4_K GEMV microbenchmark, 2 threads, Zen 4).
-constexpr int64_t PREFETCH_AHEAD = 4096;
-constexpr auto PREFETCH_HINT = _MM_HINT_T1;
-
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define CADENCE_GGUF_X16 1
+
+// Software prefetch of the repacked K-quant tiles: this many bytes ahead of what each octet's
+// stream reads now. On the AVX-512 tiers 4 KiB ahead into L2 ran ~10% faster than 2 KiB into L1
+// (a 320 MB Q4_K GEMV microbenchmark, 2 threads, Zen 4); the AVX2 tier keeps 2 KiB into L1 (its
+// prefill ran ~12% slower with the L2 hint in one scale_bench A/B).
+constexpr int64_t PREFETCH_AHEAD = 4096;
+constexpr auto PREFETCH_HINT = _MM_HINT_T1;
 
 // Rows per 16-column prefill tile: each decoded weight register serves this many rows.
 constexpr int X16_ROWS = 6;
@@ -61,6 +61,9 @@ inline void store_pair(float* out, __m512 v) {
 }
 
 #else
+constexpr int64_t PREFETCH_AHEAD = 2048;  // see above
+constexpr auto PREFETCH_HINT = _MM_HINT_T0;
+
 // Rows per prefill tile of the AVX2 tier's octets (q4k_x8_tile_avx2, q6k_x8_tile_avx2): each
 // decoded weight register serves this many rows.
 // 4: 4 rows' int16 and int32 sums fit the 16 registers beside the decoded weights (5 and 6 ran
