@@ -254,7 +254,7 @@ def test_auto_keeps_a_large_q8_file_on_its_own_blocks(tiny_llama_d64_dir, tmp_pa
     assert loader.widened_copy_fits(path, available_bytes=2 * 8 * elements)
     assert not loader.widened_copy_fits(path, available_bytes=2 * 8 * elements - 8)
     assert loader.file_weight_format(path, torch.device("cpu")) == "int8"
-    monkeypatch.setattr(loader, "_available_memory_bytes", lambda: 8 * elements)
+    monkeypatch.setattr(loader, "host_available_bytes", lambda: 8 * elements)
     assert loader.file_weight_format(path, torch.device("cpu")) == "gguf"
     from cadence.model.gguf_modules import GGUFLinear
 

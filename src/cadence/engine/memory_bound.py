@@ -23,10 +23,11 @@ served process outgrew the bound it printed. The KV pool and the activations com
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from cadence.model.host_memory import host_available_bytes
 
 MIB = 2**20
 # What the engine builds after the check on top of the loaded model, beyond the activations:
@@ -101,17 +102,7 @@ def available_bytes(device: Any) -> int | None:
 
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return None
+    return host_available_bytes()
 
 
 def kv_bytes_from_fraction(loaded: Any, fraction: float, max_num_batched_tokens: int,

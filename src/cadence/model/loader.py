@@ -13,6 +13,7 @@ from cadence.model.config import ModelConfig
 from cadence.model.errors import ModelLoadError
 from cadence.model.gguf_loader import load_gguf
 from cadence.model.hf_loader import load_hf_dir
+from cadence.model.host_memory import host_available_bytes
 from cadence.model.llama import LlamaForCausalLM
 from cadence.model.tokenizer import Tokenizer
 
@@ -181,23 +182,8 @@ def widened_copy_fits(path: str, available_bytes: int | None = None) -> bool:
         for d in t.shape:
             n *= int(d)
         elements += n
-    available = _available_memory_bytes() if available_bytes is None else available_bytes
+    available = host_available_bytes() if available_bytes is None else available_bytes
     return available is None or 2 * 4 * elements <= WIDENED_PEAK_SHARE_OF_AVAILABLE * available
-
-
-def _available_memory_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux); else physical pages x page size; None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def load_model(path: str | None = None, dtype: str | torch.dtype = "auto",
