@@ -47,37 +47,21 @@ def test_config_equals_the_hf_folders(family_files):
 
 
 def test_logits_match_transformers(family_files):
-    import transformers
-
     family, hf_dir, path = family_files
     ours = load_model(path, dtype="float32", device="cpu")
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    prompt = [int(t) for t in np.random.default_rng(7).integers(3, ours.config.vocab_size, 29)]
-    with torch.inference_mode():
-        expected = theirs(torch.tensor([prompt])).logits[0].float()
-    got = paged_logits(ours, prompt, chunk_size=11)
-    diff = (got - expected).abs().max().item()
-    assert diff < TOLERANCE, f"{family}: max abs diff {diff}"
+    _assert_matches_transformers(family, hf_dir, ours)
 
 
 def test_native_path_matches_transformers(family_files):
     """The GGUF-native path (`--quantization gguf`: each matrix a GGUFLinear on the file's own
     blocks, float32 ones here) computes every family's pieces as the float model does: Qwen3's
     q/k norms, Gemma's norms and soft-capping, Phi-3's fused projections taken apart."""
-    import transformers
-
     from cadence.model.gguf_modules import GGUFLinear
 
     family, hf_dir, path = family_files
     ours = load_model(path, device="cpu", quantization="gguf")
     assert any(isinstance(m, GGUFLinear) for m in ours.model.modules())
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    prompt = [int(t) for t in np.random.default_rng(7).integers(3, ours.config.vocab_size, 29)]
-    with torch.inference_mode():
-        expected = theirs(torch.tensor([prompt])).logits[0].float()
-    got = paged_logits(ours, prompt, chunk_size=11)
-    diff = (got - expected).abs().max().item()
-    assert diff < TOLERANCE, f"{family}: max abs diff {diff}"
+    _assert_matches_transformers(family, hf_dir, ours)
 
 
 @pytest.mark.parametrize("base, dim, factor, original", [
@@ -156,3 +140,16 @@ def test_rope_scaling_key_spellings(tiny_llama_dir, tmp_path, keys, expected):
     reader.fields["llama.rope.scaling.type"] = "longrope-ish"
     with pytest.raises(ModelLoadError, match=r"rope scaling 'longrope-ish' is not supported \(supported: "):
         config_from_gguf(reader)
+
+
+def _assert_matches_transformers(family: str, hf_dir: str, ours) -> None:
+    """Logits of a 29-token prompt, paged in chunks of 11, within TOLERANCE of transformers'."""
+    import transformers
+
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    prompt = [int(t) for t in np.random.default_rng(7).integers(3, ours.config.vocab_size, 29)]
+    with torch.inference_mode():
+        expected = theirs(torch.tensor([prompt])).logits[0].float()
+    got = paged_logits(ours, prompt, chunk_size=11)
+    diff = (got - expected).abs().max().item()
+    assert diff < TOLERANCE, f"{family}: max abs diff {diff}"
