@@ -18,6 +18,7 @@ from cadence.engine.config import EngineConfig
 from cadence.engine.llm import LLM
 from cadence.engine.llm_engine import LLMEngine
 from cadence.model.loader import load_model
+from tests.engine.conftest import fix_step_costs
 
 POLICIES = ("eager", "chunked", "slo")
 BUDGETS = (16, 64, 512, 8192)
@@ -47,7 +48,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
 
 
 def run(loaded, prompts, *, policy, budget, max_seqs, prefix, num_blocks=None, block_size=16,
-        params=GREEDY, swap_blocks=0):
+        params=GREEDY, swap_blocks=0, fixed_step_costs=False):
     cfg = EngineConfig(
         scheduler=SchedulerConfig(
             policy=policy, max_num_batched_tokens=budget, max_num_seqs=max_seqs
@@ -56,8 +57,12 @@ def run(loaded, prompts, *, policy, budget, max_seqs, prefix, num_blocks=None, b
             block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix,
             num_swap_blocks=swap_blocks,
         ),
+        # A fixed cost model starts from the prior, not from this host's timed profile.
+        startup_profile=not fixed_step_costs,
     )
     engine = LLMEngine.from_loaded(loaded, cfg)
+    if fixed_step_costs:
+        fix_step_costs(engine)
     results = LLM.from_engine(engine).generate(prompts, params)
     engine.scheduler.check_integrity()
     assert engine.scheduler.stats().num_blocks_used == 0
@@ -122,7 +127,7 @@ def test_tiny_model_outputs_survive_preemption(
     num_blocks = tight_cache_blocks(tiny_loaded, PREEMPT_PROMPTS, block_size=4)
     tokens, stats = run(
         tiny_loaded, PREEMPT_PROMPTS, policy=policy, budget=budget, max_seqs=64, prefix=prefix,
-        num_blocks=num_blocks, block_size=4,
+        num_blocks=num_blocks, block_size=4, fixed_step_costs=True,
     )
     assert stats.num_preemptions_total > 0
     assert tokens == tiny_preempt_reference
@@ -136,7 +141,7 @@ def test_tiny_model_outputs_survive_swap_preemption(tiny_loaded, tiny_preempt_re
     num_blocks = tight_cache_blocks(tiny_loaded, PREEMPT_PROMPTS, block_size=4)
     tokens, stats = run(
         tiny_loaded, PREEMPT_PROMPTS, policy=policy, budget=64, max_seqs=64, prefix=prefix,
-        num_blocks=num_blocks, block_size=4, swap_blocks=256,
+        num_blocks=num_blocks, block_size=4, swap_blocks=256, fixed_step_costs=True,
     )
     assert stats.num_swap_preemptions_total > 0
     assert stats.num_blocks_swapped_in_total > 0

@@ -16,6 +16,7 @@ from cadence.engine.llm import LLM
 from cadence.engine.llm_engine import LLMEngine
 from cadence.executor.disk_kv import remove_stale_dirs
 from cadence.model.loader import load_model
+from tests.engine.conftest import fix_step_costs
 
 NUM_TOKENS = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
@@ -85,8 +86,8 @@ def preempt_reference(tiny_loaded):
 def test_tiny_model_outputs_survive_disk_swap_preemption(tiny_loaded, preempt_reference,
                                                          tmp_path, policy, prefix):
     num_blocks = tight_cache_blocks(tiny_loaded, PREEMPT_PROMPTS, block_size=4)
-    engine = build(tiny_loaded, policy=policy, prefix=prefix, num_blocks=num_blocks,
-                   offload_dir=str(tmp_path))
+    engine = fix_step_costs(build(tiny_loaded, policy=policy, prefix=prefix,
+                                  num_blocks=num_blocks, offload_dir=str(tmp_path)))
     tokens, stats = generate(engine, PREEMPT_PROMPTS)
     assert tokens == preempt_reference
     assert stats.num_disk_swap_preemptions_total > 0
