@@ -75,9 +75,11 @@ class KVCacheManager:
         """Blocks of the longest cached full-block prefix of `request` (nothing is taken yet).
 
         Never the whole sequence: at least its last token must be computed so that the step
-        produces logits to sample from. Only for a request with nothing computed.
+        produces logits to sample from. Only for a request with nothing computed, and none for
+        one whose every prompt position needs logits (Request.takes_prefix_hits).
         """
-        if not self.enable_prefix_caching or request.num_computed_tokens > 0:
+        if not self.enable_prefix_caching or request.num_computed_tokens > 0 or \
+                not request.takes_prefix_hits:
             return []
         extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
         max_hit_blocks = (request.num_tokens - 1) // self.block_size

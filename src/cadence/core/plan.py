@@ -40,6 +40,10 @@ class ScheduledChunk:
     # grammars; `sampling.needs_history`): a live read-only view, valid for this step.
     history: Sequence[int] | None = None
     num_prompt_tokens: int = 0
+    # Prompt logprobs (sampling.prompt_logprobs set): the prompt tokens this chunk's rows
+    # predict, row i predicting prompt token start_pos + i + 1 (the last row of a non-final
+    # chunk predicts the next chunk's first token); empty for every other chunk.
+    prompt_targets: tuple[int, ...] = ()
 
     @property
     def num_new_tokens(self) -> int:
@@ -98,6 +102,8 @@ class SampledToken:
     # log-probability of the sampled token and the top-k alternatives, when asked for.
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    # Its rank in the whole distribution (1 = the likeliest), where computed (prompt logprobs).
+    rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,3 +120,6 @@ class StepOutput:
     failed_disk_slots: tuple[int, ...] = ()
     skipped_req_ids: tuple[str, ...] = ()
     io_error: str = ""
+    # Prompt logprobs of the chunks with prompt_targets: req_id -> (index of the first prompt
+    # token covered, one entry per target: its logprob, rank and top alternatives).
+    prompt_logprobs: dict[str, tuple[int, tuple[SampledToken, ...]]] = field(default_factory=dict)

@@ -128,6 +128,13 @@ class Request:
         return self.num_computed_tokens >= self.num_prompt_tokens
 
     @property
+    def takes_prefix_hits(self) -> bool:
+        """Whether cached prefix blocks may stand in for computing its prompt: not when it
+        asks for prompt logprobs, whose every position needs its logits (vLLM V1 skips the
+        prefix cache for such requests too). Its own blocks still enter the cache."""
+        return self.sampling.prompt_logprobs is None
+
+    @property
     def max_total_tokens(self) -> int:
         return self.num_prompt_tokens + self.sampling.max_tokens
 

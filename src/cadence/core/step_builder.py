@@ -292,6 +292,7 @@ class StepBuilder:
                     is_prefill=not is_decode,
                     history=request.all_token_ids if request.sampling.needs_history else None,
                     num_prompt_tokens=request.num_prompt_tokens,
+                    prompt_targets=_prompt_targets(request, start, end),
                 )
             )
         return StepPlan(
@@ -376,7 +377,7 @@ class StepBuilder:
         """Hashes of the spilled prefix blocks that continue the request's device hits (the
         same cap as device hits: its last token is always computed)."""
         if self._disk is None or not self._kv.enable_prefix_caching or (
-                request.num_computed_tokens):
+                request.num_computed_tokens) or not request.takes_prefix_hits:
             return []
         max_hit_blocks = (request.num_tokens - 1) // self._kv.block_size
         hashes = []
@@ -397,3 +398,15 @@ class StepBuilder:
             f"but the cache has only {self._kv.num_blocks} blocks of {self._kv.block_size} "
             "tokens; raise num_blocks / kv cache memory or shorten the request"
         )
+
+
+def _prompt_targets(request: Request, start: int, end: int) -> tuple[int, ...]:
+    """The prompt tokens that positions [start, end) predict, for a request that asks for
+    prompt logprobs: position p predicts prompt token p + 1 (the last prompt position predicts
+    an output token, which is sampled, not scored)."""
+    if request.sampling.prompt_logprobs is None:
+        return ()
+    stop = min(end, request.num_prompt_tokens - 1)
+    if start >= stop:
+        return ()
+    return tuple(request.prompt_token_ids[start + 1:stop + 1])

@@ -45,6 +45,7 @@ class _Child:
     texts: list[str] = dataclasses.field(default_factory=list)
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[SampledToken] = dataclasses.field(default_factory=list)
+    prompt_logprobs: tuple[SampledToken, ...] | None = None
     final: Any = None
 
 
@@ -204,6 +205,8 @@ class LLM:
                     child.tokens.extend(out.new_token_ids)
                     if out.logprobs:
                         child.logprobs.extend(out.logprobs)
+                    if out.prompt_logprobs is not None:
+                        child.prompt_logprobs = out.prompt_logprobs
                     progress.tokens(len(out.new_token_ids))
                     for sibling in deferred.pop(out.req_id, ()):
                         engine.add_request(sibling.req_id, prompt_ids[sibling.prompt_index],
@@ -230,7 +233,8 @@ class LLM:
                 request_id=base[k], prompt=prompt_text, prompt_token_ids=list(prompt_ids[k]),
                 outputs=outs, finished=True,
                 num_cached_tokens=by_prompt[k][0].final.num_cached_tokens,
-                timeline=outs[0].timeline))
+                timeline=outs[0].timeline,
+                prompt_logprobs=self._prompt_logprobs(by_prompt[k][0].prompt_logprobs)))
         return results
 
     def _logprob_entry(self, s: SampledToken) -> dict[int, Logprob]:
@@ -243,6 +247,26 @@ class LLM:
         return {t: Logprob(lp, rank_of.get(t, len(ranked) + 1),
                            None if tok is None else tok.decode([t], skip_special_tokens=False))
                 for t, lp in entries}
+
+    def _prompt_logprobs(self, scores: tuple[SampledToken, ...] | None
+                         ) -> list[dict[int, Logprob] | None] | None:
+        """vLLM's RequestOutput.prompt_logprobs: None for the first prompt token, then
+        {token_id: Logprob} with the prompt token (its rank in the whole vocabulary) first and
+        the top alternatives ranked 1..k."""
+        if scores is None:
+            return None
+        tok = self.tokenizer
+
+        def text(t: int) -> str | None:
+            return None if tok is None else tok.decode([t], skip_special_tokens=False)
+
+        entries: list[dict[int, Logprob] | None] = [None]
+        for s in scores[1:]:
+            entry = {s.token_id: Logprob(s.logprob, s.rank, text(s.token_id))}
+            for k, (t, lp) in enumerate(s.top_logprobs):
+                entry.setdefault(t, Logprob(lp, k + 1, text(t)))
+            entries.append(entry)
+        return entries
 
     def _completion(self, child: _Child) -> CompletionOutput:
         out = child.final
@@ -259,7 +283,10 @@ class LLM:
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Completion `index` of n: a seeded request gets seed + index, so completions differ."""
+    """Completion `index` of n: a seeded request gets seed + index, so completions differ;
+    prompt logprobs are the first completion's (the others then take its prefix blocks)."""
+    if params.prompt_logprobs is not None:
+        params = dataclasses.replace(params, prompt_logprobs=None)
     if params.seed is None:
         return params
     return dataclasses.replace(params, seed=params.seed + index)

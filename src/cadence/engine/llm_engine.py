@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cadence.core.plan import StepOutput, StepPlan
+from cadence.core.plan import SampledToken, StepOutput, StepPlan
 from cadence.core.request import Request
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.config import EngineConfig, resolve_num_blocks
@@ -225,6 +225,9 @@ class LLMEngine:
         self._clock = clock
         # Text state of every request not yet reported finished, by id.
         self._texts: dict[str, RequestText] = {}
+        # Prompt logprobs gathered chunk by chunk, by request (prompt_logprobs set), until
+        # its first output carries them.
+        self._prompt_scores: dict[str, list[SampledToken]] = {}
         # Setups made by prepare_request (admission threads), by id, with when they were made.
         self._prepared_texts: dict[str, tuple[RequestText, float]] = {}
         # Final outputs decided outside step() (aborts), handed out by the next step().
@@ -356,8 +359,12 @@ class LLMEngine:
         if params.bad_words and not params.bad_words_token_ids:
             params = dataclasses.replace(params, bad_words_token_ids=self._bad_word_ids(params))
         if params.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs is not supported: cadence computes logits only "
-                             "at the positions it samples")
+            if not getattr(self.executor, "supports_prompt_logprobs", False):
+                raise ValueError("prompt_logprobs: this engine's executor does not compute "
+                                 "prompt logits")
+            if prefilled_token is not None:
+                raise ValueError("prompt_logprobs cannot be served for a prompt prefilled by "
+                                 "another engine (its logits stayed there)")
         check = getattr(self.executor, "check_request", None)
         if check is not None:
             check(params)
@@ -374,6 +381,9 @@ class LLMEngine:
             request.append_output_token(int(prefilled_token))
             self.scheduler.add_remote_request(request)
         self._texts[req_id] = text
+        if params.prompt_logprobs is not None:
+            # Entry i scores prompt token i; nothing predicts the first one.
+            self._prompt_scores[req_id] = [SampledToken(token_id=prompt_ids[0])]
         self.telemetry.request_arrived(req_id, arrival, len(prompt_ids))
         if prefilled_token is not None:
             self._emit_prefilled_token(request, text)
@@ -411,6 +421,7 @@ class LLMEngine:
             num_cached_tokens=0))
 
     def _release(self, req_id: str) -> None:
+        self._prompt_scores.pop(req_id, None)
         release = getattr(self.executor, "release_request", None)
         if release is not None:
             release(req_id)
@@ -589,6 +600,7 @@ class LLMEngine:
         """Update the scheduler with a computed (or empty) plan; its outputs, telemetry."""
         outputs: list[RequestOutput] = []
         updates = self.scheduler.update(plan, out)
+        self._collect_prompt_scores(out)
         stop_hits: list[str] = []
         for u in updates:
             text = self._texts.get(u.req_id)
@@ -682,6 +694,11 @@ class LLMEngine:
         sampled = out.sampled.get(u.req_id)
         if u.new_token_ids and sampled is not None and sampled.logprob is not None:
             logprobs = (sampled,)
+        prompt_scores = None
+        scores = self._prompt_scores.get(u.req_id)
+        if scores is not None and len(scores) == u.num_prompt_tokens and u.new_token_ids:
+            # Complete: sent once, with the first token (vLLM's first output carries them).
+            prompt_scores = tuple(self._prompt_scores.pop(u.req_id))
         return RequestOutput(
             req_id=u.req_id,
             new_token_ids=tuple(u.new_token_ids),
@@ -694,7 +711,22 @@ class LLMEngine:
             logprobs=logprobs,
             error=getattr(u, "error_message", None),
             stop_reason=stop_reason,
+            prompt_logprobs=prompt_scores,
         )
+
+    def _collect_prompt_scores(self, out: StepOutput) -> None:
+        """Append a step's prompt logprobs to their requests' lists. A chunk recomputed after
+        a preemption scores prompt tokens already listed: only the next ones are taken, so no
+        entry is doubled or lost."""
+        for req_id, (first, entries) in out.prompt_logprobs.items():
+            scores = self._prompt_scores.get(req_id)
+            if scores is None:
+                continue  # finished (aborted) meanwhile
+            skip = len(scores) - first
+            if skip < 0:
+                raise RuntimeError(f"request {req_id}: prompt logprobs from token {first} "
+                                   f"arrived before token {len(scores)}'s")
+            scores.extend(entries[skip:])
 
     def _fail_plan(self, plan: StepPlan, exc: Exception) -> list[RequestOutput]:
         message = f"executor failed: {type(exc).__name__}: {exc}"

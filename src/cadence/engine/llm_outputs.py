@@ -80,7 +80,10 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    # SamplingParams.prompt_logprobs: one entry per prompt token, None for the first, then
+    # {token_id: Logprob} holding the prompt token (its rank in the whole vocabulary) and the
+    # top prompt_logprobs alternatives (vLLM's shape).
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0
     # cadence's telemetry of completion 0 (each completion carries its own too).
     timeline: RequestTimeline | None = None

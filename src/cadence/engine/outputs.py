@@ -34,3 +34,7 @@ class RequestOutput:
     # vLLM's stop_reason: the stop string or stop_token_ids entry that ended the request (None
     # for EOS, length and everything else).
     stop_reason: str | int | None = None
+    # Prompt logprobs (sampling.prompt_logprobs set), once, on the output with the first
+    # token: one entry per prompt token, the first with logprob None (nothing predicts it),
+    # each other with its logprob, rank and top alternatives.
+    prompt_logprobs: tuple[SampledToken, ...] | None = None

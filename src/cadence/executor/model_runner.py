@@ -12,6 +12,7 @@ import torch
 from cadence.core.plan import StepOutput, StepPlan
 from cadence.executor.inputs import ModelInputs
 from cadence.executor.logits_processors import has_token_edits, token_edits
+from cadence.executor.prompt_logprobs import prompt_logprobs
 from cadence.executor.sampler import sample
 from cadence.executor.structured_output import PREPARED_TTL_S, StructuredOutputs
 from cadence.model.kv_cache import KVCache
@@ -139,15 +140,20 @@ class ModelExecutor:
 
     @torch.inference_mode()
     def _forward(self, plan: StepPlan, between_layers=None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, ModelInputs]:
-        """Run the forward; returns logits [S_sample, V] float32 and, when the LM head
-        computed it, their argmax [S_sample] int64."""
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, ModelInputs, dict]:
+        """Run the forward; returns logits [S_sample, V] float32, when the LM head computed
+        it their argmax [S_sample] int64, the inputs, and the prompt logprobs of the chunks
+        that carry prompt_targets (req_id -> (first prompt index, entries))."""
         self._check_plan(plan)
         inputs = ModelInputs.from_plan(plan, self.config.vocab_size, self.num_blocks, self.device)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache,
                             between_layers=between_layers)  # [T, H]
         logits, argmax = self.model.compute_logits_and_argmax(hidden[inputs.sample_rows])  # [S_sample, V]
-        return logits, argmax, inputs
+        scored = {}
+        if any(c.prompt_targets for c in plan.chunks):
+            scored = prompt_logprobs(hidden, plan.chunks, inputs.meta.query_start_loc_host[:-1],
+                                     self.model.compute_logits)
+        return logits, argmax, inputs, scored
 
     @torch.inference_mode()
     def move_blocks(self, plan: StepPlan) -> DiskIO:
@@ -265,6 +271,9 @@ class ModelExecutor:
         self.move_blocks(plan)
         return self._forward(plan)[0]
 
+    # The forward scores prompt tokens for chunks with prompt_targets (prompt_logprobs.py).
+    supports_prompt_logprobs = True
+
     # execute() takes `between_layers` (the engine interjects short prompts there).
     can_pause = True
 
@@ -300,7 +309,7 @@ class ModelExecutor:
         sample_chunks = [c for c in plan.chunks if c.sample]  # the order of inputs.sample_chunks
         if any(c.sampling.structured_outputs is not None for c in sample_chunks):
             pending = self._mask_pool().submit(self._timed_masks, sample_chunks)
-        logits, argmax, inputs = self._forward(plan, between_layers)
+        logits, argmax, inputs, scored = self._forward(plan, between_layers)
         sampled = []
         if inputs.sample_chunks:
             masks = pending.result() if pending is not None else None
@@ -314,4 +323,5 @@ class ModelExecutor:
             failed_disk_slots=tuple(io.failed_slots),
             skipped_req_ids=skipped,
             io_error=io.error,
+            prompt_logprobs=scored,
         )
