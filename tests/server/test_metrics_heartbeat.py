@@ -25,9 +25,12 @@ def test_running_gauge_updates_inside_a_long_step(tmp_path):
             done.set()
 
         threading.Thread(target=send, daemon=True).start()
+        # Seen before the answer came back, i.e. during the step (between steps the request
+        # is not running yet or has already finished): no window of wall time to meet, which
+        # a loaded host could miss.
         t0 = time.monotonic()
         seen = None
-        while time.monotonic() - t0 < 3.0 and not done.is_set():
+        while time.monotonic() - t0 < 60 and not done.is_set():
             if server.metrics()["cadence:num_requests_running"] == 1:
                 seen = time.monotonic() - t0
                 break
