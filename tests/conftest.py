@@ -13,11 +13,19 @@ import os
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 # Tests keep torch at 2 threads (the machines have 2 shared cores). Set through the environment
 # first so that a torch imported later starts that way, and again once collection has imported
 # whatever it needs; torch is never imported here, so torch-free test runs stay torch-free.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+# Property tests run on shared, sometimes loaded CI hosts: no per-example deadline and no
+# "data generation too slow" health check (both measure this host's speed, not the code).
+# A test's own @settings still override the other fields.
+settings.register_profile("cadence", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("cadence")
 
 
 def pytest_collection_finish(session) -> None:
