@@ -51,16 +51,16 @@ def test_pages_need_the_key_and_serve_plotly_from_the_wheel(eager_server):
 def test_live_eager_every_stall_is_the_documents_prefill(eager_server):
     reader = EventReader(eager_server.base_url, eager_server.headers())
     try:
-        assert reader.wait_for(lambda r: r.messages, 10), "no snapshot"
+        assert reader.wait_for(lambda r: r.messages, 60), "no snapshot"
         snap = reader.messages[0]
         assert snap["kind"] == "snapshot" and snap["target_itl_ms"] == TARGET_MS
         assert snap["settings"]["policy"] == "eager"
         doc_burst(eager_server.base_url, eager_server.headers())
-        assert reader.wait_for(lambda r: len(r.events("stall")) >= 3, 20), (
+        assert reader.wait_for(lambda r: len(r.events("stall")) >= 3, 60), (
             reader.events("stall"), [(s["num_prefill_tokens"], s["t_end"] - s["t_start"])
                                      for s in reader.events("step")])
         assert reader.wait_for(lambda r: any(row["prompt_tokens"] == DOC_TOKENS
-                                             for row in _table(r)), 5)
+                                             for row in _table(r)), 60)
     finally:
         reader.stop()
     stalls = reader.events("stall")
@@ -105,7 +105,7 @@ def _table(reader) -> list[dict]:
 def test_trace_has_the_same_stalls(eager_server):
     # A connected viewer must not hold the server up: its event stream ends on shutdown.
     reader = EventReader(eager_server.base_url, eager_server.headers())
-    assert reader.wait_for(lambda r: r.messages, 10)
+    assert reader.wait_for(lambda r: r.messages, 60)
     t0 = time.monotonic()
     rc = eager_server.stop()  # SIGTERM; flushes the trace
     assert rc in (0, -signal.SIGTERM) and time.monotonic() - t0 < 20, rc

@@ -89,7 +89,7 @@ def test_429_past_queued_requests_then_recovers(server):
     threads = [threading.Thread(target=queued, args=(n,)) for n in ("q1", "q2")]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while server.metrics().get("cadence:num_requests_waiting") != 2:
         assert time.monotonic() < deadline, "the two requests never queued"
         time.sleep(0.02)
@@ -112,7 +112,7 @@ def test_disconnect_aborts_and_frees_blocks(server):
         next(chunks)
     assert server.metrics()["cadence:kv_cache_blocks_used"] > 0
     stream.close()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while True:
         m = server.metrics()
         if m["cadence:kv_cache_blocks_used"] == 0 and m["cadence:num_requests_running"] == 0:
@@ -130,7 +130,7 @@ def test_non_streaming_client_that_gives_up_is_aborted(server):
         httpx.post(server.base_url + "/v1/completions", headers=server.headers(), timeout=0.5,
                    json={"prompt": "patience", "max_tokens": 450, "ignore_eos": True})
     key = "cadence:request_success_total{finished_reason=abort}"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while True:
         m = server.metrics()
         if m.get(key, 0) == before.get(key, 0) + 1 and m["cadence:kv_cache_blocks_used"] == 0:

@@ -51,7 +51,7 @@ def test_signal_aborts_in_flight_streams_with_reason(tmp_path, sig):
         assert lines[-1] == "[DONE]"
         last = json.loads(lines[-2])
         assert last["choices"][0]["finish_reason"] == "abort"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while any(is_running(p) for p in engine_pids):
         assert time.monotonic() < deadline, "engine process outlived the server"
         time.sleep(0.1)
@@ -109,7 +109,7 @@ def test_engine_exits_when_the_server_is_killed_mid_stream(tmp_path):
         next(resp.iter_lines())  # the engine is busy stepping this request
         server.proc.kill()
         server.proc.wait(10)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while any(is_running(p) for p in engine_pids):
         assert time.monotonic() < deadline, "orphaned engine process kept running"
         time.sleep(0.1)
