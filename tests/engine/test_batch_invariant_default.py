@@ -27,6 +27,7 @@ from cadence.core.sampling_params import SamplingParams
 from cadence.engine.config import EngineConfig
 from cadence.engine.llm import LLM
 from cadence.engine.llm_engine import LLMEngine
+from tests.engine.conftest import fix_step_costs
 
 MAX_TOKENS = 24
 WORDS = ("the model reads every token once and writes its keys and values into paged blocks while "
@@ -87,13 +88,18 @@ def _requests(prompts: list[str]) -> tuple[list[str], list[SamplingParams]]:
 
 
 def _engine(loaded, *, prefix: bool = True, budget: int | None = None, policy: str = "slo",
-            num_blocks: int = 400) -> LLMEngine:
+            num_blocks: int = 400, fixed_step_costs: bool = False) -> LLMEngine:
     # 400 blocks of 16 (~290 MiB of KV): room for every request of a run at once, and no
     # dependence on how much memory the machine has free (the default pool is sized from it).
+    # fixed_step_costs: the slo policy plans on its prior step-cost model (no startup profile,
+    # no learning), so whether requests collide in a small pool does not follow this host's
+    # step times.
     cfg = EngineConfig(scheduler=SchedulerConfig(policy=policy, max_num_batched_tokens=budget),
-                       cache=CacheConfig(enable_prefix_caching=prefix, num_blocks=num_blocks))
+                       cache=CacheConfig(enable_prefix_caching=prefix, num_blocks=num_blocks),
+                       startup_profile=not fixed_step_costs)
     assert not cfg.deterministic
-    return LLMEngine.from_loaded(loaded, cfg)
+    engine = LLMEngine.from_loaded(loaded, cfg)
+    return fix_step_costs(engine) if fixed_step_costs else engine
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +145,7 @@ def test_greedy_is_bit_identical_alone_batched_cached_and_preempted(loaded):
     assert _differ(warm, alone) == []
 
     # A pool of 40 blocks of 16 (640 positions) for ~1500 prompt tokens: preemption.
-    engine = _engine(loaded, num_blocks=40)
+    engine = _engine(loaded, num_blocks=40, fixed_step_costs=True)
     preempted = _results(LLM.from_engine(engine).generate(prompts, params, use_tqdm=False))
     assert engine.scheduler.stats().num_preemptions_total > 0
     engine.close()

@@ -20,6 +20,7 @@ from cadence.core.sampling_params import SamplingParams
 from cadence.engine.config import EngineConfig
 from cadence.engine.llm import LLM
 from cadence.engine.llm_engine import LLMEngine
+from tests.engine.conftest import fix_step_costs
 
 pytestmark = pytest.mark.slow
 
@@ -76,10 +77,13 @@ def test_greedy_is_reproducible_across_cache_state_batches_and_preemption(loaded
     assert solo == first[:3]
 
     # A pool of 20 blocks of 16 (320 tokens) cannot hold 12 requests of ~45 prompt tokens
-    # (2 blocks of them shared) + 24: the scheduler preempts and recomputes.
+    # (2 blocks of them shared) + 24: the scheduler preempts and recomputes. The slo policy
+    # plans on its prior step-cost model here: from a loaded host's step times it would
+    # admit fewer prompts at once, and whether they collide would depend on the machine.
     from cadence.core.config import CacheConfig
 
-    small = LLMEngine.from_loaded(loaded, _default_config(cache=CacheConfig(num_blocks=20)))
+    small = fix_step_costs(LLMEngine.from_loaded(loaded, _default_config(
+        cache=CacheConfig(num_blocks=20), startup_profile=False)))
     preempted = _run(LLM.from_engine(small), prompts)
     assert small.scheduler.stats().num_preemptions_total > 0
     small.close()

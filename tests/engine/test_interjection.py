@@ -18,6 +18,7 @@ from cadence.core.scheduler import Scheduler
 from cadence.engine.config import EngineConfig
 from cadence.engine.llm_engine import LLMEngine
 from cadence.executor.fake_executor import FakeExecutor
+from tests.engine.conftest import fix_step_costs
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 # max_model_len 1000: prompts of at most 40 tokens are short (4 percent, as vLLM).
@@ -209,7 +210,10 @@ def test_tiny_model_tokens_are_the_same_with_a_prompt_interjected(tiny_loaded):
         cfg = EngineConfig(scheduler=SchedulerConfig(
             policy="slo", max_model_len=1000, interject_short_prompts=interject),
             cache=CacheConfig(block_size=16, num_blocks=200), startup_profile=False)
-        engine = LLMEngine.from_loaded(tiny_loaded, cfg)
+        # The slo policy plans on its prior step-cost model: the document's first step must
+        # be longer than a short prompt to be interjected into, and from a loaded host's
+        # measured step times slo could plan it smaller.
+        engine = fix_step_costs(LLMEngine.from_loaded(tiny_loaded, cfg))
         engine.add_request("stream", stream, GREEDY)
         first = run_until(engine, lambda: engine.scheduler.get_request("stream").num_output_tokens)
         engine.add_request("doc", doc, GREEDY)
