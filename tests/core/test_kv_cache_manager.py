@@ -110,3 +110,39 @@ def test_integrity_sees_a_leaked_reference():
     kv.pool.blocks[kv.get_block_table("a")[0]].ref_count += 1
     with pytest.raises(BlockPoolError, match="requests hold it"):
         kv.check_integrity()
+
+
+def _salted(req_id: str, prompt, salt: str | None):
+    req = make_request(req_id, prompt)
+    req.cache_salt = salt
+    return req
+
+
+def test_cache_salt_shares_blocks_only_within_one_salt():
+    """vLLM's cache_salt: requests with different salts (or a salt and none) never hit each
+    other's blocks, not even the first; the same salt, or none on both, does."""
+    kv = KVCacheManager(num_blocks=32, block_size=4)
+    prompt = list(range(13))  # 3 full blocks
+    for salt in ("tenant-a", None):
+        owner = _salted(f"owner-{salt}", prompt, salt)
+        admit(kv, owner, len(prompt))
+        owner.num_computed_tokens = len(prompt)
+        kv.cache_computed_blocks(owner)
+    for salt, other, expected in (("tenant-a", "tenant-a", 3), ("tenant-a", "tenant-b", 0),
+                                  ("tenant-a", None, 3), (None, None, 3)):
+        del salt  # the owners above hold "tenant-a" and unsalted copies of the prompt
+        probe = _salted("probe", prompt, other)
+        assert len(kv.get_computed_blocks(probe)) == expected, other
+    a_hits = kv.get_computed_blocks(_salted("p1", prompt, "tenant-a"))
+    none_hits = kv.get_computed_blocks(_salted("p2", prompt, None))
+    assert not set(a_hits) & set(none_hits)  # two copies: the salt kept them apart
+    kv.check_integrity()
+
+
+def test_cache_salt_must_be_a_non_empty_string():
+    from cadence.core.request import Request
+    from cadence.core.sampling_params import SamplingParams
+
+    for bad in ("", 5):
+        with pytest.raises(ValueError, match="cache_salt"):
+            Request("r", [1, 2], SamplingParams(), 0.0, cache_salt=bad)

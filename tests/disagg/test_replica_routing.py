@@ -187,3 +187,19 @@ def test_a_new_subscriber_gets_a_snapshot_at_the_next_turn():
     finally:
         sub.close()
         pub.close()
+
+
+def test_prompt_blocks_hash_a_salted_prompt_as_the_workers_do():
+    """cache_salt: the router's hashes of a salted prompt are the engine's (so KV events and
+    affinity still match), and differ from the unsalted prompt's from the first block on."""
+    from cadence.core.kv_cache_manager import KVCacheManager
+    from cadence.core.request import Request
+    from cadence.core.sampling_params import SamplingParams
+
+    ids = list(range(40))
+    engine_side = Request("r", ids, SamplingParams(), 0.0, cache_salt="tenant")
+    kv = KVCacheManager(num_blocks=16, block_size=16)
+    kv.get_computed_blocks(engine_side)  # computes the request's chained hashes
+    assert PromptBlocks(ids, "tenant").hashes(16) == engine_side.block_hashes
+    unsalted = PromptBlocks(ids).hashes(16)
+    assert len(unsalted) == 2 and not set(unsalted) & set(engine_side.block_hashes)

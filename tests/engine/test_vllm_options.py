@@ -84,11 +84,12 @@ def test_serve_parses_every_vllm_flag_and_the_issue_line():
     args = parser.parse_args(
         "--model m --tensor-parallel-size 1 --trust-remote-code --enforce-eager "
         "--gpu-memory-utilization 0.5 --disable-log-requests --swap-space 4 --max-logprobs 5 "
-        "--root-path /api --allowed-origins https://a.example --served-model-name a b".split())
+        "--root-path /api --allowed-origins https://a.example --served-model-name a b "
+        "--return-tokens-as-token-ids".split())
     server, process = configs_from_args(args)
     assert server.served_model_name == "a" and server.served_model_aliases == ("b",)
     assert server.cors_allowed_origins == ("https://a.example",) and server.root_path == "/api"
-    assert process.served_model_name == "a"
+    assert process.served_model_name == "a" and server.return_tokens_as_token_ids
     assert process.engine_config["cache"]["kv_cache_memory_fraction"] == 0.5
     with pytest.raises(ValueError, match="--tensor-parallel-size 2 .*one engine process"):
         configs_from_args(parser.parse_args(["--model", "m", "--tensor-parallel-size", "2"]))

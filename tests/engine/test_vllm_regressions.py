@@ -181,3 +181,27 @@ def test_grammar_forced_eos_ends_by_length_not_stop(llm):
         temperature=0, max_tokens=8,
         structured_outputs=StructuredOutputsParams(regex="(yes|no)")), use_tqdm=False)
     assert out.outputs[0].text in ("yes", "no") and out.outputs[0].finish_reason == "stop"
+
+
+def test_cache_salt_in_prompt_dicts_isolates_the_prefix_cache(llm):
+    """vLLM's {"prompt": ..., "cache_salt": ...}: the same prompt under another salt (or none)
+    finds none of a salted prompt's blocks; under its own salt it does."""
+    prompt = "cache salt offline: " + "one two three four five six seven eight " * 4
+    params = SamplingParams(temperature=0, max_tokens=1)
+
+    def cached(**salt) -> int:
+        (out,) = llm.generate({"prompt": prompt, **salt}, params, use_tqdm=False)
+        return out.num_cached_tokens
+
+    assert cached(cache_salt="a") == 0
+    assert cached(cache_salt="b") == 0
+    assert cached(cache_salt="a") > 0
+    assert cached() == 0 and cached() > 0
+    with pytest.raises(ValueError, match="cache_salt"):
+        cached(cache_salt="")
+
+
+def test_truncate_minus_one_keeps_what_the_context_leaves(llm):
+    (out,) = llm.generate([list(range(3, 303))], SamplingParams(
+        temperature=0, max_tokens=6, truncate_prompt_tokens=-1), use_tqdm=False)
+    assert out.prompt_token_ids == list(range(3, 303))[-(256 - 6):]  # max_model_len - max_tokens

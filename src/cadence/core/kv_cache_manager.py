@@ -81,7 +81,8 @@ class KVCacheManager:
         if not self.enable_prefix_caching or request.num_computed_tokens > 0 or \
                 not request.takes_prefix_hits:
             return []
-        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
+                            request.cache_salt)
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[int] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:
@@ -165,7 +166,8 @@ class KVCacheManager:
         num_full = min(request.num_computed_tokens // self.block_size, len(blocks))
         if num_full <= start:
             return
-        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
+                            request.cache_salt)
         for i in range(start, num_full):
             self.pool.cache_block(blocks[i], request.block_hashes[i])
         self._num_cached_blocks[request.req_id] = num_full

@@ -61,9 +61,12 @@ class Request:
         sampling: SamplingParams,
         arrival_time: float,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         if not isinstance(req_id, str) or not req_id:
             raise ValueError(f"req_id must be a non-empty str, got {req_id!r}")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"request {req_id}: cache_salt must be a non-empty string")
         prompt = tuple(prompt_token_ids)
         if not prompt:
             raise ValueError(f"request {req_id}: prompt_token_ids must not be empty")
@@ -93,7 +96,9 @@ class Request:
         # Prefill side of a disaggregated request: on a normal finish its blocks are leased
         # (kept for the decode side to pull) instead of freed.
         self.hold_kv_on_finish = False
-        # Chained hashes of the full blocks of all_token_ids, extended lazily by the KV manager.
+        # Chained hashes of the full blocks of all_token_ids, extended lazily by the KV manager;
+        # vLLM's cache_salt keys them apart from other tenants' (core/block_hash.py).
+        self.cache_salt = cache_salt
         self.block_hashes: list[bytes] = []
 
     # -- derived counters -------------------------------------------------------------------

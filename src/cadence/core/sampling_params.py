@@ -114,7 +114,8 @@ class SamplingParams:
     bad_words: tuple[str, ...] = ()
     # Only these token ids may be sampled (vLLM's allowed_token_ids).
     allowed_token_ids: tuple[int, ...] | None = None
-    # Keep only the last k prompt tokens (vLLM's truncate_prompt_tokens; -1: the model's limit).
+    # Keep only the last k prompt tokens (vLLM's truncate_prompt_tokens; -1: as many as the
+    # context leaves beside max_tokens; core/prompt_truncation.py).
     truncate_prompt_tokens: int | None = None
     # vLLM's older name for structured_outputs.
     guided_decoding: StructuredOutputsParams | None = None

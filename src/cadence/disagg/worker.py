@@ -166,24 +166,30 @@ class DisaggEngineCore:
     # ---- requests
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int, arrival_time: float | None,
-                    kv_transfer_params: dict[str, Any] | None = None) -> None:
+                    kv_transfer_params: dict[str, Any] | None = None,
+                    cache_salt: str | None = None) -> None:
         kv = kv_transfer_params or {}
         if kv.get("do_remote_decode"):
-            self._add_prefill(req_id, prompt_token_ids, params, priority, arrival_time)
+            self._add_prefill(req_id, prompt_token_ids, params, priority, arrival_time,
+                              cache_salt)
         elif kv.get("do_remote_prefill"):
-            self._add_decode(req_id, prompt_token_ids, params, priority, arrival_time, kv)
+            self._add_decode(req_id, prompt_token_ids, params, priority, arrival_time, kv,
+                             cache_salt)
         else:
-            self.inner.add_request(req_id, prompt_token_ids, params, priority, arrival_time)
+            self.inner.add_request(req_id, prompt_token_ids, params, priority, arrival_time,
+                                   cache_salt=cache_salt)
 
-    def _add_prefill(self, req_id, ids, params, priority, arrival) -> None:
+    def _add_prefill(self, req_id, ids, params, priority, arrival, cache_salt=None) -> None:
         if not self.cfg.serves_prefill:
             raise ValueError(f"this worker's role is {self.cfg.role}: it does not prefill for "
                              "remote decode (kv_transfer_params.do_remote_decode)")
         one = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
-        self.engine.add_request(req_id, ids, one, priority, arrival, hold_kv=True)
+        self.engine.add_request(req_id, ids, one, priority, arrival, hold_kv=True,
+                                cache_salt=cache_salt)
         self._prefill[req_id] = _PrefillSide(tuple(ids), params.max_tokens)
 
-    def _add_decode(self, req_id, ids, params, priority, arrival, kv: dict[str, Any]) -> None:
+    def _add_decode(self, req_id, ids, params, priority, arrival, kv: dict[str, Any],
+                    cache_salt=None) -> None:
         if not self.cfg.serves_decode:
             raise ValueError(f"this worker's role is {self.cfg.role}: it does not decode "
                              "remotely prefilled requests (kv_transfer_params.do_remote_prefill)")
@@ -206,7 +212,8 @@ class DisaggEngineCore:
                              f"{len(ids)} tokens")
         self._decode[req_id] = _DecodeSide(engine_id, address, remote_req_id, remote_blocks)
         try:
-            self.engine.add_request(req_id, ids, params, priority, arrival, prefilled_token=first)
+            self.engine.add_request(req_id, ids, params, priority, arrival, prefilled_token=first,
+                                    cache_salt=cache_salt)
         except ValueError:
             del self._decode[req_id]
             raise

@@ -14,9 +14,11 @@ AdmissionError carrying the HTTP status the front end answers (400 bad input, 42
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from cadence.core.prompt_truncation import truncate_prompt
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.engine_core import EngineCore
 from cadence.engine.wire import AddRequest, Tokenize, sampling_from_wire
@@ -90,10 +92,12 @@ def template_error(exc: Exception) -> AdmissionError:
 
 def prompt_token_ids(engine: EngineCore, msg: AddRequest) -> list[int]:
     """The prompt as token ids: given ids (checked against the vocabulary), rendered chat
-    messages, or tokenized text."""
+    messages, or tokenized text. With truncate_prompt_tokens its length is checked once
+    truncated (prepare), not here."""
+    truncating = msg.sampling.get("truncate_prompt_tokens") is not None
     if msg.prompt_token_ids is not None:
         ids = list(msg.prompt_token_ids)
-        if len(ids) >= engine.max_model_len:
+        if len(ids) >= engine.max_model_len and not truncating:
             raise AdmissionError(
                 400, f"This model's maximum context length is {engine.max_model_len} tokens. "
                 f"However, the prompt has {len(ids)} tokens, which leaves no room for a "
@@ -115,11 +119,14 @@ def prompt_token_ids(engine: EngineCore, msg: AddRequest) -> list[int]:
             text = engine.render_chat(msg.chat_messages, msg.add_generation_prompt, **extra)
         except Exception as exc:  # jinja errors, bad roles, budgets: the client's fault
             raise template_error(exc) from exc
-        check_text_length(engine, len(text), "messages")
-        # The template already wrote the special tokens.
-        return engine.tokenize(text, add_special_tokens=False)
-    check_text_length(engine, len(msg.prompt_text or ""), "prompt")
-    return engine.tokenize(msg.prompt_text or "")
+        if not truncating:
+            check_text_length(engine, len(text), "messages")
+        # The template already wrote the special tokens (unless the client asks for more).
+        return engine.tokenize(text, add_special_tokens=bool(msg.add_special_tokens))
+    if not truncating:
+        check_text_length(engine, len(msg.prompt_text or ""), "prompt")
+    return engine.tokenize(msg.prompt_text or "",
+                           add_special_tokens=msg.add_special_tokens is not False)
 
 
 def _sampling_params(engine: EngineCore, msg: AddRequest, num_prompt: int) -> SamplingParams:
@@ -221,9 +228,11 @@ def prepare(engine: EngineCore, msg: AddRequest) -> AdmittedRequest:
     about them: the prompt, its length against the context, the sampling fields. Safe to run
     off the loop thread (it reads the engine's constants and its tokenizer only)."""
     ids = prompt_token_ids(engine, msg)
+    ctx = engine.max_model_len
+    if msg.sampling.get("truncate_prompt_tokens") is not None:
+        msg, ids = _truncated(msg, ids, ctx)
     n = len(ids)
     param = msg_param(msg)
-    ctx = engine.max_model_len
     if n == 0:
         raise AdmissionError(400, "the prompt is empty (0 tokens)", param=param,
                              code="empty_prompt")
@@ -246,6 +255,19 @@ def prepare(engine: EngineCore, msg: AddRequest) -> AdmittedRequest:
                 raise AdmissionError(400, str(exc), param=field, code="invalid_value") from exc
             raise AdmissionError(400, str(exc), code=code) from exc
     return AdmittedRequest(ids, params, param)
+
+
+def _truncated(msg: AddRequest, ids: list[int], ctx: int) -> tuple[AddRequest, list[int]]:
+    """vLLM's truncate_prompt_tokens applied: the prompt's last k ids, and the message with
+    the field cleared (the engine must not resolve it again once max_tokens is resolved)."""
+    sampling = dict(msg.sampling)
+    try:
+        ids = truncate_prompt(ids, sampling.pop("truncate_prompt_tokens"), ctx,
+                              sampling.get("max_tokens"))
+    except ValueError as exc:
+        raise AdmissionError(400, str(exc), param="truncate_prompt_tokens",
+                             code="invalid_value") from exc
+    return dataclasses.replace(msg, sampling=sampling), ids
 
 
 def admit(engine: EngineCore, msg: AddRequest, limits: AdmissionLimits, num_queued: int,

@@ -251,6 +251,9 @@ class AsyncEngineClient:
         priority: int = 0,
         arrival_time: float | None = None,
         want_prompt_text: bool = False,
+        want_prompt_token_ids: bool = False,
+        add_special_tokens: bool | None = None,
+        cache_salt: str | None = None,
         kv_transfer_params: Mapping[str, Any] | None = None,
         chat_template: str | None = None,
         continue_final_message: bool = False,
@@ -268,6 +271,8 @@ class AsyncEngineClient:
                          add_generation_prompt=add_generation_prompt, priority=priority,
                          arrival_time=time.monotonic() if arrival_time is None else arrival_time,
                          want_prompt_text=want_prompt_text,
+                         want_prompt_token_ids=want_prompt_token_ids,
+                         add_special_tokens=add_special_tokens, cache_salt=cache_salt,
                          kv_transfer_params=None if kv_transfer_params is None
                          else dict(kv_transfer_params), chat_template=chat_template,
                          continue_final_message=continue_final_message,

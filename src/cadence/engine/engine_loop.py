@@ -152,6 +152,11 @@ class EngineCoreLoop:
             raise AdmissionError(400, "kv_transfer_params needs a disaggregated worker "
                                  "(cadence serve --role prefill|decode, or --disagg)",
                                  param="kv_transfer_params", code="unsupported_parameter")
+        if msg.cache_salt is not None:
+            if not _accepts(self.engine.add_request, "cache_salt"):
+                raise AdmissionError(400, "this engine has no prefix cache to salt",
+                                     param="cache_salt", code="unsupported_parameter")
+            extra["cache_salt"] = msg.cache_salt
         try:
             self.engine.add_request(msg.req_id, ids, admitted.params, msg.priority,
                                     msg.arrival_time, **extra)
@@ -165,8 +170,10 @@ class EngineCoreLoop:
             prompt_text = msg.prompt_text
             if prompt_text is None:
                 prompt_text = "".join(self.engine.token_text(t) for t in ids)
-        batch.accepted.append({"req_id": msg.req_id, "num_prompt_tokens": len(ids),
-                               "prompt_text": prompt_text})
+        record = {"req_id": msg.req_id, "num_prompt_tokens": len(ids), "prompt_text": prompt_text}
+        if msg.want_prompt_token_ids:
+            record["prompt_token_ids"] = [int(t) for t in ids]
+        batch.accepted.append(record)
 
     # ---- aborts and failures
 

@@ -135,10 +135,11 @@ class LLM:
     ) -> list[RequestOutput]:
         """Complete every prompt; results come back in prompt order.
 
-        prompts: a str, token ids, `{"prompt": str}` / `{"prompt_token_ids": [...]}`, or a list
-        of any of these. `use_tqdm` draws a progress bar on stderr (vLLM's name)."""
+        prompts: a str, token ids, `{"prompt": str}` / `{"prompt_token_ids": [...]}` (either
+        may add vLLM's "cache_salt": prefix-cache blocks shared only within one salt), or a
+        list of any of these. `use_tqdm` draws a progress bar on stderr (vLLM's name)."""
         items = _normalize_prompts(prompts)
-        return self._run(items, sampling_params, use_tqdm)
+        return self._run(items, sampling_params, use_tqdm, _cache_salts(prompts))
 
     def chat(
         self,
@@ -168,8 +169,9 @@ class LLM:
         return self._run(items, sampling_params, use_tqdm)
 
     # ---------------------------------------------------------------------------------------
-    def _run(self, items, params, show) -> list[RequestOutput]:
+    def _run(self, items, params, show, salts=None) -> list[RequestOutput]:
         param_list = _normalize_params(params, len(items))
+        salts = salts or [None] * len(items)
         engine = self.engine
         base = [f"{next(self._ids)}" for _ in items]
         children: dict[str, _Child] = {}
@@ -180,7 +182,8 @@ class LLM:
         try:
             for k, ((_, prompt), p) in enumerate(zip(items, param_list)):
                 first = _Child(base[k], k, 0, p)
-                prompt_ids.append(engine.add_request(first.req_id, prompt, p))
+                prompt_ids.append(engine.add_request(first.req_id, prompt, p,
+                                                     cache_salt=salts[k]))
                 children[first.req_id] = first
                 deferred[first.req_id] = [
                     _Child(f"{base[k]}-{i}", k, i, _child_params(p, i)) for i in range(1, p.n)]
@@ -210,7 +213,8 @@ class LLM:
                     progress.tokens(len(out.new_token_ids))
                     for sibling in deferred.pop(out.req_id, ()):
                         engine.add_request(sibling.req_id, prompt_ids[sibling.prompt_index],
-                                           sibling.params)
+                                           sibling.params,
+                                           cache_salt=salts[sibling.prompt_index])
                         children[sibling.req_id] = sibling
                     if out.finished:
                         child.final = out
@@ -316,6 +320,16 @@ def _normalize_prompts(prompts: Any) -> list[tuple[str | None, str | tuple[int, 
         else:
             raise ValueError(f"each prompt must be a str or a list of token ids, got {p!r}")
     return items
+
+
+def _cache_salts(prompts: Any) -> list[str | None] | None:
+    """vLLM's per-prompt "cache_salt" of prompt dicts, aligned with _normalize_prompts."""
+    if isinstance(prompts, Mapping):
+        prompts = [prompts]
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or \
+            not any(isinstance(p, Mapping) for p in prompts):
+        return None
+    return [p.get("cache_salt") if isinstance(p, Mapping) else None for p in prompts]
 
 
 def _normalize_params(params: Any, n: int) -> list[SamplingParams]:

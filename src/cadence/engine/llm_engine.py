@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cadence.core.plan import SampledToken, StepOutput, StepPlan
+from cadence.core.prompt_truncation import truncate_prompt
 from cadence.core.request import Request
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.config import EngineConfig, resolve_num_blocks
@@ -322,6 +323,7 @@ class LLMEngine:
         *,
         hold_kv: bool = False,
         prefilled_token: int | None = None,
+        cache_salt: str | None = None,
     ) -> tuple[int, ...]:
         """Queue a request; returns its prompt token ids. Raises ValueError on bad input.
 
@@ -329,7 +331,8 @@ class LLMEngine:
         (a prefill worker's request, read by a decode worker); `prefilled_token` is the first
         output token another engine sampled after prefilling this prompt: the request then
         waits for its KV (scheduler.take_kv_loads / finish_remote_kv) and that token is
-        returned by the next step() at once."""
+        returned by the next step() at once. `cache_salt` (vLLM's) keeps the request's
+        prefix-cache blocks apart from those of requests with another salt or none."""
         if not isinstance(req_id, str) or not req_id:
             raise ValueError(f"req_id must be a non-empty str, got {req_id!r}")
         if req_id in self._texts:
@@ -339,9 +342,10 @@ class LLMEngine:
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         prompt_ids = self._prompt_ids(req_id, prompt)
         limit = self.max_model_len
-        if params.truncate_prompt_tokens is not None:  # vLLM's: keep the last k tokens
-            keep = limit - 1 if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
-            prompt_ids = prompt_ids[-keep:]
+        # vLLM's truncate_prompt_tokens: the last k tokens (the server's admission applied it
+        # already and cleared the field).
+        prompt_ids = truncate_prompt(prompt_ids, params.truncate_prompt_tokens, limit,
+                                     params.max_tokens)
         if len(prompt_ids) >= limit:
             raise ValueError(
                 f"request {req_id!r}: prompt has {len(prompt_ids)} tokens, but max_model_len is "
@@ -373,7 +377,7 @@ class LLMEngine:
         prepared = self._prepared_texts.pop(req_id, None)
         text = prepared[0] if prepared is not None else RequestText(self.tokenizer, params)
         arrival = self._clock() if arrival_time is None else float(arrival_time)
-        request = Request(req_id, prompt_ids, params, arrival, priority)
+        request = Request(req_id, prompt_ids, params, arrival, priority, cache_salt=cache_salt)
         request.hold_kv_on_finish = hold_kv
         if prefilled_token is None:
             self.scheduler.add_request(request)

@@ -100,9 +100,10 @@ class LLMEngineAdapter:
         return tuple(int(t) for t in self.tokenizer.stop_token_ids)
 
     def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int, arrival_time: float | None) -> None:
+                    priority: int, arrival_time: float | None,
+                    cache_salt: str | None = None) -> None:
         self.engine.add_request(req_id, prompt_token_ids, params, priority=priority,
-                                arrival_time=arrival_time)
+                                arrival_time=arrival_time, cache_salt=cache_salt)
 
     def abort_request(self, req_id: str) -> None:
         self.engine.abort_request(req_id)

@@ -35,6 +35,8 @@ class RequestStream:
         self.req_id = req_id
         self.num_prompt_tokens: int = accepted["num_prompt_tokens"]
         self.prompt_text: str | None = accepted.get("prompt_text")
+        # With want_prompt_token_ids (vLLM's return_token_ids): the ids the engine runs.
+        self.prompt_token_ids: list[int] | None = accepted.get("prompt_token_ids")
         self.finished = False
 
     def __aiter__(self) -> RequestStream:

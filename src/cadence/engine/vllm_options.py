@@ -206,8 +206,8 @@ _TABLE = (
     VllmOption("response_role", SAME, "replies have role 'assistant'", ("assistant",)),
     VllmOption("chat_template_content_format", SAME, "content-part lists are joined into one "
                "string for the template", ("auto", "string")),
-    VllmOption("return_tokens_as_token_ids", SAME, "logprobs tokens are text", (False,),
-               "switch"),
+    VllmOption("return_tokens_as_token_ids", SERVER, "logprobs name tokens 'token_id:<id>' "
+               "(a request's return_tokens_as_token_ids wins)", ANY, "switch"),
     VllmOption("enable_auto_tool_choice", SERVER, "tool calling (tool_choice 'auto'); needs "
                "--tool-call-parser", ANY, "switch"),
     VllmOption("tool_call_parser", SERVER, "how tool calls are read from the output: hermes, "

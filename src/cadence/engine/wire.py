@@ -46,6 +46,15 @@ class AddRequest:
     # system-wide, so the engine's timelines (same clock) include the front end's share.
     arrival_time: float | None = None
     want_prompt_text: bool = False
+    # vLLM's return_token_ids: the admission record carries the prompt's token ids (as the
+    # engine runs them: templated, tokenized, truncated).
+    want_prompt_token_ids: bool = False
+    # vLLM's add_special_tokens: whether the tokenizer adds BOS etc. to the prompt's text
+    # (None: True for a text, False for a chat, whose template writes them).
+    add_special_tokens: bool | None = None
+    # vLLM's cache_salt: the request's prefix-cache blocks are shared only with requests of
+    # the same salt (core/block_hash.py).
+    cache_salt: str | None = None
     # Disaggregated serving: {"do_remote_decode": true} on a prefill worker, the prefill's
     # handoff ({"do_remote_prefill": true, ...}) on a decode worker (cadence.disagg).
     kv_transfer_params: dict[str, Any] | None = None

@@ -167,6 +167,8 @@ def server_options_from_vllm(server: dict[str, Any]) -> dict[str, Any]:
         out["cors_allow_credentials"] = True
     if server.get("root_path"):
         out["root_path"] = str(server["root_path"])
+    if server.get("return_tokens_as_token_ids"):
+        out["return_tokens_as_token_ids"] = True
     parser, auto = server.get("tool_call_parser"), server.get("enable_auto_tool_choice")
     if parser is not None or auto:
         from cadence.server.tool_parsers import TOOL_PARSERS

@@ -70,6 +70,8 @@ class CollectedGeneration:
     error: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
     stop_reason: str | int | None = None
+    # Every generated token id (vLLM's return_token_ids).
+    token_ids: list[int] = field(default_factory=list)
 
 
 class AbortOnCloseStreamingResponse(StreamingResponse):

@@ -116,15 +116,9 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "structural_tag": ((None,), "structural_tag is not supported (use structured_outputs)"),
     "guided_whitespace_pattern": ((None,), "guided_whitespace_pattern is not supported"),
     "logits_processors": ((None, []), "custom logits processors are not supported"),
-    "truncate_prompt_tokens": ((None,), "truncate_prompt_tokens is not supported"),
     "prompt_logprobs": ((None,), "prompt_logprobs is not supported (logits are computed "
                         "only where a token is sampled)"),
     "vllm_xargs": ((None, {}), "vllm_xargs is not supported"),
-    "return_tokens_as_token_ids": ((None, False), "return_tokens_as_token_ids is not supported"),
-    "return_token_ids": ((None, False), "return_token_ids is not supported"),
-    "add_special_tokens": ((None,), "add_special_tokens is not supported (cadence adds the "
-                           "tokenizer's special tokens to text prompts, none to chats)"),
-    "cache_salt": ((None,), "cache_salt is not supported"),
     "guided_decoding_backend": ((None, "llguidance", "auto"),
                                 "only the llguidance grammar backend is available"),
 }
@@ -177,6 +171,16 @@ class SamplingRequestFields(APIRequest):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
+    # vLLM's: keep only the last k prompt tokens (-1: as many as the context leaves beside
+    # max_tokens; core/prompt_truncation.py).
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    # vLLM's: the prompt's and each choice's token ids in the response (server/token_ids.py).
+    return_token_ids: bool | None = None
+    # vLLM's: logprobs tokens as "token_id:<id>" (None: the server's
+    # --return-tokens-as-token-ids).
+    return_tokens_as_token_ids: bool | None = None
+    # vLLM's per-tenant prefix-cache isolation: blocks are shared only within one salt.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -263,6 +267,8 @@ class CompletionRequest(SamplingRequestFields):
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
+    # vLLM's: the tokenizer's special tokens (BOS, ...) around a text prompt (not token ids).
+    add_special_tokens: bool = True
 
     def unsupported_features(self) -> list[tuple[str, str]]:
         problems = self.common_unsupported()
@@ -296,6 +302,8 @@ class ChatCompletionRequest(SamplingRequestFields):
     continue_final_message: bool = False
     echo: bool = False
     chat_template: str | None = None
+    # vLLM's: special tokens added to the rendered chat on top of what the template wrote.
+    add_special_tokens: bool = False
     # Extra variables for the chat template (vLLM's), e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
     # OpenAI's tool calling; served when the server has a tool-call parser (serving_chat.py).

@@ -8,9 +8,11 @@ owns the tokenizer, and come back as EngineRejected.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from cadence.core.prompt_truncation import tokens_to_keep
 from cadence.core.sampling_params import SamplingParams, StructuredOutputsParams
 from cadence.engine.chat_render import text_messages
 from cadence.engine.wire import sampling_to_wire
@@ -91,8 +93,11 @@ def sampling_fields(body: SamplingRequestFields, max_tokens: int | None,
             spaces_between_special_tokens=body.spaces_between_special_tokens,
             allowed_token_ids=body.allowed_token_ids,
             bad_words=tuple(body.bad_words or ()),
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
             **chosen,
         )
+        if body.truncate_prompt_tokens is not None:  # out of the context's range: a 400 now
+            tokens_to_keep(body.truncate_prompt_tokens, max_model_len, max_tokens)
     except ValueError as exc:
         raise APIError(400, str(exc) + ".", param=_named_field(str(exc), body),
                        code="invalid_value") from exc
@@ -113,15 +118,18 @@ def sampling_fields(body: SamplingRequestFields, max_tokens: int | None,
 
 def _named_field(message: str, body: SamplingRequestFields) -> str | None:
     """The request field a SamplingParams error names first ("top_p must be ...")."""
-    first = message.split(" ", 1)[0]
+    first = re.split(r"[ =]", message, maxsplit=1)[0]
     return first if first in type(body).model_fields else None
 
 
 def check_prompt_size(prompt: EnginePrompt, max_model_len: int,
-                      max_token_chars: int | None) -> None:
+                      max_token_chars: int | None, truncating: bool = False) -> None:
     """400 for a prompt that cannot fit the context, decided without tokenizing it: token ids
     are counted, a text is measured against the longest token (`max_token_chars`), so an
-    oversized prompt never reaches the engine."""
+    oversized prompt never reaches the engine. Not with truncate_prompt_tokens (`truncating`):
+    a long prompt is then what the client asks the engine to cut."""
+    if truncating:
+        return
     too_long = (f"This model's maximum context length is {max_model_len} tokens. However, the "
                 "prompt has {what}, which leaves no room for a completion.")
     if prompt.token_ids is not None and len(prompt.token_ids) >= max_model_len:

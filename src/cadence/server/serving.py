@@ -70,6 +70,12 @@ class ResponseContext:
     echo: dict[int, str] = dataclasses.field(default_factory=dict)
     # stream_options.continuous_usage_stats (vLLM's): every chunk carries the usage so far.
     continuous_usage: bool = False
+    # vLLM's return_token_ids: generated ids on every choice, and the prompt's ids (by choice
+    # index) where the endpoint puts them (server/token_ids.py).
+    return_token_ids: bool = False
+    prompt_token_ids: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>".
+    tokens_as_ids: bool = False
 
 
 class ResponseRenderer(Protocol):
@@ -128,6 +134,7 @@ class ChoiceMux:
         self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.prompt_tokens: dict[int, int] = {}
         self.prompt_texts: dict[int, str | None] = {}
+        self.prompt_token_ids: dict[int, list[int] | None] = {}
 
     async def _submit(self, index: int) -> RequestStream:
         plan = self._plan
@@ -140,6 +147,7 @@ class ChoiceMux:
         if i == 0:
             self.prompt_tokens[prompt_index] = stream.num_prompt_tokens
             self.prompt_texts[prompt_index] = stream.prompt_text
+            self.prompt_token_ids[prompt_index] = stream.prompt_token_ids
         return stream
 
     async def start(self) -> None:
@@ -215,7 +223,8 @@ async def serve_generation(
     check_model(body.model, server.model_name, server.model_names)
     reject_unsupported(body.unsupported_features())
     for prompt in prompts:
-        check_prompt_size(prompt, server.max_model_len, server.max_token_chars)
+        check_prompt_size(prompt, server.max_model_len, server.max_token_chars,
+                          truncating=body.truncate_prompt_tokens is not None)
     sampling = sampling_fields(body, max_tokens, logprobs, server.max_model_len,
                                server.generation_defaults)
     structured = body.structured_outputs_spec()
@@ -230,6 +239,10 @@ async def serve_generation(
             raise APIError(400, "kv_transfer_params (disaggregated serving) takes one prompt "
                            "and n=1.", param="kv_transfer_params", code="unsupported_parameter")
         submit_kwargs["kv_transfer_params"] = body.kv_transfer_params
+    if body.return_token_ids:
+        submit_kwargs["want_prompt_token_ids"] = True
+    if body.cache_salt is not None:
+        submit_kwargs["cache_salt"] = body.cache_salt
     plan = ChoicePlan(prompts, body.n, sampling, body.priority, arrival, submit_kwargs)
     mux = ChoiceMux(server.client, req_id, plan)
     try:
@@ -238,9 +251,16 @@ async def serve_generation(
         if exc.code == "invalid_structured_output" and structured is not None:
             exc.param = structured[0]  # the engine cannot know which request field it was
         raise
+    tokens_as_ids = body.return_tokens_as_token_ids
     ctx = ResponseContext(req_id, created_timestamp(), server.model_name, body.include_usage(),
                           logprobs is not None, echo(mux) if echo else {},
-                          continuous_usage=body.continuous_usage())
+                          continuous_usage=body.continuous_usage(),
+                          return_token_ids=bool(body.return_token_ids),
+                          prompt_token_ids={p * body.n + i: list(ids or ())
+                                            for p, ids in mux.prompt_token_ids.items()
+                                            for i in range(body.n)},
+                          tokens_as_ids=(server.config.return_tokens_as_token_ids
+                                         if tokens_as_ids is None else tokens_as_ids))
     render = renderer(ctx)
     if body.stream:
         return AbortOnCloseStreamingResponse(
@@ -320,6 +340,7 @@ async def _collect_into(mux: ChoiceMux, results: list[CollectedGeneration]) -> N
             raise out
         result = results[index]
         parts[index].append(out.new_text)
+        result.token_ids.extend(out.new_token_ids)
         if out.logprobs:
             result.logprobs.extend(out.logprobs)
         result.num_prompt_tokens = out.num_prompt_tokens

@@ -14,6 +14,7 @@ from cadence.server.generation import CollectedGeneration
 from cadence.server.protocol import ChatCompletionRequest
 from cadence.server.request_mapping import chat_logprobs_count, chat_prompt
 from cadence.server.serving import ResponseContext, serve_generation
+from cadence.server.token_ids import PendingTokenIds, logprobs_as_token_ids
 from cadence.server.tool_choice import ToolMode, tool_mode
 from cadence.server.tool_streaming import START
 
@@ -32,27 +33,40 @@ class ChatRenderer:
         self._readers: dict[int, Any] = {}
         self._called: set[int] = set()  # choices that sent a call
         self._pending_logprobs: dict[int, list] = {}  # per choice: entries not yet sent
+        self._pending_ids = PendingTokenIds()  # return_token_ids: ids not yet sent
 
     def _chunk(self, index: int, delta: dict[str, Any], finish_reason: str | None = None,
                logprobs: dict[str, Any] | None = None,
                stop_reason: str | int | None = None) -> dict[str, Any]:
         ctx = self.ctx
-        return fmt.chat_chunk(ctx.req_id, ctx.created, ctx.model, delta, finish_reason, logprobs,
-                              usage_field=ctx.include_usage, index=index,
-                              stop_reason=stop_reason)
+        chunk = fmt.chat_chunk(ctx.req_id, ctx.created, ctx.model, delta, finish_reason,
+                               logprobs, usage_field=ctx.include_usage, index=index,
+                               stop_reason=stop_reason)
+        if ctx.return_token_ids:  # vLLM's: each chunk's new ids on the choice
+            chunk["choices"][0]["token_ids"] = self._pending_ids.take(index)
+        return chunk
+
+    def _logprobs(self, entries: list) -> dict[str, Any]:
+        if self.ctx.tokens_as_ids:
+            entries = logprobs_as_token_ids(entries)
+        return fmt.chat_logprobs(entries)
 
     def opening_chunks(self, index: int) -> list[dict[str, Any]]:
         # OpenAI opens every chat choice with the role (echo puts the echoed text there).
-        return [self._chunk(index, {"role": "assistant",
-                                    "content": self.ctx.echo.get(index, "")})]
+        chunk = self._chunk(index, {"role": "assistant", "content": self.ctx.echo.get(index, "")})
+        if self.ctx.return_token_ids:  # vLLM's: the prompt's ids on the response, first chunk
+            chunk["prompt_token_ids"] = self.ctx.prompt_token_ids.get(index, [])
+        return [chunk]
 
     def output_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
+        if self.ctx.return_token_ids:
+            self._pending_ids.add(index, out.new_token_ids)
         if self.tools is not None:
             return self._tool_chunks(out, index)
         chunks = []
         logprobs = None
         if self.ctx.want_logprobs and out.logprobs:
-            logprobs = fmt.chat_logprobs(list(out.logprobs))
+            logprobs = self._logprobs(list(out.logprobs))
         if out.new_text or logprobs:
             chunks.append(self._chunk(index, {"content": out.new_text}, logprobs=logprobs))
         if out.finished:
@@ -88,14 +102,14 @@ class ChatRenderer:
         # token's logprob rides on the next chunk this choice sends (at the latest the finish
         # chunk): every token's entry goes out once, in order, as vLLM's stream sends them.
         pending = self._pending_logprobs.pop(index, None)
-        return fmt.chat_logprobs(pending) if pending else None
+        return self._logprobs(pending) if pending else None
 
     def whole_response(self, results: list[CollectedGeneration],
                        usage: dict[str, Any]) -> dict[str, Any]:
         ctx = self.ctx
         choices = [
             fmt.chat_choice(ctx.echo.get(i, "") + r.text, r.finish_reason,
-                            fmt.chat_logprobs(r.logprobs) if ctx.want_logprobs else None,
+                            self._logprobs(r.logprobs) if ctx.want_logprobs else None,
                             r.stop_reason)
             for i, r in enumerate(results)
         ]
@@ -108,7 +122,13 @@ class ChatRenderer:
                                                        for k, c in enumerate(calls)]
                     if choice["finish_reason"] == "stop" and self.tools.finish_as_tool_calls:
                         choice["finish_reason"] = "tool_calls"
-        return fmt.chat_response(ctx.req_id, ctx.created, ctx.model, choices, usage)
+        if ctx.return_token_ids:  # vLLM's: generated ids per choice, the prompt's on the response
+            for choice, r in zip(choices, results):
+                choice["token_ids"] = list(r.token_ids)
+        response = fmt.chat_response(ctx.req_id, ctx.created, ctx.model, choices, usage)
+        if ctx.return_token_ids:
+            response["prompt_token_ids"] = ctx.prompt_token_ids.get(0, [])
+        return response
 
 
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
@@ -128,5 +148,6 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         submit_kwargs={"add_generation_prompt": body.add_generation_prompt,
                        "chat_template": body.chat_template,
                        "continue_final_message": body.continue_final_message,
-                       "chat_template_kwargs": template_kwargs},
+                       "chat_template_kwargs": template_kwargs,
+                       "add_special_tokens": body.add_special_tokens},
         echo=(lambda mux: {i: echo_text for i in range(body.n)}) if echo_text else None)

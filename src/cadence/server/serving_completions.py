@@ -13,6 +13,7 @@ from cadence.server.generation import CollectedGeneration
 from cadence.server.protocol import CompletionRequest
 from cadence.server.request_mapping import completion_prompts
 from cadence.server.serving import ChoiceMux, ResponseContext, serve_generation
+from cadence.server.token_ids import PendingTokenIds, logprobs_as_token_ids
 
 
 class CompletionRenderer:
@@ -24,6 +25,24 @@ class CompletionRenderer:
         self.ctx = ctx
         # Characters streamed so far per choice: logprobs' text_offset counts from its start.
         self._text_offset: dict[int, int] = {}
+        # return_token_ids: ids not yet sent per choice, and the choices whose prompt ids went.
+        self._pending_ids = PendingTokenIds()
+        self._sent_prompt: set[int] = set()
+
+    def _with_token_ids(self, chunk: dict[str, Any], index: int) -> dict[str, Any]:
+        """vLLM's stream: each chunk's new ids, the prompt's ids on a choice's first chunk."""
+        if self.ctx.return_token_ids:
+            choice = chunk["choices"][0]
+            if index not in self._sent_prompt:
+                self._sent_prompt.add(index)
+                choice["prompt_token_ids"] = self.ctx.prompt_token_ids.get(index, [])
+            choice["token_ids"] = self._pending_ids.take(index)
+        return chunk
+
+    def _logprobs(self, entries: list, offset: int) -> dict[str, Any]:
+        if self.ctx.tokens_as_ids:
+            entries = logprobs_as_token_ids(entries)
+        return fmt.completion_logprobs(entries, offset)
 
     def opening_chunks(self, index: int) -> list[dict[str, Any]]:
         echo = self.ctx.echo.get(index)
@@ -31,24 +50,26 @@ class CompletionRenderer:
             return []
         self._text_offset[index] = len(echo)
         ctx = self.ctx
-        return [fmt.completion_chunk(ctx.req_id, ctx.created, ctx.model, echo, None,
-                                     usage_field=ctx.include_usage, index=index)]
+        return [self._with_token_ids(fmt.completion_chunk(
+            ctx.req_id, ctx.created, ctx.model, echo, None, usage_field=ctx.include_usage,
+            index=index), index)]
 
     def output_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
         ctx = self.ctx
         logprobs = None
         offset = self._text_offset.get(index, 0)
         if ctx.want_logprobs and out.logprobs:
-            logprobs = fmt.completion_logprobs(list(out.logprobs), offset)
+            logprobs = self._logprobs(list(out.logprobs), offset)
         self._text_offset[index] = offset + len(out.new_text)
+        self._pending_ids.add(index, out.new_token_ids)
         # Outputs that carry no text (a held-back stop-string prefix) send nothing until the
         # last one, which carries the finish_reason.
         if not (out.new_text or logprobs or out.finished):
             return []
-        return [fmt.completion_chunk(ctx.req_id, ctx.created, ctx.model, out.new_text,
-                                     out.finish_reason if out.finished else None, logprobs,
-                                     usage_field=ctx.include_usage, index=index,
-                                     stop_reason=out.stop_reason)]
+        return [self._with_token_ids(fmt.completion_chunk(
+            ctx.req_id, ctx.created, ctx.model, out.new_text,
+            out.finish_reason if out.finished else None, logprobs,
+            usage_field=ctx.include_usage, index=index, stop_reason=out.stop_reason), index)]
 
     def whole_response(self, results: list[CollectedGeneration],
                        usage: dict[str, Any]) -> dict[str, Any]:
@@ -56,10 +77,14 @@ class CompletionRenderer:
         choices = [
             fmt.completion_choice(
                 ctx.echo.get(i, "") + r.text, r.finish_reason,
-                fmt.completion_logprobs(r.logprobs, 0) if ctx.want_logprobs else None,
+                self._logprobs(r.logprobs, 0) if ctx.want_logprobs else None,
                 r.stop_reason)
             for i, r in enumerate(results)
         ]
+        if ctx.return_token_ids:  # vLLM's: both on the choice
+            for i, (choice, r) in enumerate(zip(choices, results)):
+                choice["prompt_token_ids"] = ctx.prompt_token_ids.get(i, [])
+                choice["token_ids"] = list(r.token_ids)
         return fmt.completion_response(ctx.req_id, ctx.created, ctx.model, choices, usage)
 
 
@@ -73,5 +98,6 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     return await serve_generation(
         request, body, id_prefix="cmpl", prompts=completion_prompts(body),
         max_tokens=body.max_tokens, logprobs=body.logprobs, renderer=CompletionRenderer,
-        submit_kwargs={"want_prompt_text": body.echo},
+        submit_kwargs={"want_prompt_text": body.echo,
+                       "add_special_tokens": body.add_special_tokens},
         echo=_echo_texts(body.n) if body.echo else None)

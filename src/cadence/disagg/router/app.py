@@ -136,7 +136,8 @@ class Router:
         if self.replicas.policy == "cache-aware":
             ids = await self._prompt_token_ids(ROUTES[path], body)
             if ids is not None:
-                prompt = PromptBlocks(ids)
+                salt = body.get("cache_salt")
+                prompt = PromptBlocks(ids, salt if isinstance(salt, str) and salt else None)
                 tokens = len(ids)
         order = self.replicas.order(self.decode.workers, prompt, tokens, max_tokens)
         # What the request costs each worker (its miss there + its output), taken before this
@@ -195,6 +196,8 @@ class Router:
             if not isinstance(prompt, str):
                 return None
             ask: dict[str, Any] = {"prompt": prompt}
+            if isinstance(body.get("add_special_tokens"), bool):
+                ask["add_special_tokens"] = body["add_special_tokens"]
         else:
             ask = {"messages": body.get("messages")}
             for key in ("add_generation_prompt", "chat_template_kwargs"):

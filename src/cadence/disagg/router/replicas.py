@@ -44,10 +44,11 @@ AFFINITY_BLOCK_SIZE = 16
 
 class PromptBlocks:
     """A request's prompt token ids and their chained block hashes, per block size (computed
-    once per size)."""
+    once per size), salted with the request's cache_salt as the workers salt them."""
 
-    def __init__(self, token_ids: Sequence[int]) -> None:
+    def __init__(self, token_ids: Sequence[int], cache_salt: str | None = None) -> None:
         self.token_ids = token_ids
+        self.cache_salt = cache_salt
         self._hashes: dict[int, list[BlockHash]] = {}
 
     def __len__(self) -> int:
@@ -56,7 +57,7 @@ class PromptBlocks:
     def hashes(self, block_size: int) -> list[BlockHash]:
         if block_size not in self._hashes:
             out: list[BlockHash] = []
-            extend_block_hashes(out, self.token_ids, block_size)
+            extend_block_hashes(out, self.token_ids, block_size, self.cache_salt)
             self._hashes[block_size] = out
         return self._hashes[block_size]
 
