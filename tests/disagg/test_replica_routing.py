@@ -203,3 +203,8 @@ def test_prompt_blocks_hash_a_salted_prompt_as_the_workers_do():
     assert PromptBlocks(ids, "tenant").hashes(16) == engine_side.block_hashes
     unsalted = PromptBlocks(ids).hashes(16)
     assert len(unsalted) == 2 and not set(unsalted) & set(engine_side.block_hashes)
+    # From a request body: its salt, and the tokens truncate_prompt_tokens leaves.
+    routed = PromptBlocks.of_request(ids + [7] * 8, {"cache_salt": "tenant",
+                                                      "truncate_prompt_tokens": 40})
+    assert routed.token_ids == ids[8:] + [7] * 8 and routed.cache_salt == "tenant"
+    assert len(PromptBlocks.of_request(ids, {"truncate_prompt_tokens": -1})) == 40

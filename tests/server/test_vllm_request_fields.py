@@ -310,3 +310,11 @@ def test_cache_salt_bad_values(client, model):
         _bad_request(lambda: client.chat.completions.create(
             model=model, messages=MESSAGES, max_tokens=2, stream=True,
             extra_body={"cache_salt": value}), "cache_salt")
+
+
+def test_echo_shows_the_truncated_prompt(client, http, model):
+    ids = _tokens(http, model, prompt=PROMPT)
+    kept = http.post("/detokenize", json={"model": model, "tokens": ids[-5:]}).json()["prompt"]
+    out = client.completions.create(model=model, prompt=PROMPT, **GREEDY, echo=True,
+                                    extra_body={"truncate_prompt_tokens": 5})
+    assert out.choices[0].text.startswith(kept) and not out.choices[0].text.startswith(PROMPT)

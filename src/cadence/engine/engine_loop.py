@@ -168,7 +168,9 @@ class EngineCoreLoop:
         prompt_text = None
         if msg.want_prompt_text:
             prompt_text = msg.prompt_text
-            if prompt_text is None:
+            if prompt_text is None or msg.sampling.get("truncate_prompt_tokens") is not None:
+                # The prompt as run: given as ids, or cut by truncate_prompt_tokens (echo shows
+                # the tokens the reply continues, as vLLM's).
                 prompt_text = "".join(self.engine.token_text(t) for t in ids)
         record = {"req_id": msg.req_id, "num_prompt_tokens": len(ids), "prompt_text": prompt_text}
         if msg.want_prompt_token_ids:

@@ -136,9 +136,8 @@ class Router:
         if self.replicas.policy == "cache-aware":
             ids = await self._prompt_token_ids(ROUTES[path], body)
             if ids is not None:
-                salt = body.get("cache_salt")
-                prompt = PromptBlocks(ids, salt if isinstance(salt, str) and salt else None)
-                tokens = len(ids)
+                prompt = PromptBlocks.of_request(ids, body)
+                tokens = len(prompt)
         order = self.replicas.order(self.decode.workers, prompt, tokens, max_tokens)
         # What the request costs each worker (its miss there + its output), taken before this
         # routing adds its prompt to the session-affinity record.

@@ -51,6 +51,16 @@ class PromptBlocks:
         self.cache_salt = cache_salt
         self._hashes: dict[int, list[BlockHash]] = {}
 
+    @classmethod
+    def of_request(cls, token_ids: Sequence[int], body: dict) -> PromptBlocks:
+        """The blocks a worker runs for this request body: its truncate_prompt_tokens k >= 1
+        applied (-1 depends on the worker's context; left as is), hashed with its cache_salt."""
+        keep = body.get("truncate_prompt_tokens")
+        if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1:
+            token_ids = token_ids[-keep:]
+        salt = body.get("cache_salt")
+        return cls(token_ids, salt if isinstance(salt, str) and salt else None)
+
     def __len__(self) -> int:
         return len(self.token_ids)
 
