@@ -12,6 +12,9 @@ def test_keeps_the_last_k_tokens():
     assert truncate_prompt(ids, 3, 100, 16) == [7, 8, 9]
     assert truncate_prompt(ids, 50, 100, 16) == ids  # shorter than k: unchanged
     assert truncate_prompt(ids, None, 5, 16) == ids  # no truncation asked: no bound either
+    assert truncate_prompt(ids, 3, 100, 16, side="right") == [0, 1, 2]  # vLLM's truncation_side
+    with pytest.raises(ValueError, match="truncation_side"):
+        truncate_prompt(ids, 3, 100, 16, side="middle")
 
 
 def test_minus_one_is_what_the_context_leaves_beside_max_tokens():

@@ -208,3 +208,5 @@ def test_prompt_blocks_hash_a_salted_prompt_as_the_workers_do():
                                                       "truncate_prompt_tokens": 40})
     assert routed.token_ids == ids[8:] + [7] * 8 and routed.cache_salt == "tenant"
     assert len(PromptBlocks.of_request(ids, {"truncate_prompt_tokens": -1})) == 40
+    assert PromptBlocks.of_request(ids, {"truncate_prompt_tokens": 3,
+                                         "truncation_side": "right"}).token_ids == [0, 1, 2]

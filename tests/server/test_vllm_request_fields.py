@@ -318,3 +318,25 @@ def test_echo_shows_the_truncated_prompt(client, http, model):
     out = client.completions.create(model=model, prompt=PROMPT, **GREEDY, echo=True,
                                     extra_body={"truncate_prompt_tokens": 5})
     assert out.choices[0].text.startswith(kept) and not out.choices[0].text.startswith(PROMPT)
+
+
+def test_truncation_side_right_keeps_the_first_k(client, http, model):
+    ids = _tokens(http, model, prompt=PROMPT)
+    out = client.completions.create(model=model, prompt=PROMPT, **GREEDY, extra_body={
+        "truncate_prompt_tokens": 5, "truncation_side": "right", "return_token_ids": True})
+    assert out.choices[0].prompt_token_ids == ids[:5] and out.usage.prompt_tokens == 5
+    chat_ids = _tokens(http, model, messages=MESSAGES)
+    stream = client.chat.completions.create(
+        model=model, messages=MESSAGES, **GREEDY, stream=True, extra_body={
+            "truncate_prompt_tokens": 6, "truncation_side": "right", "return_token_ids": True})
+    assert _stream_ids(list(stream), "response")[1][0] == chat_ids[:6]
+    _bad_request(lambda: client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=2,
+        extra_body={"truncate_prompt_tokens": 5, "truncation_side": "middle"}), "truncation_side")
+
+
+def test_tokenize_takes_add_special_tokens_for_chats_too(http, model):
+    rendered = _tokens(http, model, messages=MESSAGES)  # vLLM's default for a chat: none added
+    assert _tokens(http, model, messages=MESSAGES, add_special_tokens=True) == [BOS_ID, *rendered]
+    assert _tokens(http, model, prompt=PROMPT, add_special_tokens=False) == \
+        _tokens(http, model, prompt=PROMPT)[1:]

@@ -1,7 +1,7 @@
 """vLLM's truncate_prompt_tokens: keep only the last k prompt tokens before scheduling.
 
 Left truncation (vLLM's default side for generation): the end of the prompt is what the reply
-continues, so the beginning is what goes. k == -1 keeps the most the context leaves the prompt
+continues, so the beginning is what goes; vLLM's truncation_side "right" keeps the first k. k == -1 keeps the most the context leaves the prompt
 (max_model_len - max_tokens); a k above that is refused, as vLLM refuses it, whatever the
 prompt's length. Used by the engine process's admission and by the offline LLMEngine, so both
 truncate the same way.
@@ -35,9 +35,12 @@ def tokens_to_keep(truncate_prompt_tokens: int, max_model_len: int,
 
 
 def truncate_prompt(token_ids: Sequence[int], truncate_prompt_tokens: int | None,
-                    max_model_len: int, max_tokens: int | None) -> list[int]:
-    """The prompt's last k token ids (all of them when truncate_prompt_tokens is None)."""
+                    max_model_len: int, max_tokens: int | None, side: str = "left") -> list[int]:
+    """The prompt's last k token ids, or its first k with side "right" (all of them when
+    truncate_prompt_tokens is None)."""
     if truncate_prompt_tokens is None:
         return list(token_ids)
+    if side not in ("left", "right"):
+        raise ValueError(f"truncation_side must be 'left' or 'right', got {side!r}")
     keep = tokens_to_keep(truncate_prompt_tokens, max_model_len, max_tokens)
-    return list(token_ids[-keep:])
+    return list(token_ids[-keep:] if side == "left" else token_ids[:keep])

@@ -258,12 +258,13 @@ def prepare(engine: EngineCore, msg: AddRequest) -> AdmittedRequest:
 
 
 def _truncated(msg: AddRequest, ids: list[int], ctx: int) -> tuple[AddRequest, list[int]]:
-    """vLLM's truncate_prompt_tokens applied: the prompt's last k ids, and the message with
+    """vLLM's truncate_prompt_tokens applied: the prompt's last k ids (first k with
+    truncation_side "right"), and the message with
     the field cleared (the engine must not resolve it again once max_tokens is resolved)."""
     sampling = dict(msg.sampling)
     try:
         ids = truncate_prompt(ids, sampling.pop("truncate_prompt_tokens"), ctx,
-                              sampling.get("max_tokens"))
+                              sampling.get("max_tokens"), msg.truncation_side or "left")
     except ValueError as exc:
         raise AdmissionError(400, str(exc), param="truncate_prompt_tokens",
                              code="invalid_value") from exc
@@ -303,7 +304,9 @@ def answer_tokenize(engine: EngineCore, msg: Tokenize) -> dict[str, Any]:
         except Exception as exc:  # jinja errors, bad roles, budgets: the client's fault
             raise template_error(exc) from exc
         check_text_length(engine, len(text), "messages")
-        return {"tokens": list(engine.tokenize(text, add_special_tokens=False))}
+        # The template writes the special tokens; add_special_tokens (vLLM's, default false
+        # for a chat) adds the tokenizer's on top, as a chat completion does.
+        return {"tokens": list(engine.tokenize(text, add_special_tokens=msg.add_special_tokens))}
     check_text_length(engine, len(msg.text or ""), "prompt")
     return {"tokens": list(engine.tokenize(msg.text or "",
                                            add_special_tokens=msg.add_special_tokens))}

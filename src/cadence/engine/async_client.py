@@ -254,6 +254,7 @@ class AsyncEngineClient:
         want_prompt_token_ids: bool = False,
         add_special_tokens: bool | None = None,
         cache_salt: str | None = None,
+        truncation_side: str | None = None,
         kv_transfer_params: Mapping[str, Any] | None = None,
         chat_template: str | None = None,
         continue_final_message: bool = False,
@@ -273,6 +274,7 @@ class AsyncEngineClient:
                          want_prompt_text=want_prompt_text,
                          want_prompt_token_ids=want_prompt_token_ids,
                          add_special_tokens=add_special_tokens, cache_salt=cache_salt,
+                         truncation_side=truncation_side,
                          kv_transfer_params=None if kv_transfer_params is None
                          else dict(kv_transfer_params), chat_template=chat_template,
                          continue_final_message=continue_final_message,

@@ -52,6 +52,9 @@ class AddRequest:
     # vLLM's add_special_tokens: whether the tokenizer adds BOS etc. to the prompt's text
     # (None: True for a text, False for a chat, whose template writes them).
     add_special_tokens: bool | None = None
+    # vLLM's truncation_side for sampling["truncate_prompt_tokens"]: "left" (None) keeps the
+    # prompt's last k tokens, "right" its first k.
+    truncation_side: str | None = None
     # vLLM's cache_salt: the request's prefix-cache blocks are shared only with requests of
     # the same salt (core/block_hash.py).
     cache_salt: str | None = None
@@ -91,6 +94,8 @@ class Tokenize:
     text: str | None = None
     messages: list[dict[str, Any]] | None = None
     token_ids: list[int] | None = None
+    # The tokenizer's special tokens around `text` or the rendered `messages` (the front end
+    # sends vLLM's defaults: True for a text, False for a chat).
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # for `messages`, as AddRequest's

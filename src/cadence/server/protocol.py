@@ -174,6 +174,9 @@ class SamplingRequestFields(APIRequest):
     # vLLM's: keep only the last k prompt tokens (-1: as many as the context leaves beside
     # max_tokens; core/prompt_truncation.py).
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    # Which end truncate_prompt_tokens cuts from: "left" (None) keeps the last k, "right" the
+    # first k.
+    truncation_side: Literal["left", "right"] | None = None
     # vLLM's: the prompt's and each choice's token ids in the response (server/token_ids.py).
     return_token_ids: bool | None = None
     # vLLM's: logprobs tokens as "token_id:<id>" (None: the server's

@@ -243,6 +243,8 @@ async def serve_generation(
         submit_kwargs["want_prompt_token_ids"] = True
     if body.cache_salt is not None:
         submit_kwargs["cache_salt"] = body.cache_salt
+    if body.truncation_side is not None:
+        submit_kwargs["truncation_side"] = body.truncation_side
     plan = ChoicePlan(prompts, body.n, sampling, body.priority, arrival, submit_kwargs)
     mux = ChoiceMux(server.client, req_id, plan)
     try:

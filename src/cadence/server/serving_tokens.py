@@ -29,7 +29,8 @@ class TokenizeRequest(APIRequest):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    # vLLM's defaults: true for a text, false for a chat (its template writes them).
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     # Extra chat-template variables (vLLM's), so a chat counts as its completion renders it.
     chat_template_kwargs: dict[str, Any] | None = None
@@ -75,12 +76,13 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
                           server.max_token_chars)
         reply = await _ask_engine(request, messages=messages,
                                   add_generation_prompt=body.add_generation_prompt,
-                                  chat_template_kwargs=body.chat_template_kwargs)
+                                  chat_template_kwargs=body.chat_template_kwargs,
+                                  add_special_tokens=bool(body.add_special_tokens))
     else:
         check_prompt_size(EnginePrompt(text=body.prompt), server.max_model_len,
                           server.max_token_chars)
         reply = await _ask_engine(request, text=body.prompt,
-                                  add_special_tokens=body.add_special_tokens)
+                                  add_special_tokens=body.add_special_tokens is not False)
     tokens = reply["tokens"]
     return JSONResponse({"count": len(tokens), "max_model_len": server.max_model_len,
                          "tokens": tokens})

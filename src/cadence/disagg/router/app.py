@@ -195,13 +195,14 @@ class Router:
             if not isinstance(prompt, str):
                 return None
             ask: dict[str, Any] = {"prompt": prompt}
-            if isinstance(body.get("add_special_tokens"), bool):
-                ask["add_special_tokens"] = body["add_special_tokens"]
         else:
             ask = {"messages": body.get("messages")}
-            for key in ("add_generation_prompt", "chat_template_kwargs"):
-                if key in body:
-                    ask[key] = body[key]
+        # The fields that change the ids (a worker refuses a bad value: routing goes on without).
+        keys = ("add_special_tokens",) if kind == "completions" else (
+            "add_generation_prompt", "chat_template_kwargs", "add_special_tokens")
+        for key in keys:
+            if key in body:
+                ask[key] = body[key]
         for worker in self.decode.candidates()[:2]:
             try:
                 resp = await self.client.post(worker.url + "/tokenize", json=ask, timeout=10.0,

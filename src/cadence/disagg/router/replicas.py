@@ -57,7 +57,8 @@ class PromptBlocks:
         applied (-1 depends on the worker's context; left as is), hashed with its cache_salt."""
         keep = body.get("truncate_prompt_tokens")
         if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1:
-            token_ids = token_ids[-keep:]
+            right = body.get("truncation_side") == "right"
+            token_ids = token_ids[:keep] if right else token_ids[-keep:]
         salt = body.get("cache_salt")
         return cls(token_ids, salt if isinstance(salt, str) and salt else None)
 
