@@ -112,14 +112,17 @@ def _streamed_calls(deltas: list[dict]) -> list[dict]:
 
 def test_tool_call_reply_whole_and_streamed(tool_server):
     messages = [{"role": "user", "content": "Weather in Paris?"}]
-    r = _chat(tool_server, messages)
+    r = _chat(tool_server, messages, return_token_ids=True)
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
+    assert len(choice["token_ids"]) == r.json()["usage"]["completion_tokens"]
     (call,) = choice["message"]["tool_calls"]
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     # Streamed as vLLM does: the name in the call's first delta, then argument pieces.
-    deltas = _stream(tool_server, messages, guided_choice=[HERMES_CALL])
+    deltas = _stream(tool_server, messages, guided_choice=[HERMES_CALL], return_token_ids=True)
+    # Ids the call reader holds back with their text ride on later chunks: each once, in order.
+    assert [t for d in deltas for t in d["token_ids"]] == choice["token_ids"]
     pieces = [d["delta"]["tool_calls"][0] for d in deltas if d["delta"].get("tool_calls")]
     assert pieces[0]["function"] == {"name": "get_weather", "arguments": ""}
     assert pieces[0]["id"].startswith("call_") and len(pieces) > 2
