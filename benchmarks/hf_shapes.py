@@ -1,5 +1,6 @@
 """Real model shapes through llama.cpp's own route: random-weight Hugging Face checkpoints with
-the configs of Llama-3.2-1B, Qwen3-4B and Llama-3.1-8B, converted by llama.cpp's
+the configs of Llama-3.2-1B, Qwen3-4B and Llama-3.1-8B (and Qwen3-0.6B with a Llama twin of
+its shapes, for benchmarks/reference_logits.py), converted by llama.cpp's
 convert_hf_to_gguf.py and quantized by llama-quantize (Q4_K_M, Q8_0).
 
 benchmarks/gguf_shapes.py writes random GGUF blocks directly (fast, no llama.cpp needed); this
@@ -89,6 +90,13 @@ SHAPES = {
                         40960, 1e-6),
     "llama-3.1-8b": HFShape("LlamaForCausalLM", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 500000.0, False,
                             131072, 1e-5, _llama3_scaling(8.0)),
+    # Qwen3-0.6B's config, and a Llama with the same tensor shapes (no q/k norms, llama.cpp's
+    # permuted q/k and normal rope): small enough for an exact float64 reference of the file
+    # (benchmarks/reference_logits.py), the pair isolates what Qwen3 adds.
+    "qwen3-0.6b": HFShape("Qwen3ForCausalLM", "qwen3", 1024, 3072, 28, 16, 8, 128, 151936, 1000000.0, True,
+                          40960, 1e-6),
+    "llama-qwen3-0.6b-twin": HFShape("LlamaForCausalLM", "llama", 1024, 3072, 28, 16, 8, 128, 151936, 1000000.0,
+                                     True, 40960, 1e-6),
     # The test's shape: seconds to build, convert and quantize (rows of 256: the K-quants' block).
     "tiny-llama": HFShape("LlamaForCausalLM", "llama", 256, 512, 2, 4, 2, 64, 49152, 10000.0, True, 2048, 1e-5),
 }

@@ -1,7 +1,7 @@
 """Perplexity and greedy completions of one GGUF file, cadence next to llama.cpp.
 
-llama.cpp's `llama-perplexity` splits the tokenized text (BOS first) into chunks of --ctx
-tokens, puts BOS at the start of each chunk, and scores the second half of each chunk: the
+llama.cpp's `llama-perplexity` splits the tokenized text into chunks of --ctx tokens, puts
+BOS in place of the first token of each chunk where the vocabulary adds BOS, and scores the second half of each chunk: the
 logits at positions ctx/2 .. ctx-2 against the tokens that follow them. cadence computes the
 same chunks through its own model (prefill over a paged cache, --prefill-chunk tokens per
 forward) and scores the same positions, so the two numbers differ only by the model's
@@ -111,6 +111,23 @@ def llamacpp_greedy(gguf: str, prompt: str, max_tokens: int, threads: int,
     return result.stdout if result.returncode == 0 else None
 
 
+def chunk_bos(tokenizer) -> int | None:
+    """The token llama-perplexity puts first in each chunk: BOS where the vocabulary adds BOS
+    to a text (llama_vocab_get_add_bos; GGUF's tokenizer.ggml.add_bos_token), else None: the
+    chunk keeps its own first token. (Replacing it anyway scored other inputs than llama.cpp's:
+    the Qwen3-4B shape's +18.7%, docs/performance.md.)"""
+    bos = tokenizer.bos_token_id
+    return bos if bos is not None and tokenizer.encode("", add_special_tokens=True)[:1] == [bos] else None
+
+
+def chunk_tokens(ids: list[int], ctx: int, index: int, bos: int | None) -> list[int]:
+    """Chunk `index` of --ctx tokens as llama-perplexity evaluates it (bos: chunk_bos)."""
+    tokens = list(ids[index * ctx:(index + 1) * ctx])
+    if bos is not None:
+        tokens[0] = bos
+    return tokens
+
+
 def cadence_perplexity(loaded, ids: list[int], ctx: int, chunks: int, prefill_chunk: int) -> float:
     """llama-perplexity's rule over cadence's model (see the module docstring)."""
     import torch
@@ -122,14 +139,12 @@ def cadence_perplexity(loaded, ids: list[int], ctx: int, chunks: int, prefill_ch
     blocks = -(-ctx // block)
     kv = KVCache(loaded.config, blocks, block, loaded.dtype, "cpu")
     table = list(range(blocks))
-    bos = loaded.config.bos_token_id
+    bos = chunk_bos(loaded.tokenizer)
     first = ctx // 2
     nll, count = 0.0, 0
     with torch.inference_mode():
         for c in range(chunks):
-            tokens = list(ids[c * ctx:(c + 1) * ctx])
-            if bos is not None:
-                tokens[0] = bos
+            tokens = chunk_tokens(ids, ctx, c, bos)
             rows = []
             for start in range(0, ctx, prefill_chunk):
                 piece = tokens[start:start + prefill_chunk]
