@@ -45,7 +45,7 @@ COMMON_FIELDS = {
     "skip_special_tokens": (False, "ok"), "spaces_between_special_tokens": (False, "ok"),
     "truncate_prompt_tokens": (8, "ok"), "truncation_side": ("right", "ok"),
     "allowed_token_ids": ([1, 2], "ok"),
-    "prompt_logprobs": (1, "400"), "add_special_tokens": (False, "ok"),
+    "prompt_logprobs": (1, "ok"), "add_special_tokens": (False, "ok"),
     "response_format": ({"type": "json_object"}, "ok"),
     "guided_json": (SCHEMA, "ok"), "guided_regex": ("[ab]{3}", "ok"),
     "guided_choice": (["yes", "no"], "ok"), "guided_grammar": ('start: "x" | "y"', "ok"),

@@ -272,6 +272,28 @@ def logprobs_from_wire(wire: list[list[Any]] | None) -> tuple[TokenLogprob, ...]
     )
 
 
+def prompt_logprobs_to_wire(scores: Any, token_text: Callable[[int], str]
+                            ) -> list[list[Any]] | None:
+    """Per prompt token: [text, token_id, logprob, rank, [[alt_text, alt_id, alt_logprob],
+    ...]] (logprob and rank None for the first token, which nothing predicts)."""
+    if not scores:
+        return None
+    return [[token_text(s.token_id), s.token_id, None if s.logprob is None else float(s.logprob),
+             s.rank, [[token_text(a), a, float(b)] for a, b in s.top_logprobs]]
+            for s in scores]
+
+
+def prompt_logprobs_from_wire(wire: list[list[Any]] | None) -> tuple[TokenLogprob, ...] | None:
+    if not wire:
+        return None
+    return tuple(
+        TokenLogprob(token_id=tid, logprob=lp, rank=rank,
+                     top_logprobs=tuple((a, b) for _, a, b in top),
+                     token=tok, top_tokens=tuple(text for text, _, _ in top))
+        for tok, tid, lp, rank, top in wire
+    )
+
+
 def output_to_wire(out: Any, token_text: Callable[[int], str]) -> dict[str, Any]:
     """RequestOutput-like object -> wire dict (the fields of RequestOutput, plain types)."""
     token_ids = [int(t) for t in out.new_token_ids]
@@ -289,6 +311,8 @@ def output_to_wire(out: Any, token_text: Callable[[int], str]) -> dict[str, Any]
         "error": getattr(out, "error", None),
         "kv_transfer_params": getattr(out, "kv_transfer_params", None),
         "stop_reason": getattr(out, "stop_reason", None),
+        "prompt_logprobs": prompt_logprobs_to_wire(getattr(out, "prompt_logprobs", None),
+                                                   token_text),
     }
 
 
@@ -307,6 +331,7 @@ def output_from_wire(wire: Mapping[str, Any]) -> RequestOutput:
         error=wire.get("error"),
         kv_transfer_params=wire.get("kv_transfer_params"),
         stop_reason=wire.get("stop_reason"),
+        prompt_logprobs=prompt_logprobs_from_wire(wire.get("prompt_logprobs")),
     )
 
 

@@ -116,8 +116,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "structural_tag": ((None,), "structural_tag is not supported (use structured_outputs)"),
     "guided_whitespace_pattern": ((None,), "guided_whitespace_pattern is not supported"),
     "logits_processors": ((None, []), "custom logits processors are not supported"),
-    "prompt_logprobs": ((None,), "prompt_logprobs is not supported (logits are computed "
-                        "only where a token is sampled)"),
     "vllm_xargs": ((None, {}), "vllm_xargs is not supported"),
     "guided_decoding_backend": ((None, "llguidance", "auto"),
                                 "only the llguidance grammar backend is available"),
@@ -155,6 +153,8 @@ class SamplingRequestFields(APIRequest):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     logit_bias: dict[str, float] | None = None
+    # vLLM's: logprobs of every prompt token with this many alternatives (not streamed).
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     # Disaggregated serving (vLLM's field): what a router tells a prefill or decode worker,
     # passed to the engine as is (cadence.disagg.worker documents the keys).
     kv_transfer_params: dict[str, Any] | None = None
@@ -208,6 +208,9 @@ class SamplingRequestFields(APIRequest):
                 problems.append((name, spec[1]))
         if self.stream_options is not None and not self.stream:
             problems.append(("stream_options", "stream_options is only allowed with stream=true"))
+        if self.prompt_logprobs is not None and self.stream:
+            problems.append(("prompt_logprobs", "prompt_logprobs are not available with "
+                             "stream=true (as in vLLM)"))
         stops = self.stop_strings()
         if len(stops) > MAX_STOP_SEQUENCES:
             problems.append(("stop", f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed"))
@@ -267,7 +270,8 @@ class CompletionRequest(SamplingRequestFields):
 
     # A string, token ids, or a batch of either.
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    # 0 only with echo (vLLM's): the prompt comes back, with its logprobs, and nothing else.
+    max_tokens: int | None = Field(default=16, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     # vLLM's: the tokenizer's special tokens (BOS, ...) around a text prompt (not token ids).
@@ -275,10 +279,20 @@ class CompletionRequest(SamplingRequestFields):
 
     def unsupported_features(self) -> list[tuple[str, str]]:
         problems = self.common_unsupported()
-        if self.echo and self.logprobs is not None:
-            problems.append(("echo", "echo with logprobs needs prompt logprobs, which are not "
-                             "supported"))
+        if self.max_tokens == 0 and not self.echo:
+            problems.append(("max_tokens", "max_tokens must be at least 1 (0 only with "
+                             "echo=true)"))
         return problems
+
+    def echo_only(self) -> bool:
+        """echo with max_tokens=0: the prompt alone (one token is generated, not shown)."""
+        return self.echo and self.max_tokens == 0
+
+    def prompt_logprobs_count(self) -> int | None:
+        """Prompt logprobs to compute: the field, else echo's logprobs (vLLM's)."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs if self.echo else None
 
 
 class ChatMessage(BaseModel):

@@ -56,7 +56,8 @@ _DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 def sampling_fields(body: SamplingRequestFields, max_tokens: int | None,
                     logprobs: int | None, max_model_len: int,
-                    defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+                    defaults: dict[str, Any] | None = None,
+                    prompt_logprobs: int | None = None) -> dict[str, Any]:
     """SamplingParams fields as a wire dict; max_tokens None means "the rest of the context".
 
     Fields the request leaves unset take `defaults` (the model's generation_config), then
@@ -84,6 +85,7 @@ def sampling_fields(body: SamplingRequestFields, max_tokens: int | None,
             stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=body.ignore_eos,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             min_tokens=body.min_tokens,
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,

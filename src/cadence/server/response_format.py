@@ -49,8 +49,11 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset_start: int) -> 
     for e in entries:
         offsets.append(offset)
         offset += len(e.token)
-    tops = []
+    tops: list[dict[str, float] | None] = []
     for e in entries:
+        if e.logprob is None:  # an echoed prompt's first token: nothing predicts it
+            tops.append(None)
+            continue
         # Distinct tokens can share a text (e.g. partial UTF-8 bytes, shown as U+FFFD); the
         # legacy format is a {text: logprob} map, so the likeliest one keeps the key.
         top: dict[str, float] = {}
@@ -65,11 +68,47 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset_start: int) -> 
     }
 
 
+def echoed_prompt_entries(scores: tuple[TokenLogprob, ...]) -> list[TokenLogprob]:
+    """An echoed prompt's tokens as logprobs entries: each prompt token also among its
+    alternatives (vLLM's echo shows the actual token beside the top N)."""
+    entries = []
+    for s in scores:
+        if s.logprob is not None and all(t != s.token_id for t, _ in s.top_logprobs):
+            s = TokenLogprob(token_id=s.token_id, logprob=s.logprob, rank=s.rank,
+                             top_logprobs=(*s.top_logprobs, (s.token_id, s.logprob)),
+                             token=s.token, top_tokens=(*s.top_tokens, s.token))
+        entries.append(s)
+    return entries
+
+
+# vLLM's floor for logprobs in JSON (-inf is not JSON).
+_MIN_LOGPROB = -9999.0
+
+
+def prompt_logprobs_field(scores: tuple[TokenLogprob, ...] | None) -> list | None:
+    """vLLM's `prompt_logprobs`: None for the first prompt token, then {token_id: {logprob,
+    rank, decoded_token}} holding the prompt token and its top alternatives (ranked 1..k)."""
+    if scores is None:
+        return None
+    out: list[dict[str, Any] | None] = [None]
+    for s in scores[1:]:
+        entry = {str(s.token_id): {"logprob": max(s.logprob, _MIN_LOGPROB), "rank": s.rank,
+                                   "decoded_token": s.token}}
+        for k, (text, tid, lp) in enumerate(s.top):
+            entry.setdefault(str(tid), {"logprob": max(lp, _MIN_LOGPROB), "rank": k + 1,
+                                        "decoded_token": text})
+        out.append(entry)
+    return out
+
+
 def completion_choice(text: str, finish_reason: str | None, logprobs: dict | None,
-                      stop_reason: str | int | None = None) -> dict[str, Any]:
+                      stop_reason: str | int | None = None,
+                      prompt_logprobs: list | None = None) -> dict[str, Any]:
     choice: dict[str, Any] = {"text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     if finish_reason is not None:
         choice["stop_reason"] = stop_reason  # vLLM's field: the stop string or token id
+    if prompt_logprobs is not None:
+        choice["prompt_logprobs"] = prompt_logprobs  # vLLM's, per choice
     return choice
 
 

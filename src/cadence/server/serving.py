@@ -76,6 +76,15 @@ class ResponseContext:
     prompt_token_ids: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>".
     tokens_as_ids: bool = False
+    # Prompt logprobs by prompt index (choice index // n), filled as choice 0 of each prompt
+    # brings them (the mux's live dict: its siblings are rendered after that output).
+    prompt_scores: dict[int, tuple] = dataclasses.field(default_factory=dict)
+    n: int = 1
+    # Completions echo with max_tokens=0: the generated token is not shown.
+    echo_only: bool = False
+
+    def prompt_scores_of(self, index: int) -> tuple | None:
+        return self.prompt_scores.get(index // self.n)
 
 
 class ResponseRenderer(Protocol):
@@ -115,10 +124,14 @@ class ChoicePlan:
         return len(self.prompts) * self.n
 
     def sampling_of(self, i: int) -> dict[str, Any]:
-        """Completion i of n: a seeded request gets seed + i, so completions differ."""
-        if i == 0 or self.sampling.get("seed") is None:
+        """Completion i of n: a seeded request gets seed + i, so completions differ; prompt
+        logprobs are completion 0's (the others then take its prefix blocks)."""
+        if i == 0:
             return self.sampling
-        return {**self.sampling, "seed": self.sampling["seed"] + i}
+        sampling = {**self.sampling, "prompt_logprobs": None}
+        if sampling.get("seed") is not None:
+            sampling["seed"] += i
+        return sampling
 
 
 class ChoiceMux:
@@ -135,6 +148,7 @@ class ChoiceMux:
         self.prompt_tokens: dict[int, int] = {}
         self.prompt_texts: dict[int, str | None] = {}
         self.prompt_token_ids: dict[int, list[int] | None] = {}
+        self.prompt_scores: dict[int, tuple] = {}  # prompt index -> its prompt logprobs
 
     async def _submit(self, index: int) -> RequestStream:
         plan = self._plan
@@ -164,6 +178,8 @@ class ChoiceMux:
         first = True
         try:
             async for out in stream:
+                if out.prompt_logprobs is not None:
+                    self.prompt_scores[index // self._plan.n] = out.prompt_logprobs
                 self._queue.put_nowait((index, out))
                 if first and index % self._plan.n == 0 and self._plan.n > 1:
                     await self._start_siblings(index)
@@ -214,10 +230,14 @@ async def serve_generation(
     renderer: Callable[[ResponseContext], ResponseRenderer],
     submit_kwargs: dict[str, Any] | None = None,
     echo: Callable[[ChoiceMux], dict[int, str]] | None = None,
+    prompt_logprobs: int | None = None,
+    echo_only: bool = False,
 ) -> Response:
     """Validate `body`, admit it in the engine, answer with SSE events or one JSON body.
 
-    `logprobs` is the number of alternatives asked for (None: no logprobs at all)."""
+    `logprobs` is the number of alternatives asked for (None: no logprobs at all);
+    `prompt_logprobs` those of each prompt token (None: not computed); `echo_only`: the
+    prompt alone is shown (completions echo with max_tokens=0, run with max_tokens=1)."""
     arrival = time.monotonic()
     server = request.app.state.server
     check_model(body.model, server.model_name, server.model_names)
@@ -225,8 +245,9 @@ async def serve_generation(
     for prompt in prompts:
         check_prompt_size(prompt, server.max_model_len, server.max_token_chars,
                           truncating=body.truncate_prompt_tokens is not None)
-    sampling = sampling_fields(body, max_tokens, logprobs, server.max_model_len,
-                               server.generation_defaults)
+    sampling = sampling_fields(body, 1 if echo_only else max_tokens, logprobs,
+                               server.max_model_len, server.generation_defaults,
+                               prompt_logprobs=prompt_logprobs)
     structured = body.structured_outputs_spec()
     req_id = new_request_id(id_prefix)
     if server.config.enable_log_requests:
@@ -262,7 +283,8 @@ async def serve_generation(
                                             for p, ids in mux.prompt_token_ids.items()
                                             for i in range(body.n)},
                           tokens_as_ids=(server.config.return_tokens_as_token_ids
-                                         if tokens_as_ids is None else tokens_as_ids))
+                                         if tokens_as_ids is None else tokens_as_ids),
+                          prompt_scores=mux.prompt_scores, n=body.n, echo_only=echo_only)
     render = renderer(ctx)
     if body.stream:
         return AbortOnCloseStreamingResponse(

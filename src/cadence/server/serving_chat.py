@@ -128,6 +128,9 @@ class ChatRenderer:
         response = fmt.chat_response(ctx.req_id, ctx.created, ctx.model, choices, usage)
         if ctx.return_token_ids:
             response["prompt_token_ids"] = ctx.prompt_token_ids.get(0, [])
+        scores = ctx.prompt_scores_of(0)
+        if scores is not None:
+            response["prompt_logprobs"] = fmt.prompt_logprobs_field(scores)  # vLLM's, top level
         return response
 
 
@@ -150,4 +153,5 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                        "continue_final_message": body.continue_final_message,
                        "chat_template_kwargs": template_kwargs,
                        "add_special_tokens": body.add_special_tokens},
-        echo=(lambda mux: {i: echo_text for i in range(body.n)}) if echo_text else None)
+        echo=(lambda mux: {i: echo_text for i in range(body.n)}) if echo_text else None,
+        prompt_logprobs=body.prompt_logprobs)

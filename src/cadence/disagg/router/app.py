@@ -151,7 +151,10 @@ class Router:
         if decode is not None:
             self.model.observe_arrival(decode.outstanding_requests)
         decision = self.policy.decide(tokens, self.prefill.pick(), decode,
-                                      wants_logprobs=bool(body.get("logprobs")))
+                                      wants_logprobs=bool(body.get("logprobs")) or
+                                      body.get("prompt_logprobs") is not None or
+                                      (bool(body.get("echo")) and
+                                       body.get("logprobs") is not None))
         if max_tokens == 1 and decision.disaggregate:
             decision = type(decision)(False, "one token asked")
         self.metrics.decisions.labels(decision.reason).inc()
