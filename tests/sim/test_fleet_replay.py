@@ -8,9 +8,10 @@ its CPU fitted to the run's samples) and with each other (run_speed.py: the trac
 priced by the profile), the engine loop's traced work per step, the run's hop, the median run
 over 7 seeds of the profile's step-time spread. With the run's full step records `cadence sim
 --compare` gives TTFT p50 -17% round-robin, -7% least-loaded, +15% cache-aware, hit rates within
-0.03; this fixture keeps a thinned sample of the steps, whose slightly different pace gives
--25% / -3% / +7% (round-robin is overloaded in this run, p99 16 s, where 1% of step time moves
-p50 by several %: docs/performance.md#replicas-and-routing). Pinned: hit rates within 0.08,
+0.03 (-4% / -16% / +2% with the prompt steps' own pace); this fixture keeps a thinned sample
+of the steps, whose slightly different pace gives -20% / -4% / -7% (round-robin is overloaded
+in this run, p99 16 s, where 1% of step time moves p50 by several %; the median over four runs
+is within 15% for every policy: docs/performance.md#replicas-and-routing). Pinned: hit rates within 0.08,
 every p50 within 30%, the policies' TTFT order, and what the run measured about its host."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from cadence.core.config import CacheConfig, SchedulerConfig
 from cadence.sim.calibration import cost_model_from_samples, load_profile, load_profile_rounds
 from cadence.sim.conversations import from_replica_bench
 from cadence.sim.fleet import simulate_fleet
-from cadence.sim.fleet_cli import jitters, median_run, run_host
+from cadence.sim.fleet_compare import jitters, median_run, run_host
 from cadence.sim.run_speed import PacedCostModel
 
 RUN = Path(__file__).parent / "data" / "replica_run_2x.json"
@@ -50,10 +51,11 @@ def test_the_run_measures_its_host(run):
         # front ends' loops) plus per request and per streamed token.
         assert host.cores == 2 and host.threads_per_replica == 1
         assert 0.05 < host.idle_cores < 0.4 and 0 < host.cpu_per_token_s < 0.005
-        # Steps beside the other replica's run slower than its core share explains.
-        assert 1.0 <= host.corun_slowdown < 1.5
+        # Steps beside the other replica's: within a few % of what its core share explains.
+        assert 0.8 <= host.corun_slowdown < 1.5
         assert isinstance(paced, PacedCostModel)
         assert 0.7 < paced.pace < 1.4 and 0.0005 < paced.overhead_s < 0.005
+        assert 0.7 < paced.prompt_pace < 1.4
 
 
 def test_the_fleet_simulator_reproduces_a_measured_two_replica_run(run):

@@ -34,8 +34,12 @@ def test_threads_share_the_cores_once_they_outnumber_them():
     assert corun.engine_rate(4, 0) == pytest.approx(0.5 / 1.2)
     assert corun.rate(2, 0) == 1.0  # the stack's own work is not slowed by it
     assert HostCpu(cores=4, corun_slowdown=1.3).engine_rate(2, 0) == pytest.approx(1 / 1.1)
+    # Below 1: steps beside each other ran faster than processor sharing with the stack
+    # gives them (its CPU fell between their steps); the factor undoes that much of the share.
+    faster = HostCpu(cores=2, idle_cores=0.2, corun_slowdown=0.9)
+    assert faster.engine_rate(2, 0) == pytest.approx(2 / 2.2 / 0.9)
     with pytest.raises(ValueError):
-        HostCpu(cores=2, corun_slowdown=0.9)
+        HostCpu(cores=2, corun_slowdown=0.0)
     with pytest.raises(ValueError):
         HostCpu(cores=0)
     with pytest.raises(ValueError):
@@ -87,11 +91,28 @@ def test_the_runs_pace_and_corun_slowdown_come_from_its_traced_steps():
         sample.append([5.0 * price, 0, 2, f.attention_pairs, 0, 2, 0.5])  # partly: not used
     speed = measure_run_speed(sample, cost)
     assert speed.alone == pytest.approx(1.1) and speed.together == pytest.approx(1.3)
+    assert speed.prompt_together is None and speed.prompt_pace == speed.alone
     host = HostCpu(cores=2, idle_cores=0.2)  # two busy replicas get 2 / 2.2 of a core each
     assert speed.corun_slowdown(host) == pytest.approx(1.3 / 1.1 * 2 / 2.2)
+    # Simulated beside each other, steps take what the traced ones did (1.3 / 1.1 of alone).
+    corun = HostCpu(cores=2, idle_cores=0.2, corun_slowdown=speed.corun_slowdown(host))
+    assert 1 / corun.engine_rate(2, 0) == pytest.approx(1.3 / 1.1)
     assert measure_run_speed(sample[:30], cost) is None  # too few steps of each kind
     plan = samples[0][0]
     paced = PacedCostModel(cost, 1.1, 0.002)
+    assert paced.step_time(plan) == pytest.approx(1.1 * cost.step_time(plan) + 0.002)
+    # Prompt steps (the per-op path) beside another replica's at 1.04x their price, where the
+    # decodes ran 1.3x: they take the decodes' pace times 0.8.
+    for i in range(40):
+        f = StepFeatures.of_chunk(64 * i, 200, True)
+        sample.append([1.04 * cost.features_time(f, 1), 200, 0, f.attention_pairs, 1, 1, 1.0])
+    speed = measure_run_speed(sample, cost)
+    assert speed.alone == pytest.approx(1.1) and speed.together == pytest.approx(1.3)
+    assert speed.prompt_pace == pytest.approx(1.1 * 1.04 / 1.3)
+    prompt_plan = next(p for p, _ in samples if StepFeatures.of_plan(p).prompt_step)
+    paced = PacedCostModel(cost, 1.1, 0.002, speed.prompt_pace)
+    assert paced.step_time(prompt_plan) == pytest.approx(
+        0.88 * cost.step_time(prompt_plan) + 0.002)
     assert paced.step_time(plan) == pytest.approx(1.1 * cost.step_time(plan) + 0.002)
 
 

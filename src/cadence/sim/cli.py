@@ -21,6 +21,7 @@ from cadence.sim.calibration import save_profile
 from cadence.sim.compare import policy_variants, run_comparison
 from cadence.sim.cost_model import CostModel, RooflineCostModel
 from cadence.sim.fleet_cli import add_fleet_arguments, run_fleet
+from cadence.sim.fleet_compare import RunProfile
 from cadence.sim.hardware import PROFILES, get_profile
 from cadence.sim.model_shape import SMOLLM2_135M
 from cadence.sim.report import comparison_table, summaries_as_dicts
@@ -84,8 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time a dozen synthetic steps of the model on this machine (a few seconds) and "
         "fit the step cost to them (needs the model; see --model, --dtype)",
     )
-    cost.add_argument("--calibration", metavar="FILE",
-                      help="use a profile saved with --save-calibration")
+    cost.add_argument("--calibration", metavar="FILE", nargs="+",
+                      help="use a profile saved with --save-calibration (with several "
+                      "--compare runs: one per run, in the same order, or one for all)")
     cost.add_argument("--save-calibration", metavar="FILE",
                       help="with --calibrate or --validate: save the machine profile here")
     cost.add_argument("--step-jitter", action="store_true",
@@ -257,6 +259,12 @@ def run_validation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _saved_profile(path: str) -> RunProfile:
+    samples = load_profile(path)
+    return RunProfile(cost_model_from_samples(samples, name=f"calibrated ({path})"), samples,
+                      load_profile_rounds(path))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.streams < 0:
         print("cadence sim: --streams must be >= 0", file=sys.stderr)
@@ -265,14 +273,18 @@ def run(args: argparse.Namespace) -> int:
         return run_validation(args)
     samples = None  # a machine profile the scheduler starts from, as an engine's does
     rounds: list = []
+    profiles: list[RunProfile] = []  # --calibration's, one per --compare run or one for all
     try:
         cost_model: CostModel
         if args.trace:
             cost_model = fit_trace(args.trace)
         elif args.calibration:
-            samples = load_profile(args.calibration)
-            rounds = load_profile_rounds(args.calibration)
-            cost_model = cost_model_from_samples(samples, name=f"calibrated ({args.calibration})")
+            if 1 < len(args.calibration) != len(args.compare or []):
+                raise ValueError(f"{len(args.calibration)} profiles given: one for all runs, "
+                                 "or one per --compare run")
+            profiles = [_saved_profile(path) for path in args.calibration]
+            cost_model, samples, rounds = (profiles[0].cost_model, profiles[0].calibration,
+                                           profiles[0].rounds)
         elif args.calibrate:
             _, rounds = _machine_profile(args)
             samples = round_medians(rounds)
@@ -283,7 +295,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"cadence sim: {exc}", file=sys.stderr)
         return 2
     if args.replicas or args.compare:
-        return run_fleet(args, cost_model, samples, rounds)
+        return run_fleet(args, cost_model, samples, rounds,
+                         profiles if len(profiles) > 1 else None)
     jitter = None
     if args.step_jitter:
         jitter = StepJitter.from_rounds(rounds, seed=args.seed)

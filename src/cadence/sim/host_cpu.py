@@ -31,7 +31,9 @@ class HostCpu:
     cpu_per_token_s: float = 0.0
     # How much slower an engine's step runs while the other cores compute engine steps too,
     # beyond its share of the cores (caches and memory bandwidth the replicas' separate weight
-    # copies share): measured from a run's traced steps (sim/run_speed.py).
+    # copies share): measured from a run's traced steps (sim/run_speed.py). Below 1 where the
+    # traced steps beside each other ran faster than processor sharing with the stack gives
+    # (its CPU fell mostly between the engines' steps).
     corun_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
@@ -39,8 +41,8 @@ class HostCpu:
             raise ValueError("a host needs cores > 0 and at least one thread per replica")
         if min(self.idle_cores, self.cpu_per_request_s, self.cpu_per_token_s) < 0:
             raise ValueError("the stack's CPU costs cannot be negative")
-        if self.corun_slowdown < 1.0:
-            raise ValueError("corun_slowdown is a slowdown: >= 1")
+        if self.corun_slowdown <= 0:
+            raise ValueError("corun_slowdown is a factor on step time: > 0")
 
     def rate(self, busy_replicas: int, background_tasks: int) -> float:
         """Solo-seconds of work each runnable thread does per second."""
