@@ -127,7 +127,7 @@ def test_outputs_identical_colocated_and_disaggregated(cluster):
                  for p in ("prefill_ipc", "prefill_tcp"))
     assert served == after["cadence:kv_transfer_bytes_total"] > 0
     # Every prefill lease was released by the decode side: no blocks held anywhere.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         used = [cluster[p].metrics()["cadence:kv_cache_blocks_used"]
                 for p in ("prefill_ipc", "prefill_tcp", "decode")]
@@ -166,7 +166,7 @@ def test_worker_errors_reach_the_client(cluster):
 def _assert_pool_clean(worker: Proc) -> None:
     """The worker's KV pool from outside: no block used or leased, every block free (leases are
     released asynchronously after the decode side's pull: a bounded wait)."""
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while True:
         m = worker.metrics()
         clean = (m["cadence:kv_cache_blocks_used"] == 0

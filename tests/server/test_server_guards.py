@@ -109,7 +109,9 @@ def test_slow_tokenization_does_not_stall_running_streams(server):
                 times.append(time.monotonic())
         slow.join(30)
     gaps = [b - a for a, b in zip(times, times[1:])]
-    assert len(times) > 100 and max(gaps) < 1.0, max(gaps)
+    # Tokenized on the loop, the stream would wait the whole 3 s once; 2 s leaves a loaded
+    # host room (the gaps are milliseconds otherwise).
+    assert len(times) > 100 and max(gaps) < 2.0, max(gaps)
 
 
 # ---- unencodable strings -----------------------------------------------------------------------
