@@ -11,6 +11,9 @@ limited by the OS and killed whatever it runs. The pool keeps the common case fa
 persist (a render costs a pipe round trip, not a process start), and it grows on demand up to
 `max_workers`, so one request holding a worker for its whole budget never makes the others
 wait. A worker that broke a budget (or died) is dropped and the next render starts a new one.
+A render's wall-clock budget starts once its worker reported ready: a worker started on demand
+on a loaded host (its imports at a busy core's leftovers) took seconds, and the first render
+then broke a 2 s budget that its template never used.
 """
 
 from __future__ import annotations
@@ -66,6 +69,11 @@ class TemplateWorkerError(RuntimeError):
     code = "chat_template_unavailable"
 
 
+# Longest wait for a new worker's "ready" (imports and limits done): far beyond the fraction of a
+# second it takes, for a loaded host; not charged to any render's budget.
+WORKER_START_TIMEOUT_S = 60.0
+
+
 class _Worker:
     """One worker process and its pipes."""
 
@@ -80,6 +88,16 @@ class _Worker:
 
     def send(self, request: dict[str, Any]) -> None:
         write_frame(self.proc.stdin, request)
+
+    def wait_ready(self, timeout_s: float = WORKER_START_TIMEOUT_S) -> None:
+        """Until the worker reported ready; OSError (it is killed) when it did not."""
+        try:
+            reply = self.receive(time.monotonic() + timeout_s)
+        except (OSError, ValueError):
+            reply = None
+        if not reply or not reply.get("ready"):
+            status = self.kill()
+            raise OSError(f"the chat-template worker did not start (exit status {status})")
 
     def receive(self, deadline: float) -> dict[str, Any] | None:
         """The reply, or None when the deadline passed or the worker closed its output."""
@@ -140,12 +158,17 @@ class TemplatePool:
                     return
                 self._num_workers += 1
             try:
-                worker = _Worker(self.budget)
+                worker = self._start_worker()
             except OSError:
                 with self._lock:
                     self._num_workers -= 1
                 return
             self._release(worker, healthy=True)
+
+    def _start_worker(self) -> _Worker:
+        worker = _Worker(self.budget)
+        worker.wait_ready()
+        return worker
 
     def _acquire(self, deadline: float) -> _Worker:
         with self._lock:
@@ -162,7 +185,7 @@ class TemplatePool:
                         f"every chat-template worker stayed busy for "
                         f"{self.budget.wall_seconds:g}s; retry later")
         try:
-            return _Worker(self.budget)
+            return self._start_worker()
         except OSError as exc:
             with self._lock:
                 self._num_workers -= 1
@@ -184,6 +207,8 @@ class TemplatePool:
         """The rendered prompt; ValueError for a template error, TemplateBudgetError for a
         broken budget (both the client's fault)."""
         budget = self.budget
+        # Waiting for a busy pool is bounded by the wall budget too (then a 503); the render's
+        # own deadline starts once it has a ready worker.
         deadline = time.monotonic() + budget.wall_seconds
         request = {"source": source, "bos": bos_token, "eos": eos_token, "messages": messages,
                    "add_generation_prompt": add_generation_prompt, "kwargs": kwargs}
@@ -191,6 +216,7 @@ class TemplatePool:
             worker = self._acquire(deadline)
             try:
                 worker.send(request)
+                deadline = time.monotonic() + budget.wall_seconds
                 break
             except OSError as exc:  # an idle worker that died: a fresh one takes the request
                 self._release(worker, healthy=False)

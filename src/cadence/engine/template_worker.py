@@ -9,6 +9,9 @@ ASCII JSON: no pickles cross, and lone surrogates survive as escapes):
     request  {"source", "bos", "eos", "messages", "add_generation_prompt", "kwargs"}
     reply    {"text": ...} | {"error": ..., "budget": null | "memory"}
 
+Once started (imports done, limits set) it writes {"ready": true}: the pool starts a render's
+wall-clock deadline only then, so a slow start on a loaded host is not charged to the template.
+
 The limits are the process's, so they hold whatever the template does (jinja's sandbox stops
 attribute tricks; it cannot stop `~` concatenation or big-integer arithmetic):
 - RLIMIT_AS: the address space may grow MEMORY_BYTES past what the idle worker uses; past it
@@ -77,6 +80,7 @@ def main(cpu_seconds: float, memory_bytes: int) -> None:
     limit = _address_space_bytes() + memory_bytes
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    write_frame(stdout, {"ready": True})
     templates: dict[tuple[str, str, str], ChatTemplate] = {}
     while True:
         request = read_frame(stdin)
