@@ -10,8 +10,7 @@ from cadence.core.plan import SampledToken, StepOutput
 from cadence.core.sampling_params import SamplingParams
 from cadence.telemetry.recorder import TelemetryRecorder
 from cadence.telemetry.trace_writer import TraceWriter, read_trace
-
-from conftest import make_engine, run_to_completion
+from tests.engine.conftest import make_engine, run_to_completion
 
 
 def joined(outs):

@@ -8,8 +8,7 @@ from cadence.core.config import CacheConfig
 from cadence.core.sampling_params import SamplingParams
 from cadence.engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, resolve_num_blocks
 from cadence.engine.llm import LLM, engine_config_from_kwargs
-
-from conftest import make_engine
+from tests.engine.conftest import make_engine
 
 
 def test_generate_returns_results_in_prompt_order(tokenizer):
