@@ -52,12 +52,12 @@ def hf_logprobs(tiny_llama_d64_dir, loaded):
 
 
 def engine_for(loaded, *, budget=8192, prefix=False, num_blocks=None, block_size=16,
-               policy="chunked", max_seqs=8) -> LLMEngine:
+               policy="chunked", max_seqs=8, swap_blocks=0) -> LLMEngine:
     cfg = EngineConfig(
         scheduler=SchedulerConfig(policy=policy, max_num_batched_tokens=budget,
                                   max_num_seqs=max_seqs),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
-                          enable_prefix_caching=prefix),
+                          enable_prefix_caching=prefix, num_swap_blocks=swap_blocks),
         startup_profile=False)
     return fix_step_costs(LLMEngine.from_loaded(loaded, cfg))
 
@@ -150,15 +150,21 @@ def test_other_requests_in_the_batch_are_unchanged(loaded, hf_logprobs):
     check_against_hf(mixed[1].prompt_logprobs, ids, ref, K)
 
 
-def test_entries_survive_preemption(loaded, hf_logprobs):
-    """A pool too small for the batch: requests are preempted and recomputed (mid-prompt too,
-    with chunks of 8); every request still has exactly one entry per prompt token."""
+@pytest.mark.parametrize("swap_blocks", [0, 64])
+def test_entries_survive_preemption(loaded, hf_logprobs, swap_blocks):
+    """A pool too small for the batch: requests are preempted, then recomputed (mid-prompt
+    too, with chunks of 8) or swapped back in; every request still has exactly one entry per
+    prompt token."""
     lengths = [len(hf_logprobs[p][0]) for p in PROMPTS]
     block = 4
     num_blocks = max(-(-(n + 8) // block) for n in lengths) + 2
     results, engine = prompt_entries(loaded, PROMPTS * 2, params(max_tokens=8), budget=8,
-                                     block_size=block, num_blocks=num_blocks, prefix=True)
-    assert engine.scheduler.stats().num_preemptions_total > 0
+                                     block_size=block, num_blocks=num_blocks, prefix=True,
+                                     swap_blocks=swap_blocks)
+    stats = engine.scheduler.stats()
+    assert stats.num_preemptions_total > 0
+    if swap_blocks:
+        assert stats.num_swap_preemptions_total > 0
     for prompt, result in zip(PROMPTS * 2, results):
         ids, ref = hf_logprobs[prompt]
         check_against_hf(result.prompt_logprobs, ids, ref, K)
