@@ -241,15 +241,32 @@ def test_k_quant_integer_sums_exact_at_the_extremes(qtype, scale_byte):
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
 def test_k_quant_decode_row_same_bits_as_in_a_batch(qtype):
-    """A decode row (M = 1) runs repacked octets four, two or one at a time, a batch in row
-    tiles: a column's result is the same bits in every case (7 octets: a quad, a pair, a lone one)."""
-    weight = GGUFWeight.from_data(qtype, (56, 512), random_blocks(qtype, 56, 512, seed=23))
+    """A decode row (M = 1) runs repacked octets eight (AVX-512 Q4_K), four, two or one at a time,
+    a batch in row tiles: a column's result is the same bits in every case (15 octets: an eight,
+    a quad, a pair, a lone one; and column ranges that put each octet in another group)."""
+    weight = GGUFWeight.from_data(qtype, (120, 512), random_blocks(qtype, 120, 512, seed=23))
     x = torch.randn(5, 512, generator=torch.Generator().manual_seed(24))
     row = weight.linear(x[:1])
     torch.testing.assert_close(row, weight.linear(x)[:1], rtol=0, atol=0)
-    for cols in (range(0, 16), range(32, 48), range(48, 56), range(8, 40)):
+    for cols in (range(0, 16), range(32, 48), range(48, 56), range(8, 40), range(64, 96), range(104, 120),
+                 range(8, 72), range(56, 120)):
         index = torch.tensor(list(cols))
         torch.testing.assert_close(row[:, index], weight.take_rows(index).linear(x[:1]), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(KERNELS is None, reason="needs the compiled kernels")
+def test_large_repacked_copy_sits_on_whole_huge_pages():
+    """A repacked copy that rounds up to whole 2 MiB pages with little waste (here 3.9 MB -> 4 MiB)
+    gets memory of its own, 2 MiB-aligned (kernels/huge_pages.h), and computes what the row-wise
+    blocks compute."""
+    N, K = 3200, 2048
+    weight = GGUFWeight.from_data(Q.Q4_K, (N, K), random_blocks(Q.Q4_K, N, K, seed=25))
+    assert weight.packed.data_ptr() % (2 << 20) == 0
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(26))
+    row_wise = KERNELS.gguf_linear(x, weight.blocks, int(Q.Q4_K), N, K, None, None)
+    torch.testing.assert_close(weight.linear(x), row_wise, rtol=1e-5, atol=1e-5 * float(row_wise.abs().max()))
+    torch.testing.assert_close(weight.linear(x[:1]), weight.linear(x)[:1], rtol=0, atol=0)
+    del weight  # the copy's memory is unmapped with it
 
 
 @pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.IQ2_XXS, Q.IQ4_XS, Q.Q8_1])

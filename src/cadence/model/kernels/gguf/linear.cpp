@@ -21,6 +21,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../huge_pages.h"
 #include "../ops.h"
 #include "blocks.h"
 #include "gemm.h"
@@ -100,7 +101,8 @@ at::Tensor gguf_repack(at::Tensor blocks, int64_t type, int64_t N, int64_t K) {
   TORCH_CHECK(blocks.device().is_cpu() && blocks.is_contiguous() && blocks.scalar_type() == at::kByte &&
                   blocks.numel() == N * (K / 256 * gguf::block_size(static_cast<int>(type)).bytes),
               "gguf_repack: blocks must be contiguous uint8 of the [N, K] weight");
-  auto out = at::empty({N / 8, K / 256 * octet_block}, blocks.options());
+  // Streamed whole by every decode step: on huge pages (huge_pages.h).
+  auto out = huge_page_bytes(N / 8, K / 256 * octet_block);
 #if CADENCE_HAVE_AVX2
   gguf::x8_repack(static_cast<int>(type), blocks.data_ptr<uint8_t>(), N, K, out.data_ptr<uint8_t>());
 #else
