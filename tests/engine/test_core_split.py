@@ -20,6 +20,7 @@ from cadence.core.sampling_params import SamplingParams
 from cadence.core.scheduler import Scheduler
 from cadence.engine.config import EngineConfig
 from cadence.engine.llm_engine import LLMEngine
+from cadence.engine.split_stepper import SplitStepper
 from cadence.executor.fake_executor import FakeExecutor
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -279,14 +280,19 @@ def test_auto_overlaps_the_teams_and_paces_decode_steps_when_they_are_short():
     engine.close()
 
 
-def test_closing_a_split_engine_restores_the_loop_threads_count():
+def test_closing_a_split_engine_restores_the_loop_threads_count_and_gil_interval():
+    import sys
+
     import torch
 
     before = torch.get_num_threads()
+    interval = sys.getswitchinterval()
     engine, _ = fake_engine(2, executor=SlowFake())
+    assert sys.getswitchinterval() <= SplitStepper.GIL_SWITCH_S
     drive(engine, WORKLOAD[:3])
     engine.close()
     assert torch.get_num_threads() == before
+    assert sys.getswitchinterval() == interval
 
 
 def test_auto_prefills_a_lone_prompt_in_chunks_so_a_chat_arriving_meanwhile_streams():

@@ -74,8 +74,9 @@ class SplitStepper:
             # off a busy core; the thread counts alone keep the teams within the cores.
             pin = os.environ.get("CADENCE_PIN_TEAMS", "0") == "1"
         # The teams take turns at the GIL between their kernels: hand it over within 0.5 ms
-        # (not the default 5) so neither waits on the other's Python.
-        sys.setswitchinterval(min(sys.getswitchinterval(), self.GIL_SWITCH_S))
+        # (not the default 5) so neither waits on the other's Python. close() restores it.
+        self._switch_interval_before = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval_before, self.GIL_SWITCH_S))
         allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self._cores = allowed if pin and len(allowed) >= num_cores else None
         self._team: ThreadTeam | None = None
@@ -312,6 +313,7 @@ class SplitStepper:
             self._team.close()
             self._team = None
         set_thread_count(self._threads_before)
+        sys.setswitchinterval(self._switch_interval_before)
 
 
 def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
