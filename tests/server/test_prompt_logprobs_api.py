@@ -193,3 +193,53 @@ def test_bad_prompt_logprobs_are_400(client, model, body, path):
 def test_max_tokens_zero_needs_echo(client, model):
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model=model, prompt=PROMPT, max_tokens=0)
+
+
+def test_tokenizer_info_lets_a_client_tokenize_remotely(tiny_server, tiny_tokenizer):
+    """lm-evaluation-harness's remote tokenizer: GET /tokenizer_info must name eos_token, and
+    POST /tokenize of that text (add_special_tokens false) must give the EOS id back."""
+    import httpx
+
+    info = httpx.get(tiny_server.base_url + "/tokenizer_info", timeout=60).json()
+    assert info["eos_token"] == tiny_tokenizer.eos_token
+    assert info["bos_token"] == tiny_tokenizer.bos_token
+    assert info["chat_template"] == tiny_tokenizer.chat_template
+    assert info["model_max_length"] > 0
+    ids = httpx.post(tiny_server.base_url + "/tokenize", timeout=60,
+                     json={"prompt": info["eos_token"], "add_special_tokens": False}).json()
+    assert ids["tokens"] == [tiny_tokenizer.eos_token_id]
+
+
+def test_lm_eval_loglikelihood_batches_concurrently(tiny_server, model, reference, tiny_tokenizer):
+    """lm-eval's request exactly (token-id prompts, several per request, max_tokens 1,
+    logprobs 1, echo, seed) from two threads at once: it sums token_logprobs[ctxlen:-1] of the
+    choices sorted by index, so each choice must hold its own prompt's entries."""
+    import concurrent.futures
+
+    import httpx
+
+    texts = [PROMPT, OTHER, "Prefix caching shares blocks", "A fourth prompt"]
+    batches = [[tiny_tokenizer.encode(t) for t in texts[:2]],
+               [tiny_tokenizer.encode(t) for t in texts[2:]]]
+
+    def post(prompts):
+        r = httpx.post(tiny_server.base_url + "/v1/completions", timeout=120, json={
+            "model": model, "prompt": prompts, "temperature": 0, "max_tokens": 1,
+            "logprobs": 1, "seed": 1234, "echo": True})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(post, batches))
+    for prompts, out in zip(batches, outs):
+        choices = sorted(out["choices"], key=lambda c: c["index"])
+        assert [c["index"] for c in choices] == list(range(len(prompts)))
+        for ids, choice in zip(prompts, choices):
+            _, ref = reference(ids)
+            lp = choice["logprobs"]
+            assert len(lp["token_logprobs"]) == len(ids) + 1  # the prompt + one generated
+            ctxlen = 1
+            want = sum(ref[p - 1, ids[p]].item() for p in range(ctxlen, len(ids)))
+            assert sum(lp["token_logprobs"][ctxlen:-1]) == pytest.approx(want, abs=5e-3)
+            for tok, top in zip(lp["token_logprobs"][ctxlen:-1], lp["top_logprobs"][ctxlen:-1]):
+                assert tok <= max(top.values()) + 1e-6

@@ -62,6 +62,7 @@ class EngineInfo:
     max_token_chars: int | None = None
     generation_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tokenizer_info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class EngineRejected(Exception):
@@ -165,7 +166,8 @@ class AsyncEngineClient:
                 if isinstance(msg, EngineReady):
                     self.info = EngineInfo(msg.model_name, msg.max_model_len, msg.vocab_size,
                                            msg.pid, msg.max_token_chars,
-                                           msg.generation_defaults, msg.summary)
+                                           msg.generation_defaults, msg.summary,
+                                           msg.tokenizer_info)
                     self._apply_stats(msg.stats)
                     return
                 if isinstance(msg, EngineFatal):

@@ -29,6 +29,7 @@ from cadence.engine.admission import AdmissionLimits
 from cadence.engine.engine_core import EngineCore
 from cadence.engine.engine_loop import EngineCoreLoop
 from cadence.engine.llm_engine_adapter import build_llm_engine
+from cadence.engine.tokenizer_info import tokenizer_info
 from cadence.engine.wire import (
     EngineFatal,
     EngineHeartbeat,
@@ -112,7 +113,9 @@ def serve_engine(cfg: EngineProcessConfig, context: Any, input_addr: str, output
             vocab_size=engine.vocab_size, pid=os.getpid(), stats=engine.stats(),
             max_token_chars=getattr(engine, "max_token_chars", None),
             generation_defaults=dict(getattr(engine, "generation_defaults", {}) or {}),
-            summary=dict(getattr(engine, "summary", {}) or {}))))
+            summary=dict(getattr(engine, "summary", {}) or {}),
+            tokenizer_info=tokenizer_info(getattr(engine, "tokenizer", None),
+                                          engine.max_model_len))))
         heartbeat = StatsHeartbeat(engine, context, output_addr)
         heartbeat.start()
         try:

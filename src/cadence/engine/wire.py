@@ -122,6 +122,9 @@ class EngineReady:
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     # What is being served (model, dtype, device, KV cache, kernels, policy): the startup log.
     summary: dict[str, Any] = field(default_factory=dict)
+    # The tokenizer's special tokens and chat template, for GET /tokenizer_info (vLLM's): a
+    # client (lm-evaluation-harness's remote tokenizer) tokenizes with the server's tokenizer.
+    tokenizer_info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

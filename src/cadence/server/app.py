@@ -33,7 +33,7 @@ from cadence.server.openapi_spec import install_openapi
 from cadence.server.request_guard import RequestGuard
 from cadence.server.serving_chat import create_chat_completion
 from cadence.server.serving_completions import create_completion
-from cadence.server.serving_tokens import detokenize, tokenize, version
+from cadence.server.serving_tokens import detokenize, tokenize, tokenizer_info, version
 from cadence.telemetry.prometheus import CONTENT_TYPE, PrometheusMetrics
 
 
@@ -103,6 +103,8 @@ api.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST
                   dependencies=[Depends(_require_engine)])
 api.add_api_route("/tokenize", tokenize, methods=["POST"], dependencies=[Depends(_require_engine)])
 api.add_api_route("/detokenize", detokenize, methods=["POST"],
+                  dependencies=[Depends(_require_engine)])
+api.add_api_route("/tokenizer_info", tokenizer_info, methods=["GET"],
                   dependencies=[Depends(_require_engine)])
 
 

@@ -1,4 +1,5 @@
-"""POST /tokenize, POST /detokenize (vLLM's), GET /version: the engine's tokenizer over HTTP.
+"""POST /tokenize, POST /detokenize, GET /tokenizer_info (vLLM's), GET /version: the engine's
+tokenizer over HTTP.
 
 The bodies take the checks every route's body takes (protocol.APIRequest) and the size limits
 of the generation routes: a text that could not fit the context, or more token ids than the
@@ -99,6 +100,15 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
         raise APIError(400, "token ids must be >= 0.", param="tokens", code="invalid_token_id")
     reply = await _ask_engine(request, token_ids=body.tokens)
     return JSONResponse({"prompt": reply["text"]})
+
+
+async def tokenizer_info(request: Request) -> JSONResponse:
+    """The served tokenizer's special tokens and chat template (sent once at engine start):
+    lm-evaluation-harness's remote tokenizer needs `eos_token` here, then uses /tokenize."""
+    info = request.app.state.server.client.info.tokenizer_info
+    if not info:
+        raise APIError(404, "This engine serves no tokenizer.", code="no_tokenizer")
+    return JSONResponse(info)
 
 
 async def version() -> JSONResponse:
