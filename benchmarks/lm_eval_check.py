@@ -215,12 +215,12 @@ def main() -> None:
                     help="model path for the offline check (default: cadence's default model)")
     ap.add_argument("--verify-only", action="store_true", help="only check an earlier --out")
     args = ap.parse_args()
+    if args.verify_only:  # offline: no server needed
+        verify(os.path.join(args.out, "local-completions"), args.verify_model)
+        return
     if args.model is None:
         import httpx
         args.model = httpx.get(args.base_url + "/v1/models").json()["data"][0]["id"]
-    if args.verify_only:
-        verify(os.path.join(args.out, "local-completions"), args.verify_model)
-        return
     tasks_dir = write_tasks(args.out)
     out = run_lm_eval(args, tasks_dir, "local-completions", "cadence_mc,cadence_ppl,cadence_gen",
                       "/v1/completions")
