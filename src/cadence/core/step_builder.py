@@ -403,7 +403,7 @@ class StepBuilder:
 def _prompt_targets(request: Request, start: int, end: int) -> tuple[int, ...]:
     """The prompt tokens that positions [start, end) predict, for a request that asks for
     prompt logprobs: position p predicts prompt token p + 1 (the last prompt position predicts
-    an output token, which is sampled, not scored). None once it has an output token: its
+    an output token, which is sampled, not scored). Empty once it has an output token: its
     prompt was scored whole by then, and a recompute after preemption need not score it again."""
     if request.sampling.prompt_logprobs is None or request.num_output_tokens:
         return ()
