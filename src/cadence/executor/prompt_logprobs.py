@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from cadence.core.plan import SampledToken, ScheduledChunk
+from cadence.executor.token_logprobs import score_tokens
 
 # Rows per LM-head call: [128, 49152] float32 logits are 25 MB (twice that with log_softmax).
 PIECE_ROWS = 128
@@ -50,15 +51,7 @@ def prompt_logprobs(
 def _score(logits: torch.Tensor, targets: Sequence[int], k: int) -> list[SampledToken]:
     """logits [R, V] (any float dtype), targets [R] -> one entry per row: the target's logprob
     (log-softmax in float32), its rank (1 + the tokens strictly likelier) and the top k."""
-    logprobs = logits.float().log_softmax(dim=-1)  # [R, V]
-    target = torch.tensor(list(targets), dtype=torch.int64, device=logprobs.device)  # [R]
-    chosen = logprobs.gather(1, target.unsqueeze(1))  # [R, 1]
-    # Counted as float32 (exact below 2**24 tokens): a bool tensor's sum runs ~5x slower.
-    ranks = [int(r) + 1 for r in (logprobs > chosen).float().sum(dim=-1).tolist()]  # [R]
-    chosen_lp = chosen.squeeze(1).tolist()
-    tops: list[tuple[tuple[int, float], ...]] = [()] * len(targets)
-    if k > 0:
-        top_vals, top_idx = logprobs.topk(k, dim=-1)  # [R, k] each, descending
-        tops = [tuple(zip(ids, vals)) for ids, vals in zip(top_idx.tolist(), top_vals.tolist())]
-    return [SampledToken(token_id=t, logprob=lp, top_logprobs=top, rank=r)
-            for t, lp, top, r in zip(targets, chosen_lp, tops, ranks)]
+    scores = score_tokens(logits.float().log_softmax(dim=-1), targets, k, with_ranks=True)
+    return [SampledToken(token_id=t, logprob=lp, top_logprobs=tuple(zip(ids, vals)), rank=r)
+            for t, lp, ids, vals, r in zip(targets, scores.logprobs, scores.top_ids,
+                                            scores.top_values, scores.ranks)]

@@ -21,6 +21,7 @@ import torch
 
 from cadence.core.plan import ScheduledChunk, SampledToken
 from cadence.executor.logits_processors import TokenEdits, apply_logits_processors
+from cadence.executor.token_logprobs import score_tokens
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 
 
@@ -181,19 +182,10 @@ def _with_logprobs(
 ) -> list[SampledToken]:
     """Attach OpenAI-style logprobs: log-softmax of the raw (temperature-free) logits."""
     logprobs = logits[rows].log_softmax(dim=-1)  # [L, V]
-    chosen = torch.tensor([ids[i] for i in rows], device=logits.device)
-    chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()  # [L]
-    max_k = max(params[i].logprobs for i in rows)
-    top_vals, top_idx = (None, None)
-    if max_k > 0:
-        top_vals, top_idx = logprobs.topk(max_k, dim=-1)  # [L, max_k] each
-        top_vals, top_idx = top_vals.tolist(), top_idx.tolist()
-
+    scores = score_tokens(logprobs, [ids[i] for i in rows], max(params[i].logprobs for i in rows))
     out = [SampledToken(token_id=t) for t in ids]
     for j, i in enumerate(rows):
-        k = params[i].logprobs
-        top = ()
-        if k > 0:
-            top = tuple(zip(top_idx[j][:k], top_vals[j][:k]))
-        out[i] = SampledToken(token_id=ids[i], logprob=chosen_lp[j], top_logprobs=top)
+        k = params[i].logprobs  # the row's own k <= the batch's largest
+        top = tuple(zip(scores.top_ids[j][:k], scores.top_values[j][:k]))
+        out[i] = SampledToken(token_id=ids[i], logprob=scores.logprobs[j], top_logprobs=top)
     return out
