@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from server_harness import RunningServer, start_server, tiny_model_args
+from server_harness import RunningServer, openai_client, start_server, tiny_model_args
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +20,19 @@ def tiny_server(tiny_llama_dir, tmp_path_factory) -> Iterator[RunningServer]:
     server = start_server(str(tmp_path_factory.mktemp("server")), *tiny_model_args(tiny_llama_dir))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(tiny_server):
+    """The official `openai` client on this module's tiny_server. A module with a server of
+    its own overrides `client` (the `model` fixture below then follows it)."""
+    return openai_client(tiny_server)
+
+
+@pytest.fixture(scope="module")
+def model(client) -> str:
+    """The served model's name, as clients ask for it."""
+    return client.models.list().data[0].id
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,19 @@ FAKE_FACTORY = "server_fake_engine:build_fake_engine"
 STARTUP_TIMEOUT_S = 180.0
 
 
+# Generous: a loaded CI host may take long over a request; a hang still ends the test.
+CLIENT_TIMEOUT_S = 300.0
+
+
+def openai_client(server: "RunningServer", api_key: str = "EMPTY",
+                  timeout: float = CLIENT_TIMEOUT_S):
+    """The official `openai` client on a server's /v1, without retries: a test sees exactly
+    what the server answered (a retry would hide an error and send a request twice)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.v1, api_key=api_key, max_retries=0, timeout=timeout)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

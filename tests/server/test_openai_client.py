@@ -14,16 +14,6 @@ openai = pytest.importorskip("openai")
 PROMPT = "The quick brown fox jumps over the lazy dog, and then the dog"
 
 
-@pytest.fixture(scope="module")
-def client(tiny_server):
-    return openai.OpenAI(base_url=tiny_server.base_url + "/v1", api_key="EMPTY")
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    return client.models.list().data[0].id
-
-
 def test_cached_tokens_never_exceed_prompt_tokens_with_n(client, model):
     for _ in range(2):  # the second time the whole prompt may come from the prefix cache
         out = client.completions.create(model=model, prompt=PROMPT, n=3, max_tokens=4,

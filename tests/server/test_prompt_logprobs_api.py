@@ -24,16 +24,6 @@ TOL = 2e-3
 
 
 @pytest.fixture(scope="module")
-def client(tiny_server):
-    return openai.OpenAI(base_url=tiny_server.base_url + "/v1", api_key="EMPTY")
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    return client.models.list().data[0].id
-
-
-@pytest.fixture(scope="module")
 def reference(tiny_llama_dir, tiny_tokenizer):
     """text or ids -> (ids, log_softmax [P, V]) of one full forward in transformers."""
     import transformers

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from server_harness import fake_engine_args, start_server
+from server_harness import fake_engine_args, openai_client, start_server
 
 KEY = "sk-test-cadence"
 
@@ -29,7 +29,7 @@ def server(tmp_path_factory):
 
 
 def _client(server, key=KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.v1, api_key=key, max_retries=0, timeout=30)
+    return openai_client(server, api_key=key)
 
 
 @pytest.mark.parametrize("path,method", [("/v1/models", "GET"), ("/metrics", "GET"),

@@ -110,9 +110,7 @@ def test_unknown_route_and_method_in_openai_format(tiny_server):
     _assert_openai_error(httpx.get(tiny_server.base_url + "/v1/completions"), 405)
 
 
-def test_openai_client_sees_typed_errors(tiny_server):
-    client = openai.OpenAI(base_url=tiny_server.v1, api_key="x", max_retries=0)
-    model = client.models.list().data[0].id
+def test_openai_client_sees_typed_errors(client, model):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=model, prompt="hi", max_tokens=-2)
     assert info.value.status_code == 400

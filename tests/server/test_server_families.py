@@ -15,7 +15,7 @@ import shutil
 
 import openai
 import pytest
-from server_harness import start_server, tiny_model_args
+from server_harness import openai_client, start_server, tiny_model_args
 
 from cadence.model.chat_template import ChatTemplate
 from cadence.model.tokenizer import Tokenizer
@@ -49,7 +49,7 @@ def _prompt_tokens(model_dir: str, template: str) -> int:
 
 
 def _chat(server, model: str) -> openai.types.chat.ChatCompletion:
-    client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+    client = openai_client(server)
     return client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=6, temperature=0)
 
 
@@ -62,7 +62,7 @@ def test_family_served_with_its_chat_template(family, tmp_path):
     template = _with_template(model_dir, family)
     server = start_server(str(tmp_path), *tiny_model_args(model_dir))
     try:
-        model = openai.OpenAI(base_url=server.v1, api_key="unused").models.list().data[0].id
+        model = openai_client(server).models.list().data[0].id
         reply = _chat(server, model)
         assert reply.choices[0].finish_reason in ("length", "stop")
         assert reply.usage.completion_tokens >= 1
@@ -104,7 +104,7 @@ def test_gguf_file_served_with_its_metadata_template(tmp_path):
     shutil.rmtree(model_dir)  # nothing but the GGUF file is served
     server = start_server(str(tmp_path), *tiny_model_args(path))
     try:
-        model = openai.OpenAI(base_url=server.v1, api_key="unused").models.list().data[0].id
+        model = openai_client(server).models.list().data[0].id
         reply = _chat(server, model)
         assert reply.usage.completion_tokens >= 1
         from cadence.model.gguf_tokenizer import tokenizer_from_gguf

@@ -17,7 +17,7 @@ import time
 import openai
 import pytest
 
-from server_harness import start_server
+from server_harness import openai_client, start_server
 
 DOC = "Paged attention keeps keys and values in blocks. " * 40  # 2000 characters = tokens
 STEP_S = 2.0
@@ -55,7 +55,7 @@ def _wait_until_running(server, got: dict) -> None:
 
 
 def test_a_chat_sent_mid_document_gets_its_first_token_before_the_document(server):
-    client = openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0, timeout=60)
+    client = openai_client(server)
     client.completions.create(model="timed-fake", prompt="warm", max_tokens=1)
     got: dict = {}
     t0 = time.monotonic()
@@ -89,7 +89,7 @@ def test_tokenize_is_answered_during_a_long_step(server):
     # comes from inside the document's step (its polls), interjection on or off, not at its end.
     import httpx
 
-    client = openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0, timeout=60)
+    client = openai_client(server)
     got: dict = {}
     t0 = time.monotonic()
     # Not the other test's document: its blocks are cached, its step would be short.

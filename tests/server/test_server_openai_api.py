@@ -4,20 +4,9 @@ from __future__ import annotations
 
 import os
 
-import openai
 import pytest
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
-
-
-@pytest.fixture(scope="module")
-def client(tiny_server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=tiny_server.v1, api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    return client.models.list().data[0].id
 
 
 def _stream_text(stream) -> tuple[str, str | None, object]:

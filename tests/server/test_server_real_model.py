@@ -6,7 +6,7 @@ import gguf
 import openai
 import pytest
 
-from server_harness import start_server
+from server_harness import openai_client, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def real_server(tmp_path_factory, default_model_path):
 
 @pytest.fixture(scope="module")
 def client(real_server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=real_server.v1, api_key="x", max_retries=0, timeout=300)
+    return openai_client(real_server)
 
 
 @pytest.fixture(scope="module")

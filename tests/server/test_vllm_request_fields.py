@@ -13,7 +13,7 @@ import shutil
 import httpx
 import pytest
 
-from server_harness import start_server, tiny_model_args
+from server_harness import openai_client, start_server, tiny_model_args
 
 openai = pytest.importorskip("openai")
 
@@ -52,18 +52,13 @@ def server(bos_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="EMPTY", max_retries=0)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")
 def http(server):
     with httpx.Client(base_url=server.base_url, timeout=120) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    return client.models.list().data[0].id
 
 
 def _tokens(http, model, **body) -> list[int]:
