@@ -233,3 +233,45 @@ def test_lm_eval_loglikelihood_batches_concurrently(tiny_server, model, referenc
             assert sum(lp["token_logprobs"][ctxlen:-1]) == pytest.approx(want, abs=5e-3)
             for tok, top in zip(lp["token_logprobs"][ctxlen:-1], lp["top_logprobs"][ctxlen:-1]):
                 assert tok <= max(top.values()) + 1e-6
+
+
+# prompt_logprobs by value class, as vLLM answers each (its protocol's check_logprobs and
+# max-logprobs check): None and 0 are taken streamed too (a stream returns none), k > 0 only
+# unstreamed, -1 (the whole vocabulary) is over the 20 cap, other negatives and > 20 refused.
+ACCEPTED = {(None, False), (None, True), (0, False), (0, True), (2, False)}
+
+
+@pytest.mark.parametrize("value", [None, 0, 2, -1, -2, 21])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["completions", "chat"])
+def test_prompt_logprobs_value_classes_as_vllm(client, model, path, stream, value):
+    extra = {} if value is None else {"prompt_logprobs": value}
+    messages = [{"role": "user", "content": "hi"}]
+
+    def send():
+        if path == "completions":
+            return client.completions.create(model=model, prompt=PROMPT, max_tokens=2,
+                                             temperature=0, stream=stream, extra_body=extra)
+        return client.chat.completions.create(model=model, messages=messages, max_tokens=2,
+                                              temperature=0, stream=stream, extra_body=extra)
+
+    if (value, stream) not in ACCEPTED:
+        with pytest.raises(openai.BadRequestError) as info:
+            out = send()
+            list(out) if stream else out
+        assert info.value.status_code == 400 and "prompt_logprobs" in str(info.value.body)
+        return
+    out = send()
+    if stream:
+        chunks = [c.model_dump() for c in out]
+        assert chunks and not any("prompt_logprobs" in str(c) for c in chunks)
+        return
+    dumped = out.model_dump()
+    entries = dumped["choices"][0].get("prompt_logprobs") if path == "completions" \
+        else dumped.get("prompt_logprobs")
+    if value is None:
+        assert entries is None
+        return
+    assert entries[0] is None and len(entries) == out.usage.prompt_tokens
+    # Each entry: the prompt token, plus up to `value` alternatives.
+    assert all(1 <= len(e) <= value + 1 for e in entries[1:])

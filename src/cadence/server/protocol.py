@@ -128,6 +128,24 @@ METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_c
                    "request_id", "safety_identifier", "prompt_cache_key")
 
 
+def prompt_logprobs_problem(value: int | None, stream: bool) -> str | None:
+    """Why vLLM refuses this prompt_logprobs, or None. vLLM takes None, and 0 also when
+    streamed (a stream has no place for them: nothing is returned); k > 0 only unstreamed and
+    up to its default --max-logprobs (20); -1 (the whole vocabulary) is over that cap."""
+    if value is None:
+        return None
+    if stream and (value > 0 or value == -1):
+        return "prompt_logprobs are not available when stream=true (as in vLLM); 0 is allowed"
+    if value < -1:
+        return f"prompt_logprobs must be a non-negative integer or -1, got {value}"
+    if value == -1:
+        return (f"prompt_logprobs=-1 asks for the whole vocabulary; at most {MAX_LOGPROBS} "
+                "alternatives are returned (vLLM's default --max-logprobs)")
+    if value > MAX_LOGPROBS:
+        return f"prompt_logprobs must be at most {MAX_LOGPROBS}, got {value}"
+    return None
+
+
 class SamplingRequestFields(APIRequest):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -153,8 +171,9 @@ class SamplingRequestFields(APIRequest):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     logit_bias: dict[str, float] | None = None
-    # vLLM's: logprobs of every prompt token with this many alternatives (not streamed).
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # vLLM's: logprobs of every prompt token with this many alternatives (not streamed; its
+    # value classes are checked as vLLM checks them: prompt_logprobs_problem).
+    prompt_logprobs: int | None = None
     # Disaggregated serving (vLLM's field): what a router tells a prefill or decode worker,
     # passed to the engine as is (cadence.disagg.worker documents the keys).
     kv_transfer_params: dict[str, Any] | None = None
@@ -208,9 +227,9 @@ class SamplingRequestFields(APIRequest):
                 problems.append((name, spec[1]))
         if self.stream_options is not None and not self.stream:
             problems.append(("stream_options", "stream_options is only allowed with stream=true"))
-        if self.prompt_logprobs is not None and self.stream:
-            problems.append(("prompt_logprobs", "prompt_logprobs are not available with "
-                             "stream=true (as in vLLM)"))
+        problem = prompt_logprobs_problem(self.prompt_logprobs, self.stream)
+        if problem:
+            problems.append(("prompt_logprobs", problem))
         stops = self.stop_strings()
         if len(stops) > MAX_STOP_SEQUENCES:
             problems.append(("stop", f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed"))
@@ -289,7 +308,11 @@ class CompletionRequest(SamplingRequestFields):
         return self.echo and self.max_tokens == 0
 
     def prompt_logprobs_count(self) -> int | None:
-        """Prompt logprobs to compute: the field, else echo's logprobs (vLLM's)."""
+        """Prompt logprobs to compute: the field, else echo's logprobs (vLLM's). A stream
+        without echo has nowhere to show them (prompt_logprobs 0 is all it may ask for
+        there): none are computed."""
+        if self.stream and not self.echo:
+            return None
         if self.prompt_logprobs is not None:
             return self.prompt_logprobs
         return self.logprobs if self.echo else None

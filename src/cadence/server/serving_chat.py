@@ -154,4 +154,6 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                        "chat_template_kwargs": template_kwargs,
                        "add_special_tokens": body.add_special_tokens},
         echo=(lambda mux: {i: echo_text for i in range(body.n)}) if echo_text else None,
-        prompt_logprobs=body.prompt_logprobs)
+        # A stream has no place for them (vLLM accepts prompt_logprobs 0 there and returns
+        # none): none are computed.
+        prompt_logprobs=None if body.stream else body.prompt_logprobs)
