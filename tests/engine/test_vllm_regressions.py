@@ -205,3 +205,38 @@ def test_truncate_minus_one_keeps_what_the_context_leaves(llm):
     (out,) = llm.generate([list(range(3, 303))], SamplingParams(
         temperature=0, max_tokens=6, truncate_prompt_tokens=-1), use_tqdm=False)
     assert out.prompt_token_ids == list(range(3, 303))[-(256 - 6):]  # max_model_len - max_tokens
+
+
+def test_tokenization_kwargs_truncate_either_side_as_the_server_does(llm):
+    """vLLM's LLM.generate(..., tokenization_kwargs={"truncate_prompt_tokens": k,
+    "truncation_side": ...}): left keeps the last k tokens, right the first k; the n > 1
+    siblings run the same cut prompt; chat cuts the rendered conversation."""
+    ids = list(range(3, 43))
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, n=2, seed=1)
+    outs = {}
+    for side in ("left", "right"):
+        (out,) = llm.generate([ids], params, use_tqdm=False, tokenization_kwargs={
+            "truncate_prompt_tokens": 8, "truncation_side": side})
+        outs[side] = out
+        assert len(out.outputs) == 2
+    assert outs["left"].prompt_token_ids == ids[-8:]
+    assert outs["right"].prompt_token_ids == ids[:8]
+    # Each cut runs as that prompt given whole would.
+    (whole,) = llm.generate([ids[:8]], params, use_tqdm=False)
+    assert [o.token_ids for o in outs["right"].outputs] == [o.token_ids for o in whole.outputs]
+    # SamplingParams' own (vLLM's deprecated spelling) takes the side from the keyword too.
+    (own,) = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1,
+                                                truncate_prompt_tokens=5),
+                          use_tqdm=False, tokenization_kwargs={"truncation_side": "right"})
+    assert own.prompt_token_ids == ids[:5]
+    chat = [{"role": "user", "content": "one two three four five six seven"}]
+    (full,) = llm.chat(chat, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    (cut,) = llm.chat(chat, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False,
+                      tokenization_kwargs={"truncate_prompt_tokens": 4,
+                                           "truncation_side": "right"})
+    assert cut.prompt_token_ids == full.prompt_token_ids[:4]
+    with pytest.raises(ValueError, match="truncation_side"):
+        llm.generate([ids], params, use_tqdm=False,
+                     tokenization_kwargs={"truncate_prompt_tokens": 4, "truncation_side": "up"})
+    with pytest.raises(ValueError, match="max_length"):  # not silently dropped
+        llm.generate([ids], params, use_tqdm=False, tokenization_kwargs={"max_length": 4})

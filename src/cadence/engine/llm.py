@@ -27,6 +27,7 @@ from cadence.engine.llm_engine import LLMEngine
 from cadence.engine.llm_outputs import CompletionOutput, Logprob, RequestOutput
 from cadence.engine.option_names import user_option_fields
 from cadence.engine.progress import GenerationProgress
+from cadence.engine.tokenization_kwargs import PromptTruncation, prompt_truncation
 from cadence.engine.vllm_options import VLLM_OPTIONS, check_vllm_options, vllm_mapped
 
 # A step that runs nothing while requests wait means the scheduler cannot place them; this many
@@ -132,14 +133,19 @@ class LLM:
         prompts: Any,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        *,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Complete every prompt; results come back in prompt order.
 
         prompts: a str, token ids, `{"prompt": str}` / `{"prompt_token_ids": [...]}` (either
         may add vLLM's "cache_salt": prefix-cache blocks shared only within one salt), or a
-        list of any of these. `use_tqdm` draws a progress bar on stderr (vLLM's name)."""
+        list of any of these. `use_tqdm` draws a progress bar on stderr (vLLM's name).
+        `tokenization_kwargs` (vLLM's): {"truncate_prompt_tokens": k, "truncation_side":
+        "left" | "right"} cuts every prompt as the server's fields of those names do."""
         items = _normalize_prompts(prompts)
-        return self._run(items, sampling_params, use_tqdm, _cache_salts(prompts))
+        return self._run(items, sampling_params, use_tqdm, _cache_salts(prompts),
+                         prompt_truncation(tokenization_kwargs))
 
     def chat(
         self,
@@ -150,10 +156,13 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        *,
+        tokenization_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Reply to one conversation (a list of {"role", "content"} dicts) or a list of them,
         formatted with the model's chat template (or `chat_template`); `chat_template_kwargs`
-        are extra template variables (vLLM's, e.g. {"enable_thinking": False} for Qwen3)."""
+        are extra template variables (vLLM's, e.g. {"enable_thinking": False} for Qwen3);
+        `tokenization_kwargs` as in generate() (the rendered conversation is cut)."""
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer with a chat template")
         if not isinstance(messages, Sequence) or not messages:
@@ -166,11 +175,17 @@ class LLM:
                                template_kwargs=chat_template_kwargs)
             # The template already spells out special tokens such as BOS.
             items.append((text, tuple(self.tokenizer.encode(text, add_special_tokens=False))))
-        return self._run(items, sampling_params, use_tqdm)
+        return self._run(items, sampling_params, use_tqdm,
+                         truncation=prompt_truncation(tokenization_kwargs))
 
     # ---------------------------------------------------------------------------------------
-    def _run(self, items, params, show, salts=None) -> list[RequestOutput]:
+    def _run(self, items, params, show, salts=None,
+             truncation: PromptTruncation = PromptTruncation()) -> list[RequestOutput]:
         param_list = _normalize_params(params, len(items))
+        if truncation.truncate_prompt_tokens is not None:
+            param_list = [dataclasses.replace(p, truncate_prompt_tokens=truncation.
+                                              truncate_prompt_tokens) for p in param_list]
+        side = truncation.truncation_side
         salts = salts or [None] * len(items)
         engine = self.engine
         base = [f"{next(self._ids)}" for _ in items]
@@ -183,7 +198,7 @@ class LLM:
             for k, ((_, prompt), p) in enumerate(zip(items, param_list)):
                 first = _Child(base[k], k, 0, p)
                 prompt_ids.append(engine.add_request(first.req_id, prompt, p,
-                                                     cache_salt=salts[k]))
+                                                     cache_salt=salts[k], truncation_side=side))
                 children[first.req_id] = first
                 deferred[first.req_id] = [
                     _Child(f"{base[k]}-{i}", k, i, _child_params(p, i)) for i in range(1, p.n)]
@@ -214,7 +229,8 @@ class LLM:
                     for sibling in deferred.pop(out.req_id, ()):
                         engine.add_request(sibling.req_id, prompt_ids[sibling.prompt_index],
                                            sibling.params,
-                                           cache_salt=salts[sibling.prompt_index])
+                                           cache_salt=salts[sibling.prompt_index],
+                                           truncation_side=side)
                         children[sibling.req_id] = sibling
                     if out.finished:
                         child.final = out

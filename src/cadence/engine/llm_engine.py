@@ -324,6 +324,7 @@ class LLMEngine:
         hold_kv: bool = False,
         prefilled_token: int | None = None,
         cache_salt: str | None = None,
+        truncation_side: str = "left",
     ) -> tuple[int, ...]:
         """Queue a request; returns its prompt token ids. Raises ValueError on bad input.
 
@@ -332,7 +333,9 @@ class LLMEngine:
         output token another engine sampled after prefilling this prompt: the request then
         waits for its KV (scheduler.take_kv_loads / finish_remote_kv) and that token is
         returned by the next step() at once. `cache_salt` (vLLM's) keeps the request's
-        prefix-cache blocks apart from those of requests with another salt or none."""
+        prefix-cache blocks apart from those of requests with another salt or none.
+        `truncation_side` is the end `params.truncate_prompt_tokens` cuts from ("left" keeps
+        the prompt's last tokens, "right" its first)."""
         if not isinstance(req_id, str) or not req_id:
             raise ValueError(f"req_id must be a non-empty str, got {req_id!r}")
         if req_id in self._texts:
@@ -342,10 +345,10 @@ class LLMEngine:
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         prompt_ids = self._prompt_ids(req_id, prompt)
         limit = self.max_model_len
-        # vLLM's truncate_prompt_tokens: the last k tokens (the server's admission applied it
-        # already and cleared the field).
+        # vLLM's truncate_prompt_tokens: the last k tokens, or the first k with side "right"
+        # (the server's admission applied it already and cleared the field).
         prompt_ids = truncate_prompt(prompt_ids, params.truncate_prompt_tokens, limit,
-                                     params.max_tokens)
+                                     params.max_tokens, truncation_side)
         if len(prompt_ids) >= limit:
             raise ValueError(
                 f"request {req_id!r}: prompt has {len(prompt_ids)} tokens, but max_model_len is "
