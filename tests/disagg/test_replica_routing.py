@@ -14,6 +14,7 @@ from cadence.core.block_hash import extend_block_hashes
 from cadence.core.block_pool import BlockPool
 from cadence.disagg.kv_events import TOPIC, CachedPrefixes, KVEventPublisher
 from cadence.disagg.router.replicas import PromptBlocks, ReplicaSelector
+from cadence.disagg.router.request_truncation import kept_prompt_tokens
 from cadence.disagg.router.workers import Worker
 
 
@@ -204,9 +205,30 @@ def test_prompt_blocks_hash_a_salted_prompt_as_the_workers_do():
     unsalted = PromptBlocks(ids).hashes(16)
     assert len(unsalted) == 2 and not set(unsalted) & set(engine_side.block_hashes)
     # From a request body: its salt, and the tokens truncate_prompt_tokens leaves.
-    routed = PromptBlocks.of_request(ids + [7] * 8, {"cache_salt": "tenant",
-                                                      "truncate_prompt_tokens": 40})
+    body = {"cache_salt": "tenant", "truncate_prompt_tokens": 40}
+    routed = PromptBlocks.of_request(ids + [7] * 8, body,
+                                     kept_prompt_tokens("completions", body, None))
     assert routed.token_ids == ids[8:] + [7] * 8 and routed.cache_salt == "tenant"
-    assert len(PromptBlocks.of_request(ids, {"truncate_prompt_tokens": -1})) == 40
-    assert PromptBlocks.of_request(ids, {"truncate_prompt_tokens": 3,
-                                         "truncation_side": "right"}).token_ids == [0, 1, 2]
+    right = {"truncate_prompt_tokens": 3, "truncation_side": "right"}
+    assert PromptBlocks.of_request(ids, right, kept_prompt_tokens("completions", right, 64)
+                                   ).token_ids == [0, 1, 2]
+
+
+def test_the_router_keeps_the_prompt_tokens_a_worker_keeps():
+    """kept_prompt_tokens resolves truncate_prompt_tokens as the worker does: -1 leaves the
+    context less the output (completions' max_tokens defaults to 16, chat's leaves room for
+    one token), unknown without the context length; values the worker refuses are None."""
+    completions = {"truncate_prompt_tokens": -1}
+    assert kept_prompt_tokens("completions", completions, None) is None
+    assert kept_prompt_tokens("completions", completions, 512) == 512 - 16
+    assert kept_prompt_tokens("completions", {**completions, "max_tokens": 4}, 512) == 508
+    assert kept_prompt_tokens("chat", completions, 512) == 511
+    assert kept_prompt_tokens("chat", {**completions, "max_tokens": 9,
+                                       "max_completion_tokens": 4}, 512) == 508
+    assert kept_prompt_tokens("completions", {"truncate_prompt_tokens": 7}, None) == 7
+    assert kept_prompt_tokens("completions", {"truncate_prompt_tokens": 600}, 512) is None
+    assert kept_prompt_tokens("completions", {"truncate_prompt_tokens": 0}, 512) is None
+    assert kept_prompt_tokens("completions", {}, 512) is None
+    ids = list(range(600))
+    assert len(PromptBlocks.of_request(ids, completions, 496)) == 496
+    assert PromptBlocks.of_request(ids, completions, 496).token_ids == ids[-496:]

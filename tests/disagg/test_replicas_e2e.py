@@ -196,3 +196,38 @@ def test_a_replica_killed_mid_run_ends_its_streams_and_the_rest_is_served(replic
     for p in PROMPTS[:2]:
         _complete(url, p)
     assert {d["worker"] for d in _decisions(url, since)} == {a.url, b.url}
+
+
+def test_truncated_prompts_route_as_the_worker_runs_them(replicas):
+    """truncate_prompt_tokens through the cache-aware router: the reply equals the replica's
+    own, and the router counts (and hashes) the prompt the worker keeps, not the one sent:
+    -1 on token ids longer than the context, k with either side, chat, and a text too long
+    for /tokenize (the router then cannot hash it, but still counts what is kept)."""
+    url, engine = replicas["cache-aware"].url, replicas["workers"][0].url
+    context = httpx.get(engine + "/v1/models", timeout=30).json()["data"][0]["max_model_len"]
+    greedy = {"temperature": 0, "ignore_eos": True, "max_tokens": 4}
+    long_ids = [3 + (7 * i) % 300 for i in range(context + 100)]
+    text = "Paged attention stores keys and values in fixed-size blocks. " * 6
+    huge = "zq" * (context * 40)  # more characters than /tokenize takes for this context
+    cases = [
+        ("/v1/completions", {"prompt": long_ids, "truncate_prompt_tokens": -1}),
+        ("/v1/completions", {"prompt": text, "truncate_prompt_tokens": 12,
+                             "truncation_side": "right"}),
+        ("/v1/completions", {"prompt": text, "truncate_prompt_tokens": 12}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": text * 12}],
+                                  "truncate_prompt_tokens": -1}),
+        ("/v1/completions", {"prompt": huge, "truncate_prompt_tokens": 32}),
+    ]
+    for path, body in cases:
+        direct = httpx.post(engine + path, json={**greedy, **body}, timeout=120)
+        assert direct.status_code == 200, direct.text
+        for attempt in range(2):  # the second time the worker's events hold the kept prompt
+            since = _next_seq(url)
+            routed = httpx.post(url + path, json={**greedy, **body}, timeout=120)
+            assert routed.status_code == 200, routed.text
+            assert routed.json()["choices"] == direct.json()["choices"], (path, body)
+            (decision,) = _decisions(url, since)
+            assert decision["prompt_tokens"] == routed.json()["usage"]["prompt_tokens"], body
+            if attempt == 1 and body.get("prompt") is not huge:  # hashed as the worker's
+                assert decision["cached_from"] == "events", decision
+                assert decision["expected_cached_tokens"] > 0, decision

@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cadence.disagg.router.cache_events import CacheEventSubscriptions
 from cadence.disagg.router.config import RouterConfig
 from cadence.disagg.router.forward import Forwarder, error_json
+from cadence.disagg.router.request_truncation import kept_prompt_tokens
 from cadence.disagg.router.policy import CostModel, Decision, RoutingPolicy
 from cadence.disagg.router.replicas import PromptBlocks, ReplicaSelector
 from cadence.disagg.router.workers import Worker, WorkerPool
@@ -94,6 +95,8 @@ class Router:
         self.policy = RoutingPolicy(cfg.disagg_policy, self.model, cfg.min_disagg_prompt_tokens)
         self.replicas = ReplicaSelector(cfg.replica_policy, cfg.cache_load_weight)
         self.cache_events: CacheEventSubscriptions | None = None
+        # The workers' context length, from their /tokenize replies (None until one came).
+        self.max_model_len: int | None = None
         self.metrics = RouterMetrics()
         self.client: httpx.AsyncClient | None = None
         self.forward: Forwarder | None = None
@@ -133,11 +136,17 @@ class Router:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
         max_tokens = max_tokens if isinstance(max_tokens, int) else 16
         prompt: PromptBlocks | None = None
-        if self.replicas.policy == "cache-aware":
-            ids = await self._prompt_token_ids(ROUTES[path], body)
-            if ids is not None:
-                prompt = PromptBlocks.of_request(ids, body)
-                tokens = len(prompt)
+        ids = (await self._prompt_token_ids(ROUTES[path], body)
+               if self.replicas.policy == "cache-aware" else None)
+        # truncate_prompt_tokens: the worker runs (and its KV holds) only what is kept.
+        if body.get("truncate_prompt_tokens") == -1 and self.max_model_len is None:
+            await self._learn_context_length()
+        keep = kept_prompt_tokens(ROUTES[path], body, self.max_model_len)
+        if ids is not None:
+            prompt = PromptBlocks.of_request(ids, body, keep)
+            tokens = len(prompt)
+        elif keep is not None:
+            tokens = min(tokens, keep)
         order = self.replicas.order(self.decode.workers, prompt, tokens, max_tokens)
         # What the request costs each worker (its miss there + its output), taken before this
         # routing adds its prompt to the session-affinity record.
@@ -214,10 +223,29 @@ class Router:
                 worker.mark_failed(self.cfg.unhealthy_cooldown_s)
                 continue
             if resp.status_code != 200:
-                return None  # the worker rejects it: so will the request itself
-            tokens = resp.json().get("tokens")
+                # The worker rejects it (so will the request itself, unless it is truncated:
+                # /tokenize refuses a text too long for the context, the request cuts it).
+                return None
+            reply = resp.json()
+            if isinstance(reply.get("max_model_len"), int):  # resolves truncate_prompt_tokens -1
+                self.max_model_len = reply["max_model_len"]
+            tokens = reply.get("tokens")
             return tokens if isinstance(tokens, list) else None
         return None
+
+    async def _learn_context_length(self) -> None:
+        """The workers' max_model_len from a worker's /v1/models (once: they serve one
+        model), which truncate_prompt_tokens -1 needs; left unknown when none answers."""
+        for worker in self.decode.candidates()[:2]:
+            try:
+                resp = await self.client.get(worker.url + "/v1/models", timeout=10.0,
+                                             headers=self.forward.headers)
+                context = resp.json()["data"][0].get("max_model_len")
+            except (httpx.HTTPError, ValueError, LookupError, AttributeError, TypeError):
+                continue
+            if isinstance(context, int) and context > 0:
+                self.max_model_len = context
+                return
 
     def _record(self, tokens: int, exact: bool, decision: Decision, worker: Worker | None = None,
                 prompt: PromptBlocks | None = None, order: list[Worker] | None = None,

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from cadence.core.block_hash import BlockHash, extend_block_hashes, leading_blocks_held
 from cadence.disagg.kv_events import CachedPrefixes
 from cadence.disagg.router.config import REPLICA_POLICIES
+from cadence.disagg.router.request_truncation import truncated
 from cadence.disagg.router.workers import Worker
 
 # Session affinity records this many block hashes per worker (least recently sent dropped),
@@ -52,13 +53,12 @@ class PromptBlocks:
         self._hashes: dict[int, list[BlockHash]] = {}
 
     @classmethod
-    def of_request(cls, token_ids: Sequence[int], body: dict) -> PromptBlocks:
-        """The blocks a worker runs for this request body: its truncate_prompt_tokens k >= 1
-        applied (-1 depends on the worker's context; left as is), hashed with its cache_salt."""
-        keep = body.get("truncate_prompt_tokens")
-        if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1:
-            right = body.get("truncation_side") == "right"
-            token_ids = token_ids[:keep] if right else token_ids[-keep:]
+    def of_request(cls, token_ids: Sequence[int], body: dict,
+                   keep: int | None = None) -> PromptBlocks:
+        """The blocks a worker runs for this request body: the prompt cut to the `keep`
+        tokens its truncate_prompt_tokens leaves (request_truncation.kept_prompt_tokens),
+        hashed with its cache_salt."""
+        token_ids = truncated(token_ids, body, keep)
         salt = body.get("cache_salt")
         return cls(token_ids, salt if isinstance(salt, str) and salt else None)
 
