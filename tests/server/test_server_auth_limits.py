@@ -34,7 +34,8 @@ def _client(server, key=KEY) -> openai.OpenAI:
 
 @pytest.mark.parametrize("path,method", [("/v1/models", "GET"), ("/metrics", "GET"),
                                          ("/v1/completions", "POST"),
-                                         ("/v1/chat/completions", "POST")])
+                                         ("/v1/chat/completions", "POST"),
+                                         ("/invocations", "POST")])
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
                                      {"Authorization": KEY}])
 def test_missing_or_bad_key_is_401(server, path, method, headers):
@@ -55,6 +56,8 @@ def test_key_is_checked_before_the_body(server, body):
 
 def test_health_needs_no_key(server):
     assert httpx.get(server.base_url + "/health").status_code == 200
+    assert httpx.get(server.base_url + "/ping").status_code == 200
+    assert httpx.post(server.base_url + "/ping").status_code == 200
 
 
 def test_good_key_is_served(server):

@@ -162,7 +162,7 @@ def test_long_stop_strings_are_400(server):
 
 # ---- the API key before any body, on every route -----------------------------------------------
 
-PUBLIC = {"/health", "/version", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"}
+PUBLIC = {"/health", "/ping", "/version", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"}
 
 
 def _routes(server) -> list[tuple[str, str]]:

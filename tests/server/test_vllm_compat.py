@@ -13,6 +13,7 @@ import json
 
 import httpx
 import jsonschema
+import openai
 import pytest
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
@@ -39,7 +40,8 @@ COMMON_FIELDS = {
     "stop": ("\n", "ok"), "stream": (False, "ok"), "temperature": (0.5, "ok"),
     "top_p": (0.9, "ok"), "user": ("u1", "ok"), "best_of": (2, "400"),
     "use_beam_search": (True, "400"), "top_k": (5, "ok"), "min_p": (0.1, "ok"),
-    "repetition_penalty": (1.2, "ok"), "length_penalty": (0.5, "400"),
+    "repetition_penalty": (1.2, "ok"),
+    "length_penalty": (0.5, "ok"),  # beam search only, in vLLM too (and beam search is a 400)
     "stop_token_ids": ([7], "ok"), "include_stop_str_in_output": (True, "ok"),
     "ignore_eos": (True, "ok"), "min_tokens": (1, "ok"),
     "skip_special_tokens": (False, "ok"), "spaces_between_special_tokens": (False, "ok"),
@@ -58,11 +60,22 @@ COMMON_FIELDS = {
     "kv_transfer_params": ({"do_remote_decode": True}, "400"),
     "vllm_xargs": ({"a": 1}, "400"), "bad_words": (["x"], "ok"),
     "stream_options": ({"include_usage": True}, "400"),  # only with stream=true
+    # Newer vLLM fields: accepted where vLLM leaves them without effect here, refused where
+    # they would change the output and cadence lacks the feature.
+    "session_id": ("s1", "ok"), "include_reasoning": (False, "ok"),
+    "routed_experts_prompt_start": (2, "ok"), "return_token_offsets": (True, "ok"),
+    "return_mm_kwargs": (False, "ok"), "stream_interval": (4, "ok"),
+    "watermarking": (True, "400"), "logprob_token_ids": ([5], "400"),
+    "repetition_detection": ({"max_pattern_size": 4, "min_count": 3}, "400"),
+    "thinking_token_budget": (10, "400"), "media_io_kwargs": ({"image": {}}, "400"),
+    "ec_transfer_params": ({"x": 1}, "400"),
 }
 COMPLETION_FIELDS = {
     **COMMON_FIELDS, "prompt": ([PROMPT, "Hello"], "ok"), "echo": (True, "ok"),
     "logprobs": (2, "ok"), "max_tokens": (4, "ok"), "suffix": ("end", "400"),
     "prompt_embeds": ("abc", "400"),
+    # chat template variables in vLLM's chat requests, not part of its completions
+    "documents": ([{"text": "x"}], "400"), "reasoning_effort": ("low", "400"),
 }
 CHAT_FIELDS = {
     **COMMON_FIELDS, "messages": (MESSAGES, "ok"), "logprobs": (True, "ok"),
@@ -72,15 +85,15 @@ CHAT_FIELDS = {
     "audio": ({"voice": "x", "format": "wav"}, "400"), "function_call": ("auto", "400"),
     "functions": ([{"name": "f"}], "400"), "modalities": (["text", "audio"], "400"),
     "prediction": ({"type": "content", "content": "x"}, "400"),
-    "reasoning_effort": ("low", "400"), "tool_choice": ("required", "400"),
+    "reasoning_effort": ("low", "ok"), "tool_choice": ("required", "400"),
     "tools": ([{"type": "function", "function": {"name": "f"}}], "400"),
     "web_search_options": ({}, "400"), "verbosity": ("low", "400"),
     "safety_identifier": ("s", "ok"), "prompt_cache_key": ("k", "ok"),
     "echo": (True, "ok"), "add_generation_prompt": (False, "ok"),
     "continue_final_message": (True, "400"),  # needs add_generation_prompt=false
-    "documents": ([{"text": "x"}], "400"), "chat_template": ("{{ messages[0]['content'] }}", "ok"),
+    "documents": ([{"text": "x"}], "ok"), "chat_template": ("{{ messages[0]['content'] }}", "ok"),
     "chat_template_kwargs": ({"x": 1}, "ok"), "mm_processor_kwargs": ({"x": 1}, "400"),
-    "structural_tag": ("{}", "400"),
+    "structural_tag": ("{}", "400"), "return_prompt_text": (True, "400"),
 }
 
 
@@ -291,3 +304,68 @@ def test_chat_template_kwargs_reach_the_template(http, model, tiny_tokenizer):
     assert counted.status_code == 200, counted.text
     assert http.post("/tokenize", json={"messages": body["messages"],
                                         "chat_template_kwargs": {"range": 1}}).status_code == 400
+
+
+def test_documents_and_reasoning_effort_reach_the_chat_template(client, http):
+    """vLLM passes `documents` and `reasoning_effort` to the chat template (and sets
+    enable_thinking from the effort unless chat_template_kwargs does)."""
+    model = client.models.list().data[0].id
+    template = ("{{ documents[0]['title'] }}|{{ reasoning_effort }}|{{ enable_thinking }}|"
+                "{{ messages[0]['content'] }}")
+
+    def rendered(**extra) -> str:
+        out = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "q"}], max_tokens=1,
+            extra_body={"chat_template": template, "return_token_ids": True, **extra})
+        ids = out.model_dump()["prompt_token_ids"]
+        return http.post("/detokenize", json={"model": model, "tokens": ids}).json()["prompt"]
+
+    docs = [{"title": "Paged attention", "text": "blocks"}]
+    assert rendered(documents=docs, reasoning_effort="low") == "Paged attention|low|True|q"
+    assert rendered(documents=docs, reasoning_effort="none") == "Paged attention|none|False|q"
+    assert rendered(documents=docs, reasoning_effort="high",
+                    chat_template_kwargs={"enable_thinking": False}) == \
+        "Paged attention|high|False|q"
+    with pytest.raises(openai.BadRequestError, match="reasoning_effort"):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "q"}],
+                                       max_tokens=1, extra_body={"reasoning_effort": "extreme"})
+
+
+def test_request_id_names_the_response_as_in_vllm(client):
+    model = client.models.list().data[0].id
+    messages = [{"role": "user", "content": "hi"}]
+    # Two at once with one id: the engine's own ids keep them apart.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        chats = list(pool.map(lambda _: client.chat.completions.create(
+            model=model, messages=messages, max_tokens=2, extra_body={"request_id": "r-1"}),
+            range(2)))
+    assert [c.id for c in chats] == ["chatcmpl-r-1", "chatcmpl-r-1"]
+    done = client.completions.create(model=model, prompt="hi", max_tokens=2,
+                                     extra_body={"request_id": "r-2"})
+    assert done.id == "cmpl-r-2"
+    stream = client.completions.create(model=model, prompt="hi", max_tokens=3, stream=True,
+                                       extra_body={"request_id": "r-2"},
+                                       extra_headers={"X-Request-Id": "from-header"})
+    assert {c.id for c in stream} == {"cmpl-from-header"}
+    assert client.completions.create(model=model, prompt="hi", max_tokens=1).id != "cmpl-r-2"
+
+
+def test_ping_answers_as_health(http):
+    for method in ("GET", "POST"):
+        resp = http.request(method, "/ping")
+        assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+
+
+def test_invocations_dispatch_chat_and_completions_as_their_routes(client, http):
+    """vLLM's POST /invocations (SageMaker): a body with messages is a chat completion, any
+    other a completion; the answers equal the routes' own, errors included."""
+    model = client.models.list().data[0].id
+    greedy = {"model": model, "max_tokens": 4, "temperature": 0}
+    chat = {**greedy, "messages": [{"role": "user", "content": "hi"}]}
+    done = {**greedy, "prompt": "The quick brown fox"}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", done)):
+        want, got = http.post(path, json=body).json(), http.post("/invocations", json=body).json()
+        assert got["object"] == want["object"] and got["choices"] == want["choices"]
+    bad = http.post("/invocations", json={**done, "max_tokens": "4"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+    assert http.post("/invocations", content=b"{").status_code == 400

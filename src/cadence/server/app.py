@@ -29,6 +29,7 @@ from cadence.server.dashboard import router as dashboard_router
 from cadence.server.dashboard_feed import LiveTelemetry
 from cadence.server.engine_supervisor import EngineSupervisor
 from cadence.server.errors import APIError, error_headers, install_error_handlers
+from cadence.server.invocations import invocations
 from cadence.server.openapi_spec import install_openapi
 from cadence.server.request_guard import RequestGuard
 from cadence.server.serving_chat import create_chat_completion
@@ -100,6 +101,10 @@ async def metrics(request: Request) -> Response:
 api.add_api_route("/v1/completions", create_completion, methods=["POST"],
                   dependencies=[Depends(_require_engine)])
 api.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"],
+                  dependencies=[Depends(_require_engine)])
+# vLLM's SageMaker route: the same requests, dispatched by their shape (not in the API
+# document: it is an alias of the two above).
+api.add_api_route("/invocations", invocations, methods=["POST"], include_in_schema=False,
                   dependencies=[Depends(_require_engine)])
 api.add_api_route("/tokenize", tokenize, methods=["POST"], dependencies=[Depends(_require_engine)])
 api.add_api_route("/detokenize", detokenize, methods=["POST"],
@@ -174,6 +179,8 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
     app.include_router(api)
     app.include_router(dashboard_router)
     app.add_api_route("/health", health, methods=["GET"])
+    # vLLM's /ping (SageMaker's liveness probe): /health's answer, GET or POST.
+    app.add_api_route("/ping", health, methods=["GET", "POST"])
     install_openapi(app)
     app.add_middleware(RequestGuard, max_request_bytes=config.max_request_bytes,
                        api_key=lambda: config.api_key)

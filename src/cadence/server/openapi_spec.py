@@ -51,10 +51,12 @@ _OPERATION_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("/v1/models", "get"): (),
     ("/metrics", "get"): (),
     ("/health", "get"): (503,),
+    ("/ping", "get"): (503,),
+    ("/ping", "post"): (503,),
     ("/dashboard/plotly.min.js", "get"): (503,),
     ("/dashboard/events", "get"): (503,),
 }
-_PUBLIC_PATHS = ("/health", "/version")
+_PUBLIC_PATHS = ("/health", "/ping", "/version")
 _STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions")
 # Operations whose 200 is not JSON (FastAPI cannot see what a handler's Response holds).
 _CONTENT_TYPES = {

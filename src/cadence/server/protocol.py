@@ -97,8 +97,6 @@ class StreamOptions(BaseModel):
 UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "best_of": ((None, 1), "best_of > 1 is not supported (use n)"),
     "use_beam_search": ((None, False), "beam search is not supported"),
-    "length_penalty": ((None, 1, 1.0), "length_penalty applies to beam search, which is not "
-                       "supported"),
     "suffix": ((None, ""), "suffix (fill-in-the-middle) is not supported"),
     "tools": ((None, []), "tool calling is not supported"),
     "tool_choice": ((None, "none", "auto"), "tool calling is not supported"),
@@ -108,11 +106,25 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "modalities": ((None, ["text"]), "only the text modality is supported"),
     "prediction": ((None,), "predicted outputs are not supported"),
     "web_search_options": ((None,), "web search is not supported"),
-    "reasoning_effort": ((None,), "reasoning_effort is not supported (no reasoning models)"),
+    # (chat takes reasoning_effort and documents as chat template variables, as vLLM does)
+    "reasoning_effort": ((None,), "reasoning_effort is a chat template variable: use "
+                         "/v1/chat/completions"),
     "verbosity": ((None,), "verbosity is not supported"),
     "prompt_embeds": ((None,), "prompt_embeds are not supported"),
     "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
-    "documents": ((None, []), "documents (RAG chat templates) are not supported"),
+    "documents": ((None, []), "documents are a chat template variable: use "
+                  "/v1/chat/completions"),
+    "media_io_kwargs": ((None, {}), "multimodal inputs are not supported"),
+    "ec_transfer_params": ((None, {}), "encoder-cache transfer is not supported (text-only "
+                           "models)"),
+    "watermarking": ((None, False), "watermarking is not supported"),
+    "logprob_token_ids": ((None,), "logprob_token_ids is not supported (use logprobs / "
+                          "top_logprobs)"),
+    "repetition_detection": ((None,), "repetition_detection is not supported"),
+    "thinking_token_budget": ((None, -1), "thinking_token_budget needs a reasoning parser, "
+                              "which cadence does not have"),
+    "return_prompt_text": ((None, False), "return_prompt_text is not supported (POST "
+                           "/tokenize with the messages returns the prompt's tokens)"),
     "structural_tag": ((None,), "structural_tag is not supported (use structured_outputs)"),
     "guided_whitespace_pattern": ((None,), "guided_whitespace_pattern is not supported"),
     "logits_processors": ((None, []), "custom logits processors are not supported"),
@@ -124,8 +136,13 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
 # Fields accepted with no effect on generation (identifiers, routing, storage hints): OpenAI
 # documents them as metadata, so honouring them means accepting them.
 # (parallel_tool_calls=false does hold tool_choice "required" to one call: tool_choice.py.)
+# vLLM's own accepted without effect, as vLLM itself leaves them here: length_penalty (beam
+# search only, refused), include_reasoning (no reasoning parser), routed_experts_prompt_start
+# (MoE routing records), return_token_offsets / return_mm_kwargs (its /render routes only).
 METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls",
-                   "request_id", "safety_identifier", "prompt_cache_key")
+                   "safety_identifier", "prompt_cache_key", "session_id", "length_penalty",
+                   "include_reasoning", "routed_experts_prompt_start", "return_token_offsets",
+                   "return_mm_kwargs")
 
 
 def prompt_logprobs_problem(value: int | None, stream: bool) -> str | None:
@@ -203,6 +220,12 @@ class SamplingRequestFields(APIRequest):
     return_tokens_as_token_ids: bool | None = None
     # vLLM's per-tenant prefix-cache isolation: blocks are shared only within one salt.
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    # vLLM's: the response's id is "<cmpl|chatcmpl>-<request_id>" (an X-Request-Id header
+    # wins); the engine keeps an id of its own, so two requests may share one.
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    # vLLM's: tokens per streamed chunk at least; cadence sends each token as it comes (the
+    # same text, in more chunks), so only its range is checked.
+    stream_interval: int | None = Field(default=None, ge=1)
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -349,6 +372,25 @@ class ChatCompletionRequest(SamplingRequestFields):
     # OpenAI's tool calling; served when the server has a tool-call parser (serving_chat.py).
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    # vLLM's chat template variables: `documents` for RAG templates, `reasoning_effort` (also
+    # setting enable_thinking unless chat_template_kwargs does); template_variables().
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
+                              "max"] | None = None
+
+    def template_variables(self) -> dict[str, Any] | None:
+        """The extra chat template variables, as vLLM passes them: the tools, then
+        chat_template_kwargs, then documents and reasoning_effort (which win where given;
+        reasoning_effort also sets enable_thinking unless chat_template_kwargs does)."""
+        given = dict(self.chat_template_kwargs or {})
+        variables = {"tools": self.tools, **given} if self.tools else given
+        if self.documents is not None:
+            variables["documents"] = self.documents
+        if self.reasoning_effort is not None:
+            variables["reasoning_effort"] = self.reasoning_effort
+            if "enable_thinking" not in given:
+                variables["enable_thinking"] = self.reasoning_effort != "none"
+        return variables or self.chat_template_kwargs
 
     def structured_spec_fields(self) -> list[str]:
         given = super().structured_spec_fields()

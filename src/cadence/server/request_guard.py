@@ -29,7 +29,7 @@ from cadence.server.errors import APIError
 
 # Paths that never need the API key: liveness, the version, the API document (and its
 # viewers). The dashboard's pages check the key themselves (header or ?key=).
-PUBLIC_PATHS = frozenset(("/health", "/version", "/openapi.json", "/docs",
+PUBLIC_PATHS = frozenset(("/health", "/ping", "/version", "/openapi.json", "/docs",
                           "/docs/oauth2-redirect", "/redoc"))
 DASHBOARD_PREFIX = "/dashboard"
 

@@ -275,7 +275,10 @@ async def serve_generation(
             exc.param = structured[0]  # the engine cannot know which request field it was
         raise
     tokens_as_ids = body.return_tokens_as_token_ids
-    ctx = ResponseContext(req_id, created_timestamp(), server.model_name, body.include_usage(),
+    # vLLM's: the client's id names the response (the engine's stays unique).
+    client_id = request.headers.get("x-request-id") or body.request_id
+    response_id = f"{id_prefix}-{client_id}" if client_id else req_id
+    ctx = ResponseContext(response_id, created_timestamp(), server.model_name, body.include_usage(),
                           logprobs is not None, echo(mux) if echo else {},
                           continuous_usage=body.continuous_usage(),
                           return_token_ids=bool(body.return_token_ids),

@@ -141,9 +141,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                                  and isinstance(last.content, str)) else ""
     tools = tool_mode(body.tools, body.tool_choice,
                       request.app.state.server.config.tool_call_parser)
-    # The tools reach the chat template (whatever tool_choice says, as in vLLM).
-    template_kwargs = ({"tools": body.tools, **(body.chat_template_kwargs or {})} if body.tools
-                       else body.chat_template_kwargs)
+    # The tools reach the chat template (whatever tool_choice says, as in vLLM), with
+    # documents and reasoning_effort.
+    template_kwargs = body.template_variables()
     return await serve_generation(
         request, body, id_prefix="chatcmpl", prompts=[chat_prompt(body)],
         max_tokens=body.effective_max_tokens(), logprobs=chat_logprobs_count(body),
