@@ -59,6 +59,16 @@ def _family_configs(vocab: int) -> dict:
                            dict(common, **SMALL, sliding_window=WINDOW, tie_word_embeddings=False)),
         "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM",
                     dict(common, **SMALL, no_rope_layers=[1, 0], rope_parameters={"rope_theta": 2e6})),
+        # 4 experts, top-2, un-normalised top-k weights (the config class's default), layer 1
+        # dense (mlp_only_layers) of another width than the experts'.
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                      dict(common, **SMALL, head_dim=16, num_hidden_layers=3, rope_theta=1e6, num_experts=4,
+                           num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False,
+                           mlp_only_layers=[1], tie_word_embeddings=False)),
+        # 4 experts, top-2 (renormalised), a window on every layer.
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                    dict(common, **SMALL, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+                         tie_word_embeddings=False)),
     }
 
 

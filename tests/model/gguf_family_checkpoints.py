@@ -8,7 +8,9 @@ round trip is exact:
 - Gemma: query_pre_attn_scalar = head_dim (llama.cpp's rule outside the 27B models);
 - Gemma 3: the default layer_types (every 6th layer global: 6 layers);
 - SmolLM3: the default no-rope interval of 4 (4 layers);
-- Qwen3: no sliding window (llama.cpp's qwen3 has none).
+- Qwen3: no sliding window (llama.cpp's qwen3 has none);
+- Qwen3-MoE: norm_topk_prob and every layer MoE (llama.cpp's qwen3moe always renormalises the
+  top-k weights and has no dense layers); Mixtral: no window (the converter writes none).
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ def _family_configs(vocab: int) -> dict[str, tuple[str, str, dict]]:
                            dict(common, sliding_window=WINDOW, tie_word_embeddings=False)),
         "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM",
                     dict(common, num_hidden_layers=4, rope_parameters={"rope_theta": 2e6})),
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                      dict(common, head_dim=16, rope_theta=1e6, num_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=False)),
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                    dict(common, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)),
     }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import gguf
 import numpy as np
@@ -25,7 +26,11 @@ from safetensors.numpy import load_file
 # HF model_type -> GGUF architecture (the converter writes Mistral as llama).
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3", "phi3": "phi3",
-             "smollm3": "smollm3"}
+             "smollm3": "smollm3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
+# Per-expert HF tensors (Qwen3-MoE's mlp.experts.E.gate_proj, Mixtral's block_sparse_moe.experts.E.w1)
+# that the converter stacks into one 3-D tensor per projection (Qwen2MoeModel / LlamaModel
+# modify_tensors), under the merged name its TensorNameMap knows.
+_EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
 _PERMUTED = ("llama", "smollm3")
 
 
@@ -95,9 +100,32 @@ def _write_text_model_keys(writer: gguf.GGUFWriter, cfg: dict) -> None:
         writer.add_value_length(cfg["head_dim"])
 
 
+def _write_expert_keys(writer: gguf.GGUFWriter, cfg: dict) -> None:
+    """TextModel.set_gguf_parameters' expert counts, Qwen2MoeModel's expert width."""
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    if cfg.get("moe_intermediate_size") is not None:
+        writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+
+
+def _merged_experts(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The converter's merge: every expert's projection stacked [E, N, K] under the merged HF
+    name (qwen: model.layers.B.mlp.experts.gate_proj.weight; mixtral: layers.B.feed_forward.experts.w1.weight)."""
+    groups: dict[str, dict[int, np.ndarray]] = {}
+    for name in [n for n in state if _EXPERT_RE.match(n)]:
+        layer, kind, expert, proj = _EXPERT_RE.match(name).groups()
+        merged = (f"model.layers.{layer}.mlp.experts.{proj}.weight" if kind == "mlp"
+                  else f"layers.{layer}.feed_forward.experts.{proj}.weight")
+        groups.setdefault(merged, {})[int(expert)] = state.pop(name)
+    return {merged: np.stack([parts[e] for e in sorted(parts)]) for merged, parts in groups.items()}
+
+
 def _write_arch_keys(writer: gguf.GGUFWriter, arch: str, cfg: dict) -> None:
-    if arch in ("llama", "smollm3", "qwen2", "qwen3"):
+    if arch in ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe"):
         _write_text_model_keys(writer, cfg)
+        _write_expert_keys(writer, cfg)
         if arch in ("llama", "smollm3"):  # LlamaModel.set_gguf_parameters
             writer.add_vocab_size(cfg["vocab_size"])
             writer.add_rope_dimension_count(cfg.get("head_dim") or
@@ -178,10 +206,16 @@ def _write_bpe_vocab(writer: gguf.GGUFWriter, hf_dir: str, pre: str) -> None:
 
 def write_tiny_gguf(hf_dir: str, out_path: str, arch: str | None = None,
                     tensor_overrides: dict[str, np.ndarray] | None = None,
-                    layer_type: gguf.GGMLQuantizationType | None = None, pre: str = "gpt2") -> str:
+                    layer_type: gguf.GGMLQuantizationType | None = None, pre: str = "gpt2",
+                    raw_tensors: dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]] | None = None,
+                    fuse_gate_up_exps: bool = False) -> str:
     """GGUF (F32 tensors) of an HF tiny checkpoint of any family; `arch` overrides
     general.architecture (the file is otherwise written for the real one); `layer_type` stores
-    the layers' matmul weights quantized in that GGML type (Q8_0, Q4_1 ...)."""
+    the layers' matmul weights quantized in that GGML type (Q8_0, Q4_1 ...; MoE routers stay
+    F32, as llama-quantize keeps them); `raw_tensors` replaces tensors by already-encoded
+    blocks of a type (e.g. random valid Q4_K ones, which gguf-py cannot quantize);
+    `fuse_gate_up_exps` writes MoE gate and up experts as one ffn_gate_up_exps tensor (the
+    converter's --fuse-gate-up-exps)."""
     with open(os.path.join(hf_dir, "config.json")) as f:
         cfg = json.load(f)
     real_arch = GGUF_ARCH[cfg["model_type"]]
@@ -195,6 +229,7 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str | None = None,
     state = load_file(os.path.join(hf_dir, "model.safetensors"))
     if cfg.get("tie_word_embeddings", gemma) or gemma:
         state.pop("lm_head.weight", None)
+    state.update(_merged_experts(state))
     tensors = {}
     for name, array in state.items():
         array = array.astype(np.float32)
@@ -209,10 +244,19 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str | None = None,
             raise ValueError(f"the converter has no GGUF name for {name!r}")
         tensors[target] = array
     tensors.update(_extra_tensors(real_arch, cfg))
+    if fuse_gate_up_exps:
+        for gate in [t for t in tensors if t.endswith(".ffn_gate_exps.weight")]:
+            up = gate.replace("ffn_gate_exps", "ffn_up_exps")
+            fused = np.concatenate([tensors.pop(gate), tensors.pop(up)], axis=1)  # [E, 2I, H]
+            tensors[gate.replace("ffn_gate_exps", "ffn_gate_up_exps")] = fused
     for target, array in tensors.items():
         if tensor_overrides and target in tensor_overrides:
             array = tensor_overrides[target]
-        if layer_type is not None and target.startswith("blk.") and array.ndim == 2:
+        if raw_tensors and target in raw_tensors:
+            blocks, qtype = raw_tensors[target]
+            writer.add_tensor(target, blocks, raw_dtype=qtype)
+        elif (layer_type is not None and target.startswith("blk.") and array.ndim >= 2
+                and not target.endswith("ffn_gate_inp.weight")):
             writer.add_tensor(target, gguf.quants.quantize(array, layer_type), raw_dtype=layer_type)
         else:
             writer.add_tensor(target, array)

@@ -20,6 +20,7 @@ from cadence.model.fused_decode import WEIGHT_FORMATS, has_f32_stack
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
 from cadence.model.kv_cache import KVCache
 from cadence.model.loader import load_model
+from cadence.model.moe import layer_mlps
 
 from .family_checkpoints import FAMILIES, WINDOW, build_family_checkpoint
 from .paged_helpers import scattered_block_table
@@ -172,8 +173,9 @@ def test_only_plain_llama_takes_the_fused_stack(family):
         assert stack is False, f"{name} must run the per-op path"
         if has_f32_stack(kernels):  # its GEMMs packed for the float32 kernels instead
             layer = ours.model.model.layers[0]
-            assert layer.self_attn.packed is not None and layer.mlp.packed is not None
-            assert not layer.mlp.packed_interleaved
+            assert layer.self_attn.packed is not None
+            for mlp in layer_mlps(layer):  # the dense MLP, or each expert of an MoE layer
+                assert mlp.packed is not None and not mlp.packed_interleaved
     elif has_f32_stack(kernels):
         assert stack, f"{name} (plain Llama, head_dim {ours.config.head_dim}) should take the stack"
 
@@ -202,14 +204,15 @@ def test_integer_storage_runs_the_per_op_path(family, quantization):
     """--quantization int8 / int4 on a non-plain family: per-op GEMMs on the packed integer
     weights with quantized inputs; scheduling still does not change the greedy tokens."""
     name, path, _, _ = family
-    if name not in ("gemma2", "phi3"):
-        pytest.skip("two representative non-plain families")
+    if name not in ("gemma2", "phi3", "qwen3_moe"):
+        pytest.skip("representative non-plain families (Qwen3-MoE: each expert packed)")
     loaded = load_model(path, dtype="float32", device="cpu", quantization=quantization)
     assert loaded.model.decode_weight_format == quantization
     kernels = load_cpu_kernels()
     if kernels is not None and has_f32_stack(kernels):
         loaded.model.prepare_fast_path()
-        assert loaded.model.model.layers[0].mlp.packed[0].format == WEIGHT_FORMATS[quantization]
+        for mlp in layer_mlps(loaded.model.model.layers[0]):
+            assert mlp.packed[0].format == WEIGHT_FORMATS[quantization]
     reference = engine_tokens(loaded, PROMPTS, "eager", 8192, 1, prefix=False)
     assert engine_tokens(loaded, PROMPTS, "chunked", 16, 4, prefix=True) == reference
 

@@ -23,7 +23,9 @@ from cadence.model.tokenizer import Tokenizer
 TEMPLATES = os.path.join(os.path.dirname(__file__), "..", "model", "chat_templates")
 # family checkpoint -> its chat template file
 FAMILIES = {"llama3": "llama3", "qwen3": "qwen3", "gemma3": "gemma3", "gemma2": "gemma2", "phi3": "phi3",
-            "mistral_window": "mistral", "smollm3": "smollm3"}
+            "mistral_window": "mistral", "smollm3": "smollm3",
+            # Mixture of experts: one family (the server path does not depend on the MLP kind).
+            "qwen3_moe": "qwen3"}
 # No system turn: Gemma 2's and Mistral's templates refuse one; they need user/assistant turns.
 MESSAGES = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi."},
             {"role": "user", "content": "How are you?"}]

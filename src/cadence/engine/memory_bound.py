@@ -4,12 +4,14 @@ Stated at startup (stderr) and checked before the KV pool is allocated: an engin
 not hold its own pool and one full step fails at once with a clear message, instead of being
 killed by the OOM killer under load.
 
-    activations <= T * (6 * hidden + 3 * intermediate + q/k/v width) * 4 bytes   (T = budget)
+    activations <= T * (6 * hidden + 3 * intermediate + q/k/v width + experts) * 4 bytes (T = budget)
                  + S * vocab * 4 bytes * 2                                        (logits, sampler)
 
 where T is max_num_batched_tokens and S max_num_seqs. The per-token term counts the residual
 stream, norms, attention input/output, the MLP's gate/up/act tensors and the query/key/value
-projections, in float32 (the widest dtype a step uses); the logits term is the [S, vocab]
+projections, in float32 (the widest dtype a step uses; on a mixture-of-experts model the
+intermediate width is that of a token's top-k experts together, where wider than a dense
+layer's, plus its router logits); the logits term is the [S, vocab]
 float32 logits plus one same-sized sampler temporary.
 
 On CPU the bound starts from what the process holds once the model is loaded (its resident
@@ -62,7 +64,8 @@ class MemoryBound:
 def activation_bytes(config: Any, max_num_batched_tokens: int, max_num_seqs: int) -> int:
     """Upper estimate of one step's activations (see the module docstring)."""
     qkv = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
-    per_token = (6 * config.hidden_size + 3 * config.intermediate_size + qkv) * 4
+    # MoE: the routed experts' gate/up/act rows of a token, and its router logits.
+    per_token = (6 * config.hidden_size + 3 * config.mlp_width_per_token + qkv + config.num_experts) * 4
     logits = max_num_seqs * config.vocab_size * 4 * 2
     return max_num_batched_tokens * per_token + logits
 

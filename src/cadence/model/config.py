@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Families the configurable decoder serves (Hugging Face model_type spelling).
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3",
+                           "qwen3_moe", "mixtral")
 
 # Rope variants (HF `rope_type`): how inverse frequencies and the cos/sin amplitude are derived.
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
@@ -101,6 +102,20 @@ class ModelConfig:
     sliding_window: int | None = None
     layer_types: tuple[str, ...] | None = None  # None = every layer FULL_ATTENTION
     mlp_bias: bool = False
+    # Mixture of experts (Qwen3-MoE, Mixtral): an MoE layer's MLP is a router [num_experts, H]
+    # and num_experts SwiGLU experts of width moe_intermediate_size; each token runs the
+    # num_experts_per_tok experts of highest softmax(router logits), their outputs weighted by
+    # those probabilities (renormalised to sum 1 with norm_topk_prob). 0 experts = dense.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int | None = None  # None = intermediate_size
+    norm_topk_prob: bool = True
+    # Which layers are MoE (Qwen3-MoE's mlp_only_layers / decoder_sparse_step leave some dense,
+    # of width intermediate_size); None = every layer, when num_experts > 0.
+    moe_layers: tuple[bool, ...] | None = None
+    # The routing weights rounded to the compute dtype before they scale the experts' outputs
+    # (HF Qwen3-MoE); Mixtral multiplies by the float32 weights.
+    moe_round_routing_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -124,7 +139,12 @@ class ModelConfig:
             raise ValueError(f"activation {self.hidden_act!r} is not supported; supported: {ACTIVATIONS}")
         if not 0 < self.partial_rotary_factor <= 1:
             raise ValueError(f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor}")
-        for name in ("rope_layers", "layer_types"):
+        if self.num_experts < 0 or (self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts):
+            raise ValueError(f"num_experts_per_tok must be in [1, num_experts], got {self.num_experts_per_tok} "
+                             f"of {self.num_experts}")
+        if self.moe_intermediate_size is not None and self.moe_intermediate_size <= 0:
+            raise ValueError(f"moe_intermediate_size must be positive, got {self.moe_intermediate_size}")
+        for name in ("rope_layers", "layer_types", "moe_layers"):
             value = getattr(self, name)
             if value is not None and len(value) != self.num_layers:
                 raise ValueError(f"{name} has {len(value)} entries for {self.num_layers} layers")
@@ -161,13 +181,31 @@ class ModelConfig:
     def layer_has_rope(self, layer: int) -> bool:
         return self.rope_layers is None or self.rope_layers[layer]
 
+    def layer_is_moe(self, layer: int) -> bool:
+        """Whether a layer's MLP is the mixture of experts (else the dense SwiGLU)."""
+        return self.num_experts > 0 and (self.moe_layers is None or self.moe_layers[layer])
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        """Width of one expert's gate / up projections."""
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def mlp_width_per_token(self) -> int:
+        """The widest gate/up activation a token has in any layer: the dense width, or the
+        routed experts' widths together (activation memory bounds)."""
+        if self.num_experts == 0:
+            return self.intermediate_size
+        return max(self.intermediate_size, self.num_experts_per_tok * self.expert_intermediate_size)
+
     @property
     def is_plain_llama(self) -> bool:
         """Whether every layer is the plain Llama shape the fused CPU decode stack computes:
-        SwiGLU, pre-norms only, full rope, default attention scale, no window, no capping."""
+        SwiGLU, pre-norms only, full rope, default attention scale, no window, no capping, and
+        dense (mixture-of-experts layers run the per-op path)."""
         return (not self.qk_norm and not self.sandwich_norms and self.hidden_act == "silu"
                 and self.embedding_multiplier is None and self.query_pre_attn_scalar is None
                 and self.attn_logit_softcapping is None and self.final_logit_softcapping is None
                 and self.layer_types is None and self.rope_layers is None
                 and self.partial_rotary_factor == 1.0 and self.rope_local_theta is None
-                and not self.mlp_bias)
+                and not self.mlp_bias and self.num_experts == 0)

@@ -1,5 +1,6 @@
 """One startup line that says how this machine will run the model, and a warning when a slow
-path is in use: CPU features, kernel tier, compute dtype, weight storage, threads, KV pool."""
+path is in use: CPU features, kernel tier, compute dtype, weight storage, threads, mixture of
+experts (which never takes the fused decode stack), KV pool."""
 
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ def describe_fast_path(loaded: "LoadedModel", kv_tokens: int | None = None) -> t
             warning = "fused decode stack off (CADENCE_DECODE_STACK=0): decode steps run op by op"
     else:
         parts.append(f"device {loaded.device}, compute {dtype}")
+    config = loaded.config
+    if config.num_experts:
+        # The fused decode stacks are dense-only (ModelConfig.is_plain_llama): every step of a
+        # mixture-of-experts model runs layer by layer, each chosen expert once over its rows.
+        parts.append(f"mixture of experts ({config.num_experts} experts, top {config.num_experts_per_tok}): "
+                     "per-op path, no fused decode stack")
     if kv_tokens is not None:
         parts.append(f"KV pool {kv_tokens} tokens")
     return "; ".join(parts), warning

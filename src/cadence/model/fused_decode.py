@@ -24,6 +24,7 @@ import torch
 
 from cadence.core.step_cost import FUSED_STEP_MAX_CHUNK, FUSED_STEP_MAX_ROWS
 from cadence.model.attention_metadata import AttentionMetadata
+from cadence.model.moe import layer_mlps
 
 if TYPE_CHECKING:
     from cadence.model.llama import LlamaForCausalLM
@@ -66,7 +67,7 @@ def resolve_weight_format(model: "LlamaForCausalLM") -> str:
     falling back to bf16 where a GEMM's K does not split into int8's groups of 32."""
     fmt = getattr(model, "decode_weight_format", "float32")
     cfg = model.config
-    ks = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size)
+    ks = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size, cfg.expert_intermediate_size)
     if fmt in INTEGER_FORMATS and any(k % 32 for k in ks):
         return "bf16"
     return fmt
@@ -114,8 +115,9 @@ def round_weights_to_format(model: "LlamaForCausalLM", fmt: str) -> None:
         return
     with torch.no_grad():
         for layer in model.model.layers:
+            mlps = layer_mlps(layer)  # the dense MLP, or an MoE layer's experts (routers stay float)
             for w in (layer.self_attn.fused_weight, layer.self_attn.o_proj.weight,
-                      layer.mlp.fused_weight, layer.mlp.down_proj.weight):
+                      *(m.fused_weight for m in mlps), *(m.down_proj.weight for m in mlps)):
                 w.copy_(stored_values(w, fmt))
         model.lm_head.weight.copy_(stored_values(model.lm_head.weight, lm_head_format(fmt)))
 

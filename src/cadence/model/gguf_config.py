@@ -10,7 +10,11 @@ several HF settings are not stored at all:
 - Llama 3 rope scaling: only its per-frequency factors (`rope_freqs.weight`), from which
   `llama3_rope_scaling` recovers the HF parameters;
 - Phi-3 longrope: the factors as tensors (`rope_factors_long/short.weight`) plus the original
-  context length and attention factor keys.
+  context length and attention factor keys;
+- mixture of experts (qwen3moe; Mixtral, written as llama with `expert_count`): llama.cpp
+  renormalises the top-k routing weights (build_moe_ffn's norm_w, on for both archs whatever
+  HF's norm_topk_prob was; `expert_weights_norm` where a file has it), and a layer is MoE where
+  it has a router (`ffn_gate_inp`).
 Floats are stored as float32; `_f32` gives back the short decimal they were written from
 (1e-06, not 9.99999997e-07), so a config equals the one read from the HF folder.
 """
@@ -29,7 +33,9 @@ from cadence.model.gguf_fields import GGUFFile, gguf_value
 
 # GGUF general.architecture -> ModelConfig.architecture (llama.cpp writes Mistral as "llama").
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-                      "gemma3": "gemma3", "phi3": "phi3", "smollm3": "smollm3"}
+                      "gemma3": "gemma3", "phi3": "phi3", "smollm3": "smollm3", "qwen3moe": "qwen3_moe"}
+# A llama file with experts is Mixtral's (llama.cpp has no mixtral architecture).
+_LLAMA_WITH_EXPERTS = "mixtral"
 # GGUF rope.scaling.type values read here (llama3 and longrope come as factor tensors).
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")
 
@@ -206,6 +212,27 @@ def _layer_types(arch: str, key, num_layers: int,
     return window, tuple(SLIDING_ATTENTION if s else FULL_ATTENTION for s in sliding)
 
 
+def _moe_fields(arch: str, key, tensor_names: set[str], num_layers: int) -> dict[str, Any]:
+    """The ModelConfig MoE fields (empty for a dense file): expert counts, the expert width
+    (qwen3moe's expert_feed_forward_length; Mixtral's experts are feed_forward_length wide),
+    llama.cpp's top-k renormalisation and the layers with a router."""
+    experts = int(key("expert_count", 0) or 0)
+    if not experts:
+        return {}
+    moe = tuple(f"blk.{i}.ffn_gate_inp.weight" in tensor_names for i in range(num_layers))
+    fields: dict[str, Any] = {
+        "num_experts": experts,
+        "num_experts_per_tok": int(key("expert_used_count")),
+        "norm_topk_prob": bool(key("expert_weights_norm", True)),
+        "moe_layers": None if all(moe) else moe,
+    }
+    if arch == "qwen3moe":
+        fields.update(moe_intermediate_size=int(_one_value("expert_feed_forward_length",
+                                                           key("expert_feed_forward_length"))),
+                      moe_round_routing_weights=True)
+    return fields
+
+
 def _one_value(name: str, value: Any) -> Any:
     # Some archs store per-layer arrays (head counts, FFN widths); cadence's layers are uniform.
     if isinstance(value, list):
@@ -264,12 +291,14 @@ def config_from_gguf(reader: GGUFFile | gguf.GGUFReader, tensor_names: set[str] 
         query_pre_attn_scalar = float(hidden // num_heads if big else head_dim)
     attn_cap = key("attn_logit_softcapping", None) if arch == "gemma2" else None
     final_cap = key("final_logit_softcapping", None)
+    moe = _moe_fields(arch, key, tensor_names, num_layers)
+    architecture = _LLAMA_WITH_EXPERTS if arch == "llama" and moe else GGUF_ARCHITECTURES[arch]
     rope_layers = None
     if arch == "smollm3" and num_layers >= _SMOLLM3_NO_ROPE_EVERY:
         rope_layers = tuple((il + 1) % _SMOLLM3_NO_ROPE_EVERY != 0 for il in range(num_layers))
     try:
         return ModelConfig(
-            architecture=GGUF_ARCHITECTURES[arch],
+            architecture=architecture,
             vocab_size=int(vocab),
             hidden_size=hidden,
             intermediate_size=int(_one_value("feed_forward_length", key("feed_forward_length"))),
@@ -298,6 +327,7 @@ def config_from_gguf(reader: GGUFFile | gguf.GGUFReader, tensor_names: set[str] 
             sliding_window=window,
             layer_types=layer_types,
             mlp_bias="blk.0.ffn_down.bias" in tensor_names,
+            **moe,
         )
     except ValueError as exc:
         raise ModelLoadError(f"GGUF metadata describes an invalid model: {exc}") from exc

@@ -17,8 +17,8 @@ from cadence.model.config import ModelConfig
 from cadence.model.errors import ModelLoadError
 from cadence.model.gguf_config import config_from_gguf
 from cadence.model.gguf_fields import GGUFFile, gguf_value
-from cadence.model.gguf_names import (LAYER_RE, ROPE_FACTOR_TENSORS, ROTARY_PERMUTED_ARCHS, hf_name,
-                                      split_fused, unpermute_rotary)
+from cadence.model.gguf_names import (LAYER_RE, ROPE_FACTOR_TENSORS, ROTARY_PERMUTED_ARCHS, expert_projections,
+                                      hf_name, split_fused, unpermute_rotary)
 from cadence.model.gguf_tokenizer import tokenizer_from_gguf
 from cadence.model.llama import LlamaForCausalLM
 from cadence.model.tokenizer import Tokenizer, TokenizerError
@@ -65,6 +65,10 @@ def _tensors(reader: GGUFFile | gguf.GGUFReader, arch: str, config: ModelConfig,
     for tensor in reader.tensors:
         if tensor.name in ROPE_FACTOR_TENSORS:
             continue  # read into config.rope_scaling
+        experts = expert_projections(tensor.name)
+        if experts is not None:
+            yield from _expert_tensors(tensor, *experts, source)
+            continue
         name = hf_name(tensor.name, arch)
         fused = arch == "phi3" and name is None and LAYER_RE.match(tensor.name) is not None
         if name is None and not fused:
@@ -83,6 +87,17 @@ def _tensors(reader: GGUFFile | gguf.GGUFReader, arch: str, config: ModelConfig,
         elif rotary_permuted and ".attn_k." in tensor.name:
             weight = unpermute_rotary(weight, config.num_kv_heads)
         yield name, weight
+
+
+def _expert_tensors(tensor, prefix: str, projections: tuple[str, ...],
+                    source: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """A 3-D expert tensor [E, N, K] as each expert's projections (views of one decoded array)."""
+    weight = torch.from_numpy(_float_array(tensor, source))
+    if weight.dim() != 3 or weight.shape[1] % len(projections):
+        raise ModelLoadError(f"{source}: expert tensor {tensor.name!r} has shape {tuple(weight.shape)}")
+    for e, rows in enumerate(weight.unbind(0)):
+        for projection, part in zip(projections, rows.chunk(len(projections))):
+            yield f"{prefix}.{e}.{projection}.weight", part
 
 
 def _float_array(tensor, source: str) -> np.ndarray:

@@ -10,6 +10,11 @@ more than a rename:
   `split_fused` cuts them back into the separate projections.
 llama.cpp computes rope on interleaved pairs for the llama-style archs, so the converter permutes
 q/k rows there (`ROTARY_PERMUTED_ARCHS`); `unpermute_rotary` undoes it.
+Mixture-of-experts layers (qwen3moe; Mixtral as llama) store the router as `ffn_gate_inp` and
+each projection of all experts as one 3-D tensor (`ffn_gate_exps` [E, I, H] in torch order,
+`ffn_up_exps`, `ffn_down_exps` [E, H, I]; gate and up fused as `ffn_gate_up_exps` [E, 2I, H]
+by the converter's optional fusion): `expert_projections` names the per-expert projections
+that expert e's rows of such a tensor are.
 """
 
 from __future__ import annotations
@@ -49,6 +54,10 @@ _COMMON_LAYER_NAMES = {
     "ffn_down.bias": "mlp.down_proj.bias",
 }
 _LLAMA_STYLE_NORMS = {"ffn_norm.weight": "post_attention_layernorm.weight"}
+_MOE_ROUTER = {"ffn_gate_inp.weight": "mlp.gate.weight"}
+# 3-D expert tensors -> the HF projections each expert's rows hold, in row order.
+EXPERT_TENSORS = {"ffn_gate_exps.weight": ("gate_proj",), "ffn_up_exps.weight": ("up_proj",),
+                  "ffn_down_exps.weight": ("down_proj",), "ffn_gate_up_exps.weight": ("gate_proj", "up_proj")}
 _GEMMA_NORMS = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
@@ -58,9 +67,10 @@ _GEMMA_NORMS = {
 PHI3_FUSED = {"attn_qkv.weight": ("q_proj", "k_proj", "v_proj"), "ffn_up.weight": ("gate_proj", "up_proj")}
 
 _LAYER_NAMES_BY_ARCH = {
-    "llama": {**_COMMON_LAYER_NAMES, **_LLAMA_STYLE_NORMS},
+    "llama": {**_COMMON_LAYER_NAMES, **_LLAMA_STYLE_NORMS, **_MOE_ROUTER},  # Mixtral's router too
     "qwen2": {**_COMMON_LAYER_NAMES, **_LLAMA_STYLE_NORMS},
     "qwen3": {**_COMMON_LAYER_NAMES, **_LLAMA_STYLE_NORMS},
+    "qwen3moe": {**_COMMON_LAYER_NAMES, **_LLAMA_STYLE_NORMS, **_MOE_ROUTER},
     "smollm3": {**_COMMON_LAYER_NAMES, **_LLAMA_STYLE_NORMS},
     "phi3": {**_COMMON_LAYER_NAMES, **_LLAMA_STYLE_NORMS},
     "gemma2": {**_COMMON_LAYER_NAMES, **_GEMMA_NORMS},
@@ -82,6 +92,17 @@ def hf_name(gguf_name: str, arch: str) -> str | None:
         return None
     name = _LAYER_NAMES_BY_ARCH[arch].get(rest)
     return None if name is None else f"model.layers.{layer}.{name}"
+
+
+def expert_projections(gguf_name: str) -> tuple[str, tuple[str, ...]] | None:
+    """(HF prefix of the layer's experts, e.g. "model.layers.3.mlp.experts", the projections
+    each expert's rows hold in order) for a 3-D expert tensor, or None for any other name.
+    Expert e's projection p is then f"{prefix}.{e}.{p}.weight"."""
+    match = LAYER_RE.match(gguf_name)
+    if match is None or match.group(2) not in EXPERT_TENSORS:
+        return None
+    layer, rest = match.groups()
+    return f"model.layers.{layer}.mlp.experts", EXPERT_TENSORS[rest]
 
 
 def split_fused(gguf_name: str, weight: torch.Tensor, q_size: int,

@@ -2,7 +2,8 @@
 
 Every 2-D weight of the file (the layers' projections, the token embedding, the output head)
 becomes a GGUFWeight over the file's memory map, in the module that uses it (GGUFLinear,
-GGUFEmbedding); only the 1-D tensors (norms, biases) are decoded to float32. No float copy of
+GGUFEmbedding), and each expert's rows of a 3-D expert tensor (qwen3moe, Mixtral) one per
+expert projection; only the 1-D tensors (norms, biases) are decoded to float32. No float copy of
 a matrix exists at any moment, and the process holds what the page cache holds of the file.
 Rows that llama.cpp's converter reordered (q/k of llama-family files) or fused (Phi-3's qkv and
 gate/up) are taken apart by row index (GGUFWeight.from_reader_tensor(rows=...)): gathered for the
@@ -18,8 +19,8 @@ from torch import nn
 from cadence.model.config import ModelConfig
 from cadence.model.errors import ModelLoadError
 from cadence.model.gguf_modules import GGUFEmbedding, GGUFLinear
-from cadence.model.gguf_names import (LAYER_RE, ROPE_FACTOR_TENSORS, ROTARY_PERMUTED_ARCHS, hf_name,
-                                      split_fused, unpermute_rotary)
+from cadence.model.gguf_names import (LAYER_RE, ROPE_FACTOR_TENSORS, ROTARY_PERMUTED_ARCHS, expert_projections,
+                                      hf_name, split_fused, unpermute_rotary)
 from cadence.model.gguf_weight import GGUFWeight, check_supported
 from cadence.model.llama import LlamaForCausalLM
 
@@ -41,7 +42,7 @@ def has_quantized_matrices(path: str) -> bool:
         reader = GGUFFile(path)
     except (ValueError, OSError, EOFError, IndexError):
         return False
-    return any(len(t.shape) == 2 and LAYER_RE.match(t.name) and t.tensor_type.name not in _FLOAT_TYPES
+    return any(len(t.shape) in (2, 3) and LAYER_RE.match(t.name) and t.tensor_type.name not in _FLOAT_TYPES
                for t in reader.tensors)
 
 
@@ -52,6 +53,15 @@ def _row_index(rows: int) -> torch.Tensor:
 
 def _weights_of(tensor, arch: str, config: ModelConfig, source: str):
     """(HF name, GGUFWeight or float32 tensor) pairs of one GGUF tensor."""
+    experts = expert_projections(tensor.name)
+    if experts is not None:  # [E, N, K]: each expert's projections, on the file's blocks
+        prefix, projections = experts
+        try:
+            per_expert = GGUFWeight.experts_from_reader_tensor(tensor, len(projections))
+        except ValueError as exc:
+            raise ModelLoadError(f"{source}: tensor {tensor.name!r}: {exc}") from exc
+        return [(f"{prefix}.{e}.{projection}.weight", weight)
+                for e, weights in enumerate(per_expert) for projection, weight in zip(projections, weights)]
     name = hf_name(tensor.name, arch)
     fused = arch == "phi3" and name is None and LAYER_RE.match(tensor.name) is not None
     if name is None and not fused:

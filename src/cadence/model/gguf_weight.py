@@ -183,6 +183,25 @@ class GGUFWeight:
         return weight
 
     @classmethod
+    def experts_from_reader_tensor(cls, tensor, parts: int = 1) -> list[list[GGUFWeight]]:
+        """A 3-D expert tensor of a gguf.GGUFReader (ggml dims [K, parts * N, E]: each expert's
+        rows one after the other) as E lists of `parts` [N, K] weights, each read in place from
+        the file's memory map (an expert's rows are contiguous blocks; Q4_K / Q6_K repacked as
+        every weight is, and their file pages then released)."""
+        if len(tensor.shape) != 3:
+            raise ValueError(f"{tensor.name}: an expert tensor is 3-D, this one has shape {list(tensor.shape)}")
+        K, rows, E = (int(v) for v in tensor.shape)
+        if rows % parts:
+            raise ValueError(f"{tensor.name}: {rows} rows per expert do not split into {parts} projections")
+        qtype = check_supported(tensor.tensor_type)
+        raw = _as_byte_rows(tensor.data, E * rows).reshape(E, rows, -1)  # [E, rows, row_bytes]
+        N = rows // parts
+        weights = [[cls(qtype, (N, K), raw[e, p * N:(p + 1) * N]) for p in range(parts)] for e in range(E)]
+        if all(w.packed is not None for expert in weights for w in expert):
+            _release_file_pages(raw)
+        return weights
+
+    @classmethod
     def quantize(cls, weight: torch.Tensor, ggml_type: GGMLQuantizationType | int) -> GGUFWeight:
         """A float [N, K] weight quantized with gguf-py (tests and benchmarks: the types gguf-py
         can quantize: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)."""

@@ -73,6 +73,34 @@ def _qwen3(cfg: dict[str, Any], path: str) -> dict[str, Any]:
     return {"qk_norm": True, **_qwen_window(cfg, path)}
 
 
+def _qwen3_moe(cfg: dict[str, Any], path: str) -> dict[str, Any]:
+    """Qwen3-MoE: Qwen3's layers with a routed MLP on the layers that are not in mlp_only_layers
+    and are every decoder_sparse_step-th (HF Qwen3MoeDecoderLayer); the others dense of width
+    intermediate_size. transformers 5 saves the expert count as num_local_experts, the Hub's
+    configs as num_experts. Windows: HF's one window on every layer with use_sliding_window
+    (unlike Qwen3's per-layer max_window_layers)."""
+    n = cfg["num_hidden_layers"]
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    step = int(cfg.get("decoder_sparse_step", 1) or 1)
+    dense = set(cfg.get("mlp_only_layers") or [])
+    moe = tuple(experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(n))
+    if not any(moe):
+        raise ModelLoadError(f"{path}: a Qwen3-MoE config without expert layers is not supported")
+    # HF Qwen3-MoE: with use_sliding_window, one window on every layer (no max_window_layers).
+    window = _whole_model_window(cfg, path) if cfg.get("use_sliding_window", False) else {}
+    return {"qk_norm": True, **window, "num_experts": experts, "num_experts_per_tok": int(cfg["num_experts_per_tok"]),
+            "moe_intermediate_size": int(cfg["moe_intermediate_size"]),
+            "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)),
+            "moe_layers": None if all(moe) else moe, "moe_round_routing_weights": True}
+
+
+def _mixtral(cfg: dict[str, Any], path: str) -> dict[str, Any]:
+    """Mixtral: Mistral's layers, every MLP routed over experts of width intermediate_size, the
+    top-k weights always renormalised (HF MixtralTopKRouter)."""
+    return {**_whole_model_window(cfg, path), "num_experts": int(cfg.get("num_local_experts", 8)),
+            "num_experts_per_tok": int(cfg.get("num_experts_per_tok", 2)), "norm_topk_prob": True}
+
+
 def _llama(cfg: dict[str, Any], path: str) -> dict[str, Any]:
     return {"mlp_bias": bool(cfg.get("mlp_bias", False))}
 
@@ -159,6 +187,44 @@ def _phi3_split(cfg: dict[str, Any], tensors: Tensors) -> Tensors:
             yield name, tensor
 
 
+def _fused_experts(tensors: Tensors) -> Tensors:
+    """Expert weights stored as 3-D tensors (transformers 5's in-memory layout:
+    mlp.experts.gate_up_proj [E, 2I, H], gate rows first, and mlp.experts.down_proj [E, H, I])
+    as the per-expert projections the Hub's checkpoints hold (mlp.experts.E.gate_proj.weight ...)."""
+    for name, tensor in tensors:
+        prefix, _, leaf = name.rpartition("experts.")
+        if tensor.dim() == 3 and leaf in ("gate_up_proj", "gate_up_proj.weight"):
+            for e, (gate, up) in enumerate(t.chunk(2) for t in tensor.unbind(0)):
+                yield f"{prefix}experts.{e}.gate_proj.weight", gate.contiguous()
+                yield f"{prefix}experts.{e}.up_proj.weight", up.contiguous()
+        elif tensor.dim() == 3 and leaf in ("down_proj", "down_proj.weight"):
+            for e, down in enumerate(tensor.unbind(0)):
+                yield f"{prefix}experts.{e}.down_proj.weight", down.contiguous()
+        else:
+            yield name, tensor
+
+
+def _qwen3_moe_tensors(cfg: dict[str, Any], tensors: Tensors) -> Tensors:
+    return _fused_experts(tensors)
+
+
+# Mixtral's checkpoint names: block_sparse_moe (the MoE MLP), experts' w1 / w3 / w2 (gate / up /
+# down, as in Mistral's reference code).
+_MIXTRAL_RENAMES = ((".block_sparse_moe.", ".mlp."), (".w1.weight", ".gate_proj.weight"),
+                    (".w3.weight", ".up_proj.weight"), (".w2.weight", ".down_proj.weight"))
+
+
+def _mixtral_tensors(cfg: dict[str, Any], tensors: Tensors) -> Tensors:
+    def renamed() -> Tensors:
+        for name, tensor in tensors:
+            if ".block_sparse_moe." in name:
+                for old, new in _MIXTRAL_RENAMES:
+                    name = name.replace(old, new)
+            yield name, tensor
+
+    return _fused_experts(renamed())
+
+
 FAMILIES = (
     HFFamily("llama", ("LlamaForCausalLM",), ("llama",), _llama),
     HFFamily("mistral", ("MistralForCausalLM",), ("mistral",), _whole_model_window),
@@ -170,6 +236,8 @@ FAMILIES = (
              convert=_gemma_norms),
     HFFamily("phi3", ("Phi3ForCausalLM",), ("phi3",), _whole_model_window, convert=_phi3_split),
     HFFamily("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), _smollm3, tie_word_embeddings=True),
+    HFFamily("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), _qwen3_moe, convert=_qwen3_moe_tensors),
+    HFFamily("mixtral", ("MixtralForCausalLM",), ("mixtral",), _mixtral, convert=_mixtral_tensors),
 )
 
 

@@ -43,6 +43,7 @@ from cadence.model.gguf_modules import linear_side_by_side
 from cadence.model.gguf_stack import build_gguf_decode_stack
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 from cadence.model.kv_cache import KVCache
+from cadence.model.moe import SparseMoeBlock, layer_mlps
 from cadence.model.rope import RotaryEmbedding, apply_rope
 
 # bf16 GEMMs with at most this many rows use the AVX512-BF16 kernel (memory-bound decode); larger
@@ -309,12 +310,15 @@ class LlamaMLP(_FusedProjections):
     """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one fused GEMM; GeGLU (Gemma) with
     gelu's tanh approximation in place of silu."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None):
+        """intermediate_size: the width (default config.intermediate_size; an MoE expert's is
+        config.expert_intermediate_size)."""
         super().__init__()
         bias = config.mlp_bias
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        width = intermediate_size or config.intermediate_size
+        self.gate_proj = nn.Linear(config.hidden_size, width, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, width, bias=bias)
+        self.down_proj = nn.Linear(width, config.hidden_size, bias=bias)
         self.gelu = config.hidden_act == "gelu_pytorch_tanh"
         # Whether packed[0] interleaves gate and up by blocks of 16 columns (the fused stack's
         # layout) or holds [gate | up] (LlamaForCausalLM._pack_per_op).
@@ -377,7 +381,9 @@ class LlamaDecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
             self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.sandwich = config.sandwich_norms
-        self.mlp = LlamaMLP(config)
+        # MoE layers (Qwen3-MoE, Mixtral): a router and experts, each a LlamaMLP of its width.
+        self.mlp: nn.Module = (SparseMoeBlock(config, lambda width: LlamaMLP(config, width))
+                               if config.layer_is_moe(layer_idx) else LlamaMLP(config))
         # Which of the model's rope tables this layer rotates with (None: no rope).
         self.rope_key = rope_key(config, layer_idx)
 
@@ -471,7 +477,8 @@ class LlamaForCausalLM(nn.Module):
         self._decode_stack = None
         self._packed_lm_head = None
         for layer in self.model.layers:
-            layer.self_attn.packed = layer.mlp.packed = None
+            for module in (layer.self_attn, *layer_mlps(layer)):
+                module.packed = None
 
     def release_float_weights(self) -> bool:
         """Free the decoder layers' float32 GEMM weights where every CPU path computes on the
@@ -532,7 +539,8 @@ class LlamaForCausalLM(nn.Module):
         resolved = resolve_weight_format(self)
         round_weights_to_format(self, resolved)
         for layer in self.model.layers:
-            layer.self_attn.quantize_inputs = layer.mlp.quantize_inputs = resolved in INTEGER_FORMATS
+            for module in (layer.self_attn, *layer_mlps(layer)):
+                module.quantize_inputs = resolved in INTEGER_FORMATS
         self.drop_packed_weights()
 
     def prepare_fast_path(self) -> None:
@@ -589,10 +597,11 @@ class LlamaForCausalLM(nn.Module):
             return PackedInteger(data, scales, weight.shape[0], fmt, self.invariant_gemms)
 
         for layer in self.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
+            attn = layer.self_attn
             attn.packed = (packed(attn.fused_weight), packed(attn.o_proj.weight))
-            mlp.packed = (packed(mlp.fused_weight), packed(mlp.down_proj.weight))
-            mlp.packed_interleaved = False
+            for mlp in layer_mlps(layer):  # an MoE layer's experts each (its router stays float)
+                mlp.packed = (packed(mlp.fused_weight), packed(mlp.down_proj.weight))
+                mlp.packed_interleaved = False
 
     def _attach_packed_int8(self, stack) -> None:
         """Point the per-op path's GEMMs of an int8 / int4 model (or, after pin_invariant_gemms,
