@@ -369,3 +369,33 @@ def test_invocations_dispatch_chat_and_completions_as_their_routes(client, http)
     bad = http.post("/invocations", json={**done, "max_tokens": "4"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
     assert http.post("/invocations", content=b"{").status_code == 400
+
+
+def test_tokenize_takes_vllms_chat_fields_and_counts_as_the_chat_runs(client, http,
+                                                                       tiny_tokenizer):
+    """vLLM's /tokenize fields: chat_template, continue_final_message, tools (the template
+    sees them as a chat completion passes them) and return_token_strs; each chat counts the
+    tokens its completion runs."""
+    model = client.models.list().data[0].id
+    template = ("{% if tools %}{{ tools[0]['function']['name'] }}|{% endif %}"
+                "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}")
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    opened = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}]
+    for fields in ({"chat_template": template},
+                   {"chat_template": template, "tools": tools},
+                   {"continue_final_message": True, "add_generation_prompt": False}):
+        messages = opened if fields.get("continue_final_message") else opened[:1]
+        chat_fields = {**fields, "tool_choice": "none"} if "tools" in fields else fields
+        ran = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=1,
+            extra_body={"return_token_ids": True, **chat_fields}).model_dump()
+        counted = http.post("/tokenize", json={"model": model, "messages": messages, **fields})
+        assert counted.status_code == 200, counted.text
+        assert counted.json()["tokens"] == ran["prompt_token_ids"], fields
+    with_strs = http.post("/tokenize", json={"model": model, "prompt": "Hello world",
+                                             "return_token_strs": True}).json()
+    assert with_strs["token_strs"] == [tiny_tokenizer.backend.id_to_token(t)
+                                       for t in with_strs["tokens"]]
+    bad = http.post("/tokenize", json={"model": model, "prompt": "hi", "chat_template": "x"})
+    assert bad.status_code == 400

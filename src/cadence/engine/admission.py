@@ -298,15 +298,23 @@ def answer_tokenize(engine: EngineCore, msg: Tokenize) -> dict[str, Any]:
         return {"text": text}
     if msg.messages is not None:
         try:
-            extra = ({"chat_template_kwargs": msg.chat_template_kwargs}
-                     if msg.chat_template_kwargs else {})
+            # Only what is set: an engine without these options still renders plain chats.
+            extra = {k: v for k, v in (("chat_template_kwargs", msg.chat_template_kwargs),
+                                       ("chat_template", msg.chat_template),
+                                       ("continue_final_message", msg.continue_final_message))
+                     if v}
             text = engine.render_chat(msg.messages, msg.add_generation_prompt, **extra)
         except Exception as exc:  # jinja errors, bad roles, budgets: the client's fault
             raise template_error(exc) from exc
         check_text_length(engine, len(text), "messages")
         # The template writes the special tokens; add_special_tokens (vLLM's, default false
         # for a chat) adds the tokenizer's on top, as a chat completion does.
-        return {"tokens": list(engine.tokenize(text, add_special_tokens=msg.add_special_tokens))}
-    check_text_length(engine, len(msg.text or ""), "prompt")
-    return {"tokens": list(engine.tokenize(msg.text or "",
-                                           add_special_tokens=msg.add_special_tokens))}
+        tokens = list(engine.tokenize(text, add_special_tokens=msg.add_special_tokens))
+    else:
+        check_text_length(engine, len(msg.text or ""), "prompt")
+        tokens = list(engine.tokenize(msg.text or "", add_special_tokens=msg.add_special_tokens))
+    if not msg.return_token_strs:
+        return {"tokens": tokens}
+    pieces = getattr(engine, "token_pieces", None)
+    return {"tokens": tokens, "token_strs": (pieces(tokens) if pieces is not None
+                                             else [engine.token_text(t) for t in tokens])}

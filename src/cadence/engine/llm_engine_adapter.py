@@ -96,6 +96,12 @@ class LLMEngineAdapter:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
+    def token_pieces(self, token_ids: list[int]) -> list[str]:
+        """The vocabulary's own strings of the tokens (e.g. "Ġthe"; transformers'
+        convert_ids_to_tokens), as vLLM's /tokenize returns them with return_token_strs."""
+        backend = self.tokenizer.backend
+        return [backend.id_to_token(t) or "" for t in token_ids]
+
     def default_eos_token_ids(self) -> tuple[int, ...]:
         return tuple(int(t) for t in self.tokenizer.stop_token_ids)
 

@@ -99,6 +99,10 @@ class Tokenize:
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # for `messages`, as AddRequest's
+    chat_template: str | None = None  # for `messages`: the request's own template
+    continue_final_message: bool = False  # for `messages`: the last one left open
+    # vLLM's: the tokens' vocabulary pieces too (reply "token_strs").
+    return_token_strs: bool = False
 
 
 @dataclass(frozen=True)

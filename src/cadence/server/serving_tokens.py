@@ -35,11 +35,21 @@ class TokenizeRequest(APIRequest):
     add_generation_prompt: bool = True
     # Extra chat-template variables (vLLM's), so a chat counts as its completion renders it.
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's too: the request's own template, the last (assistant) message left open, the
+    # tools the template lists (as a chat completion passes them), the vocabulary pieces.
+    chat_template: str | None = None
+    continue_final_message: bool = False
+    tools: list[dict[str, Any]] | None = None
+    return_token_strs: bool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' and 'messages'")
+        if self.prompt is not None and (self.chat_template is not None or self.tools
+                                        or self.continue_final_message):
+            raise ValueError("chat_template, continue_final_message and tools go with "
+                             "'messages'")
         if (why := chat_template_kwargs_problem(self.chat_template_kwargs)) is not None:
             raise ValueError(why)
         return self
@@ -75,18 +85,26 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
                     for m in body.messages]
         check_prompt_size(EnginePrompt(chat_messages=messages), server.max_model_len,
                           server.max_token_chars)
+        template_kwargs = ({"tools": body.tools, **(body.chat_template_kwargs or {})}
+                           if body.tools else body.chat_template_kwargs)
         reply = await _ask_engine(request, messages=messages,
                                   add_generation_prompt=body.add_generation_prompt,
-                                  chat_template_kwargs=body.chat_template_kwargs,
-                                  add_special_tokens=bool(body.add_special_tokens))
+                                  chat_template_kwargs=template_kwargs,
+                                  chat_template=body.chat_template,
+                                  continue_final_message=body.continue_final_message,
+                                  add_special_tokens=bool(body.add_special_tokens),
+                                  return_token_strs=body.return_token_strs)
     else:
         check_prompt_size(EnginePrompt(text=body.prompt), server.max_model_len,
                           server.max_token_chars)
         reply = await _ask_engine(request, text=body.prompt,
-                                  add_special_tokens=body.add_special_tokens is not False)
+                                  add_special_tokens=body.add_special_tokens is not False,
+                                  return_token_strs=body.return_token_strs)
     tokens = reply["tokens"]
-    return JSONResponse({"count": len(tokens), "max_model_len": server.max_model_len,
-                         "tokens": tokens})
+    answer = {"count": len(tokens), "max_model_len": server.max_model_len, "tokens": tokens}
+    if body.return_token_strs:
+        answer["token_strs"] = reply["token_strs"]
+    return JSONResponse(answer)
 
 
 async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
