@@ -240,3 +240,24 @@ def test_tokenization_kwargs_truncate_either_side_as_the_server_does(llm):
                      tokenization_kwargs={"truncate_prompt_tokens": 4, "truncation_side": "up"})
     with pytest.raises(ValueError, match="max_length"):  # not silently dropped
         llm.generate([ids], params, use_tqdm=False, tokenization_kwargs={"max_length": 4})
+
+
+def test_bad_words_of_several_tokens_as_vllm_bans_them(llm):
+    """A word of two tokens: its second token is banned right after its first (vLLM's rule),
+    so the greedy output keeps everything before the word and never writes it."""
+    tok = llm.get_tokenizer()
+    ids = list(_greedy(llm, "The capital of France is").token_ids)
+    for i in range(len(ids) - 1):
+        pair = ids[i:i + 2]
+        text = tok.decode(pair).lstrip()
+        plain = tok.encode(text, add_special_tokens=False)
+        spaced = tok.encode(" " + text, add_special_tokens=False)
+        variants = [plain] + ([spaced] if spaced[0] != plain[0] and len(spaced) == len(plain)
+                              else [])
+        if pair in variants and len(plain) == 2 and pair not in [ids[j:j + 2] for j in range(i)]:
+            break
+    else:
+        pytest.skip("no output pair tokenizes back to itself")
+    banned = list(_greedy(llm, "The capital of France is", bad_words=[text]).token_ids)
+    assert banned[:i + 1] == ids[:i + 1] and banned[i + 1] != ids[i + 1]
+    assert all(banned[j:j + 2] not in variants for j in range(len(banned) - 1))

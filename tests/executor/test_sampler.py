@@ -230,3 +230,27 @@ def test_mixed_filters_in_one_batch_on_a_large_vocab():
     assert seen[2] <= {0, 1} and 0 in seen[2]
     assert seen[3] == {0, 1, 2}
     assert seen[4] <= {0, 1, 2, 3} and len(seen[4]) >= 3
+
+
+def test_bad_words_of_several_tokens_ban_the_last_one_after_the_rest():
+    """vLLM's rule: a word (5, 6, 7) bans 7 only where the output so far ends with 5, 6;
+    prompt tokens do not count; one-token words (bad_words_token_ids) are banned always."""
+    from cadence.core.plan import ScheduledChunk
+    from cadence.core.sampling_params import SamplingParams
+    from cadence.executor.logits_processors import apply_logits_processors
+
+    params = SamplingParams(temperature=0, bad_words=("w",), bad_words_token_ids=(9,),
+                            bad_words_sequences=((5, 6, 7), (3, 8)))
+    logits = torch.zeros(1, 12)
+
+    def banned(history, num_prompt):
+        chunk = ScheduledChunk(req_id="r", token_ids=(history[-1],), start_pos=len(history) - 1,
+                               block_table=(0,), sample=True, sampling=params, output_index=0,
+                               is_prefill=False, history=history, num_prompt_tokens=num_prompt)
+        out, _ = apply_logits_processors(logits, [chunk])
+        return {i for i, v in enumerate(out[0].tolist()) if v == float("-inf")}
+
+    assert banned([1, 2, 5, 6], num_prompt=2) == {9, 7}
+    assert banned([1, 5, 6, 3], num_prompt=1) == {9, 8}
+    assert banned([5, 6, 1], num_prompt=2) == {9}  # 5, 6 are in the prompt, then 1
+    assert banned([1, 5, 6], num_prompt=2) == {9}  # only 6 is output: the prefix is not

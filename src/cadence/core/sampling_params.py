@@ -110,7 +110,8 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
     # Words never to generate (vLLM's bad_words): the engine turns each into its token ids
-    # (with and without a leading space) and bans them by logit bias.
+    # (with and without a leading space, as vLLM picks the variants); a word's last token is
+    # banned whenever the output so far ends with the tokens before it.
     bad_words: tuple[str, ...] = ()
     # Only these token ids may be sampled (vLLM's allowed_token_ids).
     allowed_token_ids: tuple[int, ...] | None = None
@@ -122,8 +123,10 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled by the engine from the model (EOS id and extra end-of-turn ids); not user-facing.
     eos_token_ids: tuple[int, ...] = field(default=())
-    # Filled by the engine: the token ids of bad_words; not user-facing.
+    # Filled by the engine: the token ids of bad_words; not user-facing. One-token words are
+    # banned always; longer ones (prefix..., last) only after their prefix.
     bad_words_token_ids: tuple[int, ...] = field(default=())
+    bad_words_sequences: tuple[tuple[int, ...], ...] = field(default=())
 
     def __post_init__(self) -> None:
         # A single stop string is one stop string, never its characters.
@@ -136,6 +139,8 @@ class SamplingParams:
         for name in ("stop_token_ids", "eos_token_ids", "bad_words_token_ids"):
             value = getattr(self, name)
             object.__setattr__(self, name, () if value is None else tuple(value))
+        object.__setattr__(self, "bad_words_sequences",
+                           tuple(tuple(int(t) for t in s) for s in self.bad_words_sequences or ()))
         object.__setattr__(self, "logit_bias", _normalize_bias(self.logit_bias))
         if self.guided_decoding is not None:
             if self.structured_outputs is not None:
@@ -201,8 +206,10 @@ class SamplingParams:
 
     @property
     def needs_history(self) -> bool:
-        """The sampler reads the request's tokens: penalties, min_tokens masking, grammars."""
-        return self.has_penalties or self.min_tokens > 0 or self.structured_outputs is not None
+        """The sampler reads the request's tokens: penalties, min_tokens masking, grammars,
+        bad words of several tokens."""
+        return (self.has_penalties or self.min_tokens > 0 or self.structured_outputs is not None
+                or bool(self.bad_words_sequences))
 
 
 def _normalize_bias(bias: Any) -> tuple[tuple[int, float], ...]:

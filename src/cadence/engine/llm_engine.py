@@ -300,8 +300,10 @@ class LLMEngine:
         add_request takes what was prepared for the same id; unclaimed setups expire."""
         if self.tokenizer is not None and not params.eos_token_ids:
             params = dataclasses.replace(params, eos_token_ids=tuple(self.tokenizer.stop_token_ids))
-        if params.bad_words and not params.bad_words_token_ids:
-            params = dataclasses.replace(params, bad_words_token_ids=self._bad_word_ids(params))
+        if params.bad_words and not (params.bad_words_token_ids or params.bad_words_sequences):
+            single, sequences = self._bad_word_ids(params)
+            params = dataclasses.replace(params, bad_words_token_ids=single,
+                                         bad_words_sequences=sequences)
         text = RequestText(self.tokenizer, params)
         prepare = getattr(self.executor, "prepare_request", None)
         if prepare is not None:
@@ -363,8 +365,10 @@ class LLMEngine:
                              f"the vocabulary [0, {vocab})")
         if params.max_tokens is None:  # vLLM's: up to the context length
             params = dataclasses.replace(params, max_tokens=limit - len(prompt_ids))
-        if params.bad_words and not params.bad_words_token_ids:
-            params = dataclasses.replace(params, bad_words_token_ids=self._bad_word_ids(params))
+        if params.bad_words and not (params.bad_words_token_ids or params.bad_words_sequences):
+            single, sequences = self._bad_word_ids(params)
+            params = dataclasses.replace(params, bad_words_token_ids=single,
+                                         bad_words_sequences=sequences)
         if params.prompt_logprobs is not None:
             if not getattr(self.executor, "supports_prompt_logprobs", False):
                 raise ValueError("prompt_logprobs: this engine's executor does not compute "
@@ -396,22 +400,25 @@ class LLMEngine:
             self._emit_prefilled_token(request, text)
         return prompt_ids
 
-    def _bad_word_ids(self, params: SamplingParams) -> tuple[int, ...]:
-        """Token ids of vLLM's bad_words, each word with and without a leading space (as vLLM
-        tokenizes them). Words of several tokens are refused: banning them needs the
-        preceding tokens' context, which this engine's logits processors do not track."""
+    def _bad_word_ids(self, params: SamplingParams
+                      ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        """(one-token words' ids, longer words' id sequences) of vLLM's bad_words, each word
+        tokenized as vLLM does: without a leading space, and with one where that gives as
+        many tokens starting with another one (a new word token, not the same one)."""
         if self.tokenizer is None:
             raise ValueError("bad_words need a tokenizer; this engine has none")
-        ids: list[int] = []
+        words: list[tuple[int, ...]] = []
         for word in params.bad_words:
-            variants = [self.tokenizer.encode(v, add_special_tokens=False)
-                        for v in (word.lstrip(" "), " " + word.lstrip(" "))]
-            single = [toks[0] for toks in variants if len(toks) == 1]
-            if not single:
-                raise ValueError(f"bad_words: {word!r} is several tokens; cadence bans "
-                                 "single-token words only (use logit_bias for others)")
-            ids += single
-        return tuple(dict.fromkeys(ids))
+            plain = tuple(self.tokenizer.encode(word.lstrip(), add_special_tokens=False))
+            spaced = tuple(self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            if not plain:
+                raise ValueError(f"bad_words: {word!r} has no tokens")
+            words.append(plain)
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                words.append(spaced)
+        single = tuple(dict.fromkeys(w[0] for w in words if len(w) == 1))
+        longer = tuple(dict.fromkeys(w for w in words if len(w) > 1))
+        return single, longer
 
     def _emit_prefilled_token(self, request: Request, text: RequestText) -> None:
         """The first token came with the request: stream it now, before its KV arrives."""

@@ -7,7 +7,8 @@ and cost nothing. Penalties follow vLLM (and OpenAI) definitions:
   l > 0, l * r otherwise;
 - frequency_penalty f, presence_penalty p (output tokens only): l -= f * count + p * (count > 0).
 
-min_tokens masks the request's EOS and stop tokens until that many tokens are out.
+min_tokens masks the request's EOS and stop tokens until that many tokens are out. bad_words
+of one token are banned always, longer ones' last token after the rest (vLLM's rule).
 """
 
 from __future__ import annotations
@@ -103,9 +104,25 @@ def apply_logits_processors(
                      if 0 <= t < vocab]
             if stops:
                 row[torch.tensor(stops, device=row.device)] = float("-inf")
+        if p.bad_words_sequences:
+            _ban_word_endings(row, history, chunk.num_prompt_tokens, p.bad_words_sequences)
         if p.has_penalties:
             _apply_penalties(row, history, chunk.num_prompt_tokens, p)
     return out, rows
+
+
+def _ban_word_endings(row: torch.Tensor, history: Sequence[int], num_prompt: int,
+                      words: Sequence[Sequence[int]]) -> None:
+    """vLLM's bad words of several tokens: a word's last token is banned where the output so
+    far (history past the prompt) ends with the rest of the word. row: [V] logits, edited in
+    place; only each word's length of the history is read."""
+    num_output = len(history) - num_prompt
+    for word in words:
+        prefix = len(word) - 1
+        if num_output < prefix or word[-1] >= row.shape[0]:
+            continue
+        if list(history[len(history) - prefix:]) == list(word[:-1]):
+            row[word[-1]] = float("-inf")
 
 
 def _apply_penalties(row: torch.Tensor, history: Sequence[int], num_prompt: int, p) -> None:
