@@ -86,8 +86,12 @@ def f16_file(q_path: str) -> str | None:
     return str(out) if result.returncode == 0 and out.is_file() else None
 
 
-def llama_bench(gguf: str, threads: int, tests: str = "pp512,tg128", repetitions: int = 3) -> dict[str, float] | str:
-    """{'pp512': tok/s, 'tg128': tok/s} from llama-bench, or a message saying why not."""
+def llama_bench(gguf: str, threads: int, tests: str = "pp512,tg128", repetitions: int = 3,
+                depths: tuple[int, ...] = (0,)) -> dict[str, float] | str:
+    """{'pp512': tok/s, 'tg128': tok/s} from llama-bench, or a message saying why not.
+
+    `depths`: llama-bench's -d, each test after that many context tokens (computed untimed);
+    a depth D > 0 keys its result 'tg128@d512'."""
     bench = binary("llama-bench")
     if bench is None:
         return f"llama.cpp not built (run benchmarks/llamacpp_peer.py --build; cache {cache_root()})"
@@ -95,6 +99,8 @@ def llama_bench(gguf: str, threads: int, tests: str = "pp512,tg128", repetitions
     for test in tests.split(","):
         kind, n = test[:2], test[2:]
         args += ["-p", n, "-n", "0"] if kind == "pp" else ["-p", "0", "-n", n]
+    if tuple(depths) != (0,):
+        args += ["-d", ",".join(str(d) for d in depths)]
     # llama.cpp's own environment, not cadence's: `import cadence` sets OMP_WAIT_POLICY=PASSIVE
     # (cadence/__init__.py), and llama.cpp's OpenMP threads that sleep at each of a token's
     # ~hundreds of barriers decode 2.5x slower (tg128 Q4_1 on 2 Zen 4 cores: 47-49 tok/s with it,
@@ -107,6 +113,8 @@ def llama_bench(gguf: str, threads: int, tests: str = "pp512,tg128", repetitions
     for row in json.loads(result.stdout):
         n_prompt, n_gen = row.get("n_prompt", 0), row.get("n_gen", 0)
         key = f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"
+        if row.get("n_depth", 0):
+            key += f"@d{row['n_depth']}"
         out[key] = float(row["avg_ts"])
     return out
 
