@@ -8,6 +8,7 @@ is made from the shipped Q4_1 GGUF with llama-quantize (--allow-requantize).
 
     .venv/bin/python benchmarks/llamacpp_peer.py --build      # ~10-25 min on 2 cores, once
     .venv/bin/python benchmarks/llamacpp_peer.py              # pp512 / tg128, Q4_1 and F16
+    .venv/bin/python benchmarks/llamacpp_peer.py --build-avx2 # an AVX2-only llama-bench as well
 """
 
 from __future__ import annotations
@@ -47,11 +48,36 @@ def build_dir() -> Path:
     return cache_root() / f"build-{VERSION}-{cpu_key()}"
 
 
-def binary(name: str) -> Path | None:
-    for path in (build_dir() / "bin" / name, source_dir() / "build" / "bin" / name):
+# llama.cpp's CPU backend limited to AVX2 (+ FMA, F16C, BMI2; no AVX-512): the peer of cadence's
+# forced AVX2 tier on a CPU that has AVX-512, as a Zen 3 host would run both (build_avx2()).
+AVX2_FLAGS = ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+              "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF")
+
+
+def avx2_build_dir() -> Path:
+    return cache_root() / f"build-{VERSION}-avx2"
+
+
+def binary(name: str, variant: str = "native") -> Path | None:
+    """A built llama.cpp tool: the native build, or (variant 'avx2') the AVX2-only one."""
+    paths = ((avx2_build_dir() / "bin" / name,) if variant == "avx2"
+             else (build_dir() / "bin" / name, source_dir() / "build" / "bin" / name))
+    for path in paths:
         if path.is_file() and os.access(path, os.X_OK):
             return path
     return None
+
+
+def build_avx2() -> Path:
+    """llama-bench of an AVX2-only build (sources from build(); ~10-20 min on 2 cores)."""
+    if not source_dir().is_dir():
+        build()
+    subprocess.run(["cmake", "-S", str(source_dir()), "-B", str(avx2_build_dir()), "-DCMAKE_BUILD_TYPE=Release",
+                    *AVX2_FLAGS, "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(avx2_build_dir()), "--target", "llama-bench",
+                    f"-j{os.cpu_count() or 2}"], check=True)
+    return avx2_build_dir()
 
 
 def build() -> Path:
@@ -87,14 +113,15 @@ def f16_file(q_path: str) -> str | None:
 
 
 def llama_bench(gguf: str, threads: int, tests: str = "pp512,tg128", repetitions: int = 3,
-                depths: tuple[int, ...] = (0,)) -> dict[str, float] | str:
+                depths: tuple[int, ...] = (0,), variant: str = "native") -> dict[str, float] | str:
     """{'pp512': tok/s, 'tg128': tok/s} from llama-bench, or a message saying why not.
 
     `depths`: llama-bench's -d, each test after that many context tokens (computed untimed);
-    a depth D > 0 keys its result 'tg128@d512'."""
-    bench = binary("llama-bench")
+    a depth D > 0 keys its result 'tg128@d512'. `variant`: 'avx2' runs the AVX2-only build."""
+    bench = binary("llama-bench", variant)
     if bench is None:
-        return f"llama.cpp not built (run benchmarks/llamacpp_peer.py --build; cache {cache_root()})"
+        flag = "--build-avx2" if variant == "avx2" else "--build"
+        return f"llama.cpp {variant} not built (run benchmarks/llamacpp_peer.py {flag}; cache {cache_root()})"
     args = [str(bench), "-m", gguf, "-t", str(threads), "-r", str(repetitions), "-o", "json"]
     for test in tests.split(","):
         kind, n = test[:2], test[2:]
@@ -122,10 +149,14 @@ def llama_bench(gguf: str, threads: int, tests: str = "pp512,tg128", repetitions
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", action="store_true", help="build llama.cpp into the cache first")
+    parser.add_argument("--build-avx2", action="store_true",
+                        help="also build an AVX2-only llama-bench (the peer of CADENCE_ISA=avx2)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     if args.build:
         build()
+    if args.build_avx2:
+        build_avx2()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from cadence.model.loader import default_model_path
 

@@ -8,8 +8,10 @@ round runs, back to back on the same file and threads:
     default settings; tg_worker.py: a one-token prompt, then greedy steps until N tokens; with
     --depths D also a D-token prompt computed untimed, then N timed decode steps), in a
     long-lived child process per kernel tier (the tier is chosen at import: CADENCE_ISA);
-  * llama-bench `-m FILE -p 0 -n N -t T -r 1 [-d 0,D]` (llama.cpp's own native build whatever
-    cadence's tier: its CPU backend picks its kernels from the CPU itself);
+  * llama-bench `-m FILE -p 0 -n N -t T -r 1 [-d 0,D]`: llama.cpp's own native build whatever
+    cadence's tier (its CPU backend picks its kernels from the CPU itself), or with
+    --llamacpp match its AVX2-only build against cadence's avx2 tier (both sides as a CPU
+    without AVX-512 runs them; llamacpp_peer.py --build-avx2);
 and prints each round's tok/s and ratio cadence / llama.cpp, the load average, and the median
 ratio over the rounds. cadence's tok/s counts the wall time of the N engine steps (scheduler,
 executor, sampling, detokenization; no HTTP), with the executor's share beside it.
@@ -77,18 +79,23 @@ def tg_key(n: int, depth: int) -> str:
     return f"tg{n}" + (f"@d{depth}" if depth else "")
 
 
+def peer_variant(args, tier: str) -> str:
+    """The llama.cpp build paired with a cadence tier."""
+    return "avx2" if args.llamacpp == "match" and tier == "avx2" else "native"
+
+
 def pair_tier(args, tier: str) -> dict[str, list[float]]:
     """Rounds of cadence (this tier) then llama-bench; the ratios per workload key."""
     t0 = time.perf_counter()
     child = TgChild(args.model, args.threads, tier, not args.no_startup_profile)
     print(f"[{tier}] cadence ready in {time.perf_counter() - t0:.1f} s ("
-          f"{child.ready['fast_path']}); {load()}", flush=True)
+          f"{child.ready['fast_path']}); llama.cpp: its {peer_variant(args, tier)} build; {load()}", flush=True)
     ratios: dict[str, list[float]] = {tg_key(args.n, d): [] for d in args.depths}
     try:
         for r in range(args.rounds):
             ours = {d: child.run(args.n, d) for d in args.depths}
             peer = llamacpp_peer.llama_bench(args.model, args.threads, f"tg{args.n}", repetitions=1,
-                                             depths=tuple(args.depths))
+                                             depths=tuple(args.depths), variant=peer_variant(args, tier))
             if isinstance(peer, str):
                 print(f"llama-bench failed: {peer}")
                 return ratios
@@ -122,13 +129,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="context tokens before the timed decodes (llama-bench -d), both sides")
     p.add_argument("--tiers", nargs="+", default=["native"], choices=("native", "avx512", "avx2"),
                    help="cadence's kernel tiers, each in its own child process (CADENCE_ISA)")
+    p.add_argument("--llamacpp", choices=("native", "match"), default="native",
+                   help="llama.cpp's build: its native one for every tier, or 'match': the AVX2-only "
+                        "build (llamacpp_peer.py --build-avx2) against cadence's avx2 tier")
     p.add_argument("--no-startup-profile", action="store_true",
                    help="the engine skips its startup profile (saves ~30 s at 8B; a single stream's "
                         "decode does not depend on it)")
     args = p.parse_args(argv)
-    if llamacpp_peer.binary("llama-bench") is None:
-        print("llama.cpp is not built (benchmarks/llamacpp_peer.py --build, or CADENCE_LLAMACPP_CACHE)")
-        return 1
+    for variant in {peer_variant(args, tier) for tier in args.tiers}:
+        if llamacpp_peer.binary("llama-bench", variant) is None:
+            print(f"llama.cpp's {variant} build is missing (benchmarks/llamacpp_peer.py "
+                  f"{'--build-avx2' if variant == 'avx2' else '--build'}, or CADENCE_LLAMACPP_CACHE)")
+            return 1
     print(f"{os.path.basename(args.model)}, {args.threads} threads, n {args.n}, depths {args.depths}; "
           f"{load()}", flush=True)
     for tier in args.tiers:

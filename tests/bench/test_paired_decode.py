@@ -69,10 +69,20 @@ def test_llama_bench_depths_are_passed_and_keyed(tmp_path, monkeypatch):
                     f"json.dump(sys.argv[1:], open({str(log)!r}, 'w'))\n"
                     f"print(json.dumps({rows!r}))\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(llamacpp_peer, "binary", lambda name: fake)
+    asked = []
+    monkeypatch.setattr(llamacpp_peer, "binary", lambda name, variant="native": asked.append(variant) or fake)
     out = llamacpp_peer.llama_bench("m.gguf", 2, "tg32", repetitions=1, depths=(0, 512))
     assert out == {"tg32": 40.0, "tg32@d512": 30.0}
     args = json.loads(log.read_text())
     assert args[args.index("-d") + 1] == "0,512" and args[args.index("-n") + 1] == "32"
-    llamacpp_peer.llama_bench("m.gguf", 2, "tg32", repetitions=1)
+    llamacpp_peer.llama_bench("m.gguf", 2, "tg32", repetitions=1, variant="avx2")
     assert "-d" not in json.loads(log.read_text())  # depth 0 alone: llama-bench's default
+    assert asked == ["native", "avx2"]  # the AVX2-only build where asked for
+
+
+def test_avx2_tier_pairs_with_the_avx2_build_only_when_matched():
+    paired = _bench_module("paired_decode")
+    args = paired.argparse.Namespace(llamacpp="match")
+    assert [paired.peer_variant(args, t) for t in ("native", "avx512", "avx2")] == ["native", "native", "avx2"]
+    args.llamacpp = "native"
+    assert paired.peer_variant(args, "avx2") == "native"
