@@ -394,8 +394,9 @@ inline void q4k_x8_rows_avx2(const avx2::QuantizedRows& xq, int64_t m0, int64_t 
 // Octets [o_begin, o_end) of a repacked Q4_K weight for every row (row blocks that stay in L2,
 // as int_gemm_columns). One row (a decode step) takes the octets eight at a time on the AVX-512
 // tiers (four pairs: eight memory streams and dot-product chains in flight; a 734 MB GEMV set on 2
-// Zen 4 threads streamed 38 GB/s against 29-33 with four octets), then four, two, one; more rows
-// share each octet's decode across 4 rows.
+// Zen 4 threads streamed 38 GB/s against 29-33 with four octets), then four, two, one; on the AVX2
+// tier six at a time, then two, one (1B shape's decode step 42-43 -> 34-37 ms against two at a
+// time, paired in one run); more rows share each octet's decode across 4 rows.
 inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8_t* packed, int64_t K, float* out,
                            int64_t ldo, int64_t o_begin, int64_t o_end) {
   const int64_t octet_bytes = K / 256 * Q4K_X8_BYTES;
@@ -420,6 +421,7 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
 #else
   if (M == 1) {
     int64_t o = o_begin;
+    for (; o + 6 <= o_end; o += 6) q4k_x8_tile_avx2<1, 6>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     for (; o + 2 <= o_end; o += 2) q4k_x8_tile_avx2<1, 2>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q4k_x8_tile_avx2<1, 1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     return;
