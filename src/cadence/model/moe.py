@@ -9,10 +9,13 @@ the product w * expert(x) is rounded to x's dtype once, and the experts' contrib
 in ascending expert order; Qwen3-MoE rounds w to x's dtype first, Mixtral keeps it float32
 (ModelConfig.moe_round_routing_weights).
 
-Computation groups the step's tokens by expert: one argsort of the [T * k] choices, then each
-expert that some token chose runs once on its tokens' rows (index_select, the expert's GEMMs,
-index_add back), so a decode step runs the k experts its tokens picked, never all E, and a
-prompt chunk runs each of its experts as one GEMM over that expert's rows. Each expert is a
+Computation groups the step's tokens by expert: one argsort of the [T * k] choices and one
+gather of the rows in that order, then each expert that some token chose runs once on its
+slice of them (the expert's GEMMs, the weight multiply into a slice of one buffer), and one
+index_add puts the products back; so a decode step runs the k experts its tokens picked,
+never all E, and a prompt chunk runs each of its experts as one GEMM over that expert's rows.
+(Per chosen expert that is its GEMM calls and one multiply; with a gather and an index_add
+per expert instead, benchmarks/moe_bench.py's steps took 10-30% longer: docs/performance.md.) Each expert is a
 dense SwiGLU MLP module (llama.LlamaMLP of width moe_intermediate_size), so it computes on
 whatever its weights are: float (torch or the packed float32 / int8 / int4 kernels) or the
 GGUF file's own blocks (GGUFLinear). The fused decode stacks are dense-only: a model with MoE
@@ -57,23 +60,24 @@ class SparseMoeBlock(nn.Module):
     def _mix(self, x: torch.Tensor, run: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """x [T, H] -> [T, H]: each chosen expert run once over the rows that chose it."""
         weights, experts = self.route(x)
-        k = self.top_k
         choices = experts.reshape(-1)  # [T * k]: slot s is token s // k's (s % k)-th choice
         order = torch.argsort(choices, stable=True)  # slots grouped by expert, ascending
         counts = torch.bincount(choices, minlength=len(self.experts)).tolist()
-        flat_weights = weights.reshape(-1)
-        out = torch.zeros_like(x)
+        tokens = order // self.top_k  # [T * k]: each sorted slot's token
+        rows = x.index_select(0, tokens)  # [T * k, H]: every expert's rows side by side
+        slot_weights = weights.reshape(-1).index_select(0, order).unsqueeze(1)  # [T * k, 1]
+        weighted = torch.empty_like(rows)
         start = 0
         for expert, count in enumerate(counts):
             if not count:
                 continue
-            slots = order[start:start + count]
-            start += count
-            tokens = slots // k  # [n]: distinct (a token chooses an expert at most once)
-            y = run(self.experts[expert], x.index_select(0, tokens))  # [n, H]
-            w = flat_weights.index_select(0, slots).unsqueeze(1)  # [n, 1]
-            out.index_add_(0, tokens, (y.float() * w.float()).to(x.dtype))
-        return out
+            end = start + count
+            y = run(self.experts[expert], rows[start:end])  # [n, H]
+            # w * y computed in the wider of their dtypes, rounded to x's once (HF's product).
+            torch.mul(y, slot_weights[start:end], out=weighted[start:end])
+            start = end
+        # Serial over the sorted slots: each token's experts added in ascending order to 0.
+        return torch.zeros_like(x).index_add_(0, tokens, weighted)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The pure-torch path: x [T, H] -> [T, H]."""
