@@ -33,7 +33,9 @@ from cadence.server.invocations import invocations
 from cadence.server.openapi_spec import install_openapi
 from cadence.server.request_guard import RequestGuard
 from cadence.server.serving_chat import create_chat_completion
+from cadence.server.responses_store import ResponseStore
 from cadence.server.serving_completions import create_completion
+from cadence.server.serving_responses import create_response, retrieve_response
 from cadence.server.serving_tokens import detokenize, tokenize, tokenizer_info, version
 from cadence.telemetry.prometheus import CONTENT_TYPE, PrometheusMetrics
 
@@ -62,6 +64,8 @@ class ServerState:
     request_exit: Callable[[int], None] | None = None
     # Sampling defaults from the model's generation_config, for fields a request leaves unset.
     generation_defaults: dict = dataclasses.field(default_factory=dict)
+    # /v1/responses answers kept for previous_response_id (in memory, bounded).
+    responses: ResponseStore = dataclasses.field(default_factory=ResponseStore)
 
 
 def _require_engine(request: Request) -> None:
@@ -102,6 +106,10 @@ api.add_api_route("/v1/completions", create_completion, methods=["POST"],
                   dependencies=[Depends(_require_engine)])
 api.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"],
                   dependencies=[Depends(_require_engine)])
+# OpenAI's Responses API, served by the chat path (serving_responses.py).
+api.add_api_route("/v1/responses", create_response, methods=["POST"],
+                  dependencies=[Depends(_require_engine)])
+api.add_api_route("/v1/responses/{response_id}", retrieve_response, methods=["GET"])
 # vLLM's SageMaker route: the same requests, dispatched by their shape (not in the API
 # document: it is an alias of the two above).
 api.add_api_route("/invocations", invocations, methods=["POST"], include_in_schema=False,

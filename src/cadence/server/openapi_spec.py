@@ -48,6 +48,8 @@ _GENERATION_ERRORS = (400, 404, 413, 429, 500, 503)
 _OPERATION_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("/v1/completions", "post"): _GENERATION_ERRORS,
     ("/v1/chat/completions", "post"): _GENERATION_ERRORS,
+    ("/v1/responses", "post"): _GENERATION_ERRORS,
+    ("/v1/responses/{response_id}", "get"): (404,),
     ("/v1/models", "get"): (),
     ("/metrics", "get"): (),
     ("/health", "get"): (503,),
@@ -57,7 +59,7 @@ _OPERATION_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("/dashboard/events", "get"): (503,),
 }
 _PUBLIC_PATHS = ("/health", "/ping", "/version")
-_STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions")
+_STREAMING_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 # Operations whose 200 is not JSON (FastAPI cannot see what a handler's Response holds).
 _CONTENT_TYPES = {
     "/metrics": "text/plain",

@@ -93,6 +93,9 @@ class ResponseRenderer(Protocol):
 
     # The "object" of this endpoint's stream chunks (the include_usage chunk repeats it).
     chunk_object: str
+    # Optional (read with getattr): `frame_event(chunk) -> str`, the SSE framing of a chunk
+    # (default sse_event: data only), and `stream_end: str`, what closes the stream (default
+    # [DONE]); the Responses API names each event and sends no [DONE].
 
     def opening_chunks(self, index: int) -> list[dict[str, Any]]:
         """Chunks sent for choice `index` before any of its output."""
@@ -326,10 +329,12 @@ async def stream_events(mux: ChoiceMux, plan: ChoicePlan, ctx: ResponseContext,
                               cached_prompt_tokens(mux, plan, [num_cached.get(i, 0) for i in
                                                                range(plan.num_choices)]))
 
+    frame = getattr(render, "frame_event", sse_event)
+
     def event(chunk: dict) -> str:
         if ctx.continuous_usage:
             chunk["usage"] = usage_so_far()
-        return sse_event(chunk)
+        return frame(chunk)
 
     try:
         for index in range(plan.num_choices):
@@ -355,7 +360,7 @@ async def stream_events(mux: ChoiceMux, plan: ChoicePlan, ctx: ResponseContext,
         if ctx.include_usage:
             yield sse_event(fmt.usage_chunk(ctx.req_id, ctx.created, ctx.model,
                                             render.chunk_object, usage_so_far()))
-        yield DONE_EVENT
+        yield getattr(render, "stream_end", DONE_EVENT)
     finally:
         mux.close()
 

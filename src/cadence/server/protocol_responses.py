@@ -1,0 +1,90 @@
+"""POST /v1/responses request body (OpenAI's Responses API, as vLLM serves it).
+
+The request is served by the chat path: `responses_mapping.chat_body` turns it into a
+ChatCompletionRequest (input items -> messages, text.format -> response_format, flat function
+tools -> chat tools), so templating, sampling, structured output and tool-call reading are
+the chat route's own. Fields of OpenAI's schema that cadence cannot honour are a 400 naming
+the field (`UNSUPPORTED_RESPONSES_FIELDS`); fields nobody defines are ignored, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from cadence.server.protocol import APIRequest
+
+# Fields of OpenAI's Responses schema that cadence lacks: anything but a neutral value is a
+# 400 naming the field. field -> (neutral values, what to say)
+UNSUPPORTED_RESPONSES_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "background": ((None, False), "background mode is not supported (run the request with "
+                   "stream=true or wait for it)"),
+    "reasoning": ((None, {}), "reasoning is not supported (cadence has no reasoning parser)"),
+    "conversation": ((None,), "conversations are not supported (send the items in input)"),
+    "prompt": ((None,), "stored prompt templates are not supported (send instructions and "
+               "input)"),
+    "include": ((None, []), "include is not supported (no reasoning, search or image "
+                "outputs are produced)"),
+    "truncation": ((None, "disabled"), "truncation 'auto' is not supported"),
+    "top_logprobs": ((None, 0), "top_logprobs is not supported on /v1/responses (use "
+                     "/v1/chat/completions with logprobs)"),
+    "max_tool_calls": ((None,), "max_tool_calls is not supported"),
+    "stream_options": ((None,), "stream_options is not supported on /v1/responses"),
+    "context_management": ((None,), "context_management is not supported"),
+    "prompt_cache_retention": ((None,), "prompt_cache_retention is not supported"),
+    "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
+}
+
+# Accepted without effect (OpenAI documents them as metadata or hints; vLLM accepts them too).
+RESPONSES_METADATA_FIELDS = ("user", "metadata", "service_tier", "parallel_tool_calls",
+                             "safety_identifier", "prompt_cache_key", "store")
+
+
+class ResponsesRequest(APIRequest):
+    """POST /v1/responses. Sampling fields mean what they mean on /v1/chat/completions."""
+
+    # extra="allow": known-but-unsupported fields are named in a 400; unknown ones ignored.
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    model: str | None = None
+    # A user message as text, or a list of items (messages, function calls and their outputs).
+    input: str | list[dict[str, Any]]
+    # A system message put first.
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool = False
+    # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+    text: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    # Answered with OpenAI's default (true); the server keeps each stored response for a
+    # later previous_response_id (responses_store.py).
+    store: bool | None = None
+    previous_response_id: str | None = Field(default=None, min_length=1, max_length=256)
+    # vLLM's extras on this route (as on chat).
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    priority: int = 0
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    chat_template_kwargs: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    parallel_tool_calls: bool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+
+    def unsupported_features(self) -> list[tuple[str, str]]:
+        """(param, message) of each Responses feature in the body that cadence lacks."""
+        problems = []
+        for name, value in (self.model_extra or {}).items():
+            spec = UNSUPPORTED_RESPONSES_FIELDS.get(name)
+            if spec is not None and value not in spec[0]:
+                problems.append((name, spec[1]))
+        return problems
