@@ -3,11 +3,22 @@ workload, in the same run.
 
     .venv/bin/python benchmarks/replica_bench.py                   # 2 and 4 replicas
     # RAG chat whose working set fits the two replicas' caches together but not one's
-    # (docs/performance.md#replicas-and-routing):
+    # (issue 33's point, docs/performance.md#replicas-and-routing; one run takes ~5 minutes):
     .venv/bin/python benchmarks/replica_bench.py --replicas 2 --conversations 16 --rate 0.5 \
         --systems 3 --system-words 40 --turn-doc-words 130 --user-words 15 --max-tokens 48 \
-        --think-s 2 --serve-args "--num-kv-blocks 384" --out /tmp/replicas
-    .venv/bin/cadence sim --calibrate --threads 1 --compare /tmp/replicas/results.json
+        --think-s 2 --serve-args "--num-kv-blocks 384" --out /tmp/replicas/ra
+    # its profile right after, then the simulator over several such runs (median against
+    # median: one run's p50 is one draw of a closed loop near round-robin's saturation):
+    .venv/bin/cadence sim --calibrate --threads 1 --calibrate-rounds 3 \
+        --save-calibration /tmp/replicas/ra/cal.json
+    .venv/bin/cadence sim --calibration /tmp/replicas/r{a,b,c}/cal.json \
+        --compare /tmp/replicas/r{a,b,c}/results.json
+    # other workload points on paper first: benchmarks/replica_sim_scan.py --run /tmp/replicas/ra
+
+With 2 replicas cache-aware's hit rate at this point is 1.4-2.4x round-robin's run to run
+(median 1.8x over eight runs; round-robin's own hit moves with eviction timing): routing alone
+is worth up to ~2x with 2 replicas, more comes only from round-robin's misses overloading its
+replicas (performance.md says why).
 
 Per replica count: `cadence serve --data-parallel-size N --routing-policy cache-aware` (N
 `--role both` replicas with an equal share of the cores, and its router), then two more

@@ -1,0 +1,100 @@
+"""Where does cache-aware routing's prefix hit rate reach 2x round-robin's? Workload points of
+the fleet simulator (sim/fleet.py), each over several workload seeds, priced as a measured run
+was: its profile and what it measured about its host (sim/fleet_compare.run_host).
+
+    .venv/bin/python benchmarks/replica_sim_scan.py --run /tmp/replicas \\
+        --point 16:0.5:2:384 --point 20:0.6:2:384 --point 16:0.5:2:65536 --seeds 8
+
+--run is a benchmarks/replica_bench.py --out folder with its profile (`cal.json`, from
+`cadence sim --calibrate --threads 1 --calibrate-rounds 3 --save-calibration RUN/cal.json`);
+each --point is CONVERSATIONS:RATE:THINK_S:KV_BLOCKS (per replica) on the synthetic
+conversations of sim/conversations.py (4-8 turns, Poisson starts, exponential think times),
+whose per-turn tokens (--turn-tokens: the retrieved passage and the question, with the chat
+template's markers), answers and system prompts default to the RAG chat of
+docs/performance.md#replicas-and-routing. Printed per point: cache-aware / round-robin hit
+ratio (min and median over seeds), each policy's median hit and TTFT p50, how many seeds have
+cache-aware's p50 below round-robin's, p99s, the most preemptions and the longest run (the
+benchmark runs the three policies one after another, so these bound its time). A scan takes
+2-6 s of CPU per point and seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.sim.calibration import cost_model_from_samples, load_profile
+from cadence.sim.conversations import synthetic
+from cadence.sim.fleet import simulate_fleet
+from cadence.sim.fleet_compare import run_host
+
+POLICIES = ("round-robin", "least-loaded", "cache-aware")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run", required=True,
+                        help="a replica_bench.py --out folder with results.json and cal.json")
+    parser.add_argument("--point", action="append", required=True,
+                        metavar="CONVERSATIONS:RATE:THINK_S:KV_BLOCKS")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=8, help="workload seeds per point")
+    parser.add_argument("--turn-tokens", type=int, default=178,
+                        help="new prompt tokens per turn besides the previous answer")
+    parser.add_argument("--answer-tokens", type=int, default=48)
+    parser.add_argument("--system-tokens", type=int, default=45)
+    parser.add_argument("--systems", type=int, default=3)
+    args = parser.parse_args()
+
+    with open(os.path.join(args.run, "results.json"), encoding="utf-8") as f:
+        rows = {r["policy"]: r for r in json.load(f)["results"] if r["replicas"] == 2}
+    samples = load_profile(os.path.join(args.run, "cal.json"))
+    cost = cost_model_from_samples(samples)
+    # The measured run's host terms per policy (its stack's CPU, pace, co-run factor, hop).
+    hosts = {p: run_host(row, cost) for p, row in rows.items()}
+    print(f"priced by {args.run} (its profile and host terms); {args.seeds} workload seeds")
+    for point in args.point:
+        conversations, rate, think, blocks = point.split(":")
+        cache = CacheConfig(block_size=16, num_blocks=int(blocks))
+        runs: dict[str, list] = {p: [] for p in POLICIES}
+        for seed in range(args.seeds):
+            workload = synthetic(int(conversations), float(rate), args.systems,
+                                 args.system_tokens, 0, args.turn_tokens, args.answer_tokens,
+                                 think_mean_s=float(think), seed=seed)
+            for policy in POLICIES:
+                host, row_cost = hosts[policy]
+                runs[policy].append(simulate_fleet(
+                    workload, args.replicas, policy, row_cost, SchedulerConfig(), cache,
+                    hop_s=rows[policy]["hop_s"], calibration=samples, host=host))
+        ca, rr, ll = runs["cache-aware"], runs["round-robin"], runs["least-loaded"]
+        ratios = sorted(c.prefix_hit_rate / r.prefix_hit_rate for c, r in zip(ca, rr))
+
+        def med(sims, attr):
+            values = [getattr(s, attr) for s in sims]
+            return statistics.median(values)
+
+        def p50_ms(sims):
+            return f"{1e3 * med(sims, 'ttft_p50'):.0f}"
+
+        wall = {p: max(max(r.finished_s or 0.0 for r in s.requests) for s in runs[p])
+                for p in POLICIES}
+        print(f"{point:>18}  ratio min {ratios[0]:.2f} median {statistics.median(ratios):.2f}"
+              f" | hit ca {med(ca, 'prefix_hit_rate'):.2f} ll {med(ll, 'prefix_hit_rate'):.2f}"
+              f" rr {med(rr, 'prefix_hit_rate'):.2f} | TTFT p50 ca {p50_ms(ca)} ll {p50_ms(ll)}"
+              f" rr {p50_ms(rr)} ms (ca < rr in "
+              f"{sum(c.ttft_p50 < r.ttft_p50 for c, r in zip(ca, rr))}/{args.seeds})"
+              f" | p99 ca {statistics.median(s.ttft_percentile(0.99) for s in ca):.1f}"
+              f" rr {statistics.median(s.ttft_percentile(0.99) for s in rr):.1f} s"
+              f" | preemptions max ca {max(s.preemptions for s in ca)}"
+              f" rr {max(s.preemptions for s in rr)}"
+              f" | longest run ca {wall['cache-aware']:.0f} ll {wall['least-loaded']:.0f}"
+              f" rr {wall['round-robin']:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
