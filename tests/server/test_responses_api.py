@@ -246,13 +246,21 @@ HOSTILE = [
     ({"input": "hi", "previous_response_id": "resp_nope"}, "previous_response_id"),
     ({"input": "hi", "model": "not-served"}, "model"),
     ({"input": "hi", "stream": True, "background": True}, "background"),
+    ({"input": "\ud800"}, "input"),
+    # "auto" tool choice needs the server's --tool-call-parser (as on the chat route).
+    ({"input": "hi", "tools": [WEATHER_TOOL]}, "tools"),
+    ({"input": "hi", "tools": [WEATHER_TOOL], "tool_choice": {"type": "function",
+                                                             "name": "nope"}}, "tool_choice"),
+    ({"input": "hi", "tools": [{"type": "function"}]}, "tools.0.name"),
 ]
 
 
 @pytest.mark.parametrize("body,param", HOSTILE)
 def test_hostile_bodies_are_openai_errors(http, model, body, param):
     body = {"model": model, **body} if "model" not in body else body
-    resp = http.post("/v1/responses", json=body)
+    # json.dumps escapes a lone surrogate as \\ud800 (valid JSON; httpx's json= cannot send it)
+    resp = http.post("/v1/responses", content=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
     assert resp.status_code in (400, 404), resp.text
     error = resp.json()["error"]
     # (a union's member may follow the field's name, as on the chat route: "input.str")
@@ -283,3 +291,47 @@ def test_stream_disconnect_frees_the_request(tiny_server, client, model):
             break
         assert time.monotonic() < deadline, f"the disconnected request kept running: {m}"
         time.sleep(0.1)
+
+
+def test_concurrent_streams_match_their_whole_replies(tiny_server, client, model):
+    """Eight streams at once (the engine batches them): each one's deltas and usage equal the
+    same request's unstreamed reply."""
+    import asyncio
+
+    prompts = [f"Story number {i}." for i in range(8)]
+    wholes = [client.responses.create(model=model, input=p, max_output_tokens=12,
+                                      temperature=0) for p in prompts]
+
+    async def one(aclient, prompt):
+        stream = await aclient.responses.create(model=model, input=prompt, max_output_tokens=12,
+                                                temperature=0, stream=True)
+        events = [e async for e in stream]
+        return events
+
+    async def main():
+        aclient = openai.AsyncOpenAI(base_url=tiny_server.v1, api_key="x", max_retries=0,
+                                     timeout=120)
+        try:
+            return await asyncio.gather(*(one(aclient, p) for p in prompts))
+        finally:
+            await aclient.close()
+
+    for whole, events in zip(wholes, asyncio.run(main())):
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert text == whole.output_text
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert events[-1].type == "response.completed"
+        assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_store_is_bounded_oldest_first():
+    from cadence.server.responses_store import ResponseStore
+
+    store = ResponseStore(max_responses=3, max_chars=200)
+    for i in range(5):
+        store.put(f"resp_{i}", [{"role": "user", "content": "x"}], {"id": f"resp_{i}"})
+    assert len(store) == 3 and store.get("resp_0") is None and store.get("resp_4") is not None
+    store.put("big", [{"role": "user", "content": "y" * 150}], {"id": "big"})
+    assert store.get("big") is not None and store.get("resp_2") is None  # evicted for room
+    store.put("huge", [{"role": "user", "content": "z" * 500}], {"id": "huge"})
+    assert store.get("huge") is None and store.get("big") is not None  # never fits: not kept
