@@ -37,7 +37,6 @@ from cadence.server.responses_store import ResponseStore
 from cadence.server.serving import ResponseContext, serve_generation
 from cadence.server.sse import sse_named_event
 from cadence.server.tool_choice import ToolMode, tool_mode
-from cadence.server.tool_parsers import ToolCall
 from cadence.server.tool_streaming import ARGS, CONTENT, START, new_call_id
 
 
