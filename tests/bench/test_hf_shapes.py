@@ -4,26 +4,14 @@ cadence. Skipped where the llama.cpp cache is not there."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.bench.bench_modules import load_benchmark
 
 
-def _module():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("hf_shapes", BENCH / "hf_shapes.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hf_shapes"] = module  # (dataclasses look their module up there)
-    spec.loader.exec_module(module)
-    return module
-
-
-hf_shapes = _module()
+hf_shapes = load_benchmark("hf_shapes")
 CACHE = hf_shapes.llamacpp_cache()
 pytestmark = pytest.mark.skipif(
     hf_shapes.converter_script(CACHE) is None or hf_shapes.quantize_binary(CACHE) is None,

@@ -4,28 +4,18 @@ converter's output is as large as the checkpoint: 15 GiB for the 8B shape)."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from collections import namedtuple
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.bench.bench_modules import load_benchmark
+
 GIB = 2**30
 
 
-def _module():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("hf_shapes_disk", BENCH / "hf_shapes.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hf_shapes_disk"] = module  # (dataclasses look their module up there)
-    spec.loader.exec_module(module)
-    return module
-
-
-hf_shapes = _module()
+hf_shapes = load_benchmark("hf_shapes", as_name="hf_shapes_disk")
 
 
 def _fake_llamacpp(root: Path) -> Path:

@@ -6,27 +6,16 @@ llama.cpp's side must pass -d and key each depth's result apart."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.bench.bench_modules import load_benchmark
 
 
-def _bench_module(name: str):
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tg_worker = _bench_module("tg_worker")
-llamacpp_peer = _bench_module("llamacpp_peer")
+tg_worker = load_benchmark("tg_worker")
+llamacpp_peer = load_benchmark("llamacpp_peer")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +70,7 @@ def test_llama_bench_depths_are_passed_and_keyed(tmp_path, monkeypatch):
 
 
 def test_avx2_tier_pairs_with_the_avx2_build_only_when_matched():
-    paired = _bench_module("paired_decode")
+    paired = load_benchmark("paired_decode")
     args = paired.argparse.Namespace(llamacpp="match")
     assert [paired.peer_variant(args, t) for t in ("native", "avx512", "avx2")] == ["native", "native", "avx2"]
     args.llamacpp = "native"

@@ -10,8 +10,6 @@ BOS (replacing it always made the Qwen3-4B shape's +18.7% against llama.cpp)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,23 +19,13 @@ import torch
 from cadence.model.gguf_fields import GGUFFile
 from cadence.model.gguf_tokenizer import tokenizer_from_gguf
 from cadence.model.loader import load_model
+from tests.bench.bench_modules import load_benchmark
 from tests.model.family_checkpoints import save_random_checkpoint
 from tests.model.gguf_helpers import write_tiny_gguf
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
-
-def _bench_module(name: str):
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-perplexity = _bench_module("perplexity_vs_llamacpp")
-reference = _bench_module("reference_logits")
+perplexity = load_benchmark("perplexity_vs_llamacpp")
+reference = load_benchmark("reference_logits")
 
 # hidden 64, 4 heads of 32 (q 128 wide), GQA 4/2, 2 layers.
 _WIDE_HEADS = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,

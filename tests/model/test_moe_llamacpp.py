@@ -6,7 +6,6 @@ llama.cpp cache is not there (CI: the writer in gguf_helpers.py covers the layou
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -16,24 +15,15 @@ import pytest
 import torch
 
 from cadence.model.loader import load_model
+from tests.bench.bench_modules import load_benchmark
 
 from .paged_helpers import paged_logits
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 PROMPT = "The capital of France is Paris, and the capital of Spain is"
 STEPS = 8
 
 
-def _hf_shapes():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("hf_shapes", BENCH / "hf_shapes.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hf_shapes"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-hf_shapes = _hf_shapes()
+hf_shapes = load_benchmark("hf_shapes")
 CACHE = hf_shapes.llamacpp_cache()
 COMPLETION = CACHE / "build" / "bin" / "llama-completion"
 pytestmark = pytest.mark.skipif(
