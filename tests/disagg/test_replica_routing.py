@@ -232,3 +232,41 @@ def test_the_router_keeps_the_prompt_tokens_a_worker_keeps():
     ids = list(range(600))
     assert len(PromptBlocks.of_request(ids, completions, 496)) == 496
     assert PromptBlocks.of_request(ids, completions, 496).token_ids == ids[-496:]
+
+
+def test_the_router_tokenizes_a_chat_with_every_field_that_changes_its_ids():
+    """The cache-aware router asks a worker's /tokenize for a chat's ids with the fields the
+    worker's chat completion renders with (documents and reasoning_effort included), so it
+    hashes the prompt the replica runs; sampling fields stay out of the ask."""
+    import asyncio
+
+    import httpx
+
+    from cadence.disagg.router.app import Router
+    from cadence.disagg.router.config import RouterConfig
+    from cadence.disagg.router.forward import Forwarder
+
+    asked: list[dict] = []
+
+    def worker(request: httpx.Request) -> httpx.Response:
+        asked.append(json.loads(request.content))
+        return httpx.Response(200, json={"count": 3, "max_model_len": 64, "tokens": [5, 6, 7]})
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5,
+            "documents": [{"title": "a", "text": "alpha"}], "reasoning_effort": "low",
+            "chat_template_kwargs": {"x": 1}, "add_generation_prompt": True,
+            "chat_template": "{{ messages }}", "continue_final_message": False,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "add_special_tokens": False}
+
+    async def ask() -> list[int] | None:
+        router = Router(RouterConfig(worker_urls=("http://w0",)))
+        router.client = httpx.AsyncClient(transport=httpx.MockTransport(worker))
+        router.forward = Forwarder(router.client, 1.0, {})
+        try:
+            return await router._prompt_token_ids("chat", body)
+        finally:
+            await router.client.aclose()
+
+    assert asyncio.run(ask()) == [5, 6, 7]
+    assert asked == [{k: v for k, v in body.items() if k != "temperature"}]

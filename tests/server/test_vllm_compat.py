@@ -382,9 +382,16 @@ def test_tokenize_takes_vllms_chat_fields_and_counts_as_the_chat_runs(client, ht
                 "{% if add_generation_prompt %}<assistant>{% endif %}")
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
     opened = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}]
+    variables = ("{% for d in documents or [] %}[{{ d['title'] }}:{{ d['text'] }}]{% endfor %}"
+                 "{{ reasoning_effort or '' }}{{ 'T' if enable_thinking else 'F' }}") + template
+    documents = [{"title": "a", "text": "alpha beta"}, {"title": "b", "text": "gamma"}]
     for fields in ({"chat_template": template},
                    {"chat_template": template, "tools": tools},
-                   {"continue_final_message": True, "add_generation_prompt": False}):
+                   {"continue_final_message": True, "add_generation_prompt": False},
+                   {"chat_template": variables, "documents": documents},
+                   {"chat_template": variables, "reasoning_effort": "low"},
+                   {"chat_template": variables, "reasoning_effort": "none",
+                    "chat_template_kwargs": {"enable_thinking": True}}):
         messages = opened if fields.get("continue_final_message") else opened[:1]
         chat_fields = {**fields, "tool_choice": "none"} if "tools" in fields else fields
         ran = client.chat.completions.create(
@@ -399,3 +406,9 @@ def test_tokenize_takes_vllms_chat_fields_and_counts_as_the_chat_runs(client, ht
                                        for t in with_strs["tokens"]]
     bad = http.post("/tokenize", json={"model": model, "prompt": "hi", "chat_template": "x"})
     assert bad.status_code == 400
+    for extra in ({"documents": documents}, {"reasoning_effort": "low"}):  # chat-only variables
+        bad = http.post("/tokenize", json={"model": model, "prompt": "hi", **extra})
+        assert bad.status_code == 400, extra
+    bad = http.post("/tokenize", json={"model": model, "messages": opened[:1],
+                                       "reasoning_effort": "loud"})
+    assert bad.status_code == 400 and "reasoning_effort" in bad.text

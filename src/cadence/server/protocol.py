@@ -353,6 +353,29 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
 
+# vLLM's reasoning_effort values (a chat template variable).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+def chat_template_variables(tools: list[dict[str, Any]] | None,
+                            chat_template_kwargs: dict[str, Any] | None,
+                            documents: list[dict[str, str]] | None,
+                            reasoning_effort: str | None) -> dict[str, Any] | None:
+    """The extra chat template variables, as vLLM passes them: the tools, then
+    chat_template_kwargs, then documents and reasoning_effort (which win where given;
+    reasoning_effort also sets enable_thinking unless chat_template_kwargs does). One rule for
+    a chat completion and for /tokenize, so a chat counts the tokens its completion runs."""
+    given = dict(chat_template_kwargs or {})
+    variables = {"tools": tools, **given} if tools else given
+    if documents is not None:
+        variables["documents"] = documents
+    if reasoning_effort is not None:
+        variables["reasoning_effort"] = reasoning_effort
+        if "enable_thinking" not in given:
+            variables["enable_thinking"] = reasoning_effort != "none"
+    return variables or chat_template_kwargs
+
+
 class ChatCompletionRequest(SamplingRequestFields):
     """POST /v1/chat/completions."""
 
@@ -375,22 +398,11 @@ class ChatCompletionRequest(SamplingRequestFields):
     # vLLM's chat template variables: `documents` for RAG templates, `reasoning_effort` (also
     # setting enable_thinking unless chat_template_kwargs does); template_variables().
     documents: list[dict[str, str]] | None = None
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
-                              "max"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
 
     def template_variables(self) -> dict[str, Any] | None:
-        """The extra chat template variables, as vLLM passes them: the tools, then
-        chat_template_kwargs, then documents and reasoning_effort (which win where given;
-        reasoning_effort also sets enable_thinking unless chat_template_kwargs does)."""
-        given = dict(self.chat_template_kwargs or {})
-        variables = {"tools": self.tools, **given} if self.tools else given
-        if self.documents is not None:
-            variables["documents"] = self.documents
-        if self.reasoning_effort is not None:
-            variables["reasoning_effort"] = self.reasoning_effort
-            if "enable_thinking" not in given:
-                variables["enable_thinking"] = self.reasoning_effort != "none"
-        return variables or self.chat_template_kwargs
+        return chat_template_variables(self.tools, self.chat_template_kwargs, self.documents,
+                                       self.reasoning_effort)
 
     def structured_spec_fields(self) -> list[str]:
         given = super().structured_spec_fields()

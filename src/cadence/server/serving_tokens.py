@@ -18,7 +18,8 @@ from cadence import __version__
 from cadence.engine.async_client import EngineDeadError, EngineRejected
 from cadence.engine.chat_render import chat_template_kwargs_problem
 from cadence.server.errors import APIError
-from cadence.server.protocol import APIRequest, ChatMessage
+from cadence.server.protocol import (APIRequest, ChatMessage, ReasoningEffort,
+                                     chat_template_variables)
 from cadence.server.request_mapping import EnginePrompt, check_model, check_prompt_size
 
 
@@ -41,15 +42,21 @@ class TokenizeRequest(APIRequest):
     continue_final_message: bool = False
     tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
+    # A chat completion's other template variables (cadence's: vLLM's /tokenize lacks them), so
+    # a RAG or reasoning chat counts, and the cache-aware router hashes, what its completion runs.
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: ReasoningEffort | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' and 'messages'")
         if self.prompt is not None and (self.chat_template is not None or self.tools
-                                        or self.continue_final_message):
-            raise ValueError("chat_template, continue_final_message and tools go with "
-                             "'messages'")
+                                        or self.continue_final_message
+                                        or self.documents is not None
+                                        or self.reasoning_effort is not None):
+            raise ValueError("chat_template, continue_final_message, tools, documents and "
+                             "reasoning_effort go with 'messages'")
         if (why := chat_template_kwargs_problem(self.chat_template_kwargs)) is not None:
             raise ValueError(why)
         return self
@@ -85,8 +92,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
                     for m in body.messages]
         check_prompt_size(EnginePrompt(chat_messages=messages), server.max_model_len,
                           server.max_token_chars)
-        template_kwargs = ({"tools": body.tools, **(body.chat_template_kwargs or {})}
-                           if body.tools else body.chat_template_kwargs)
+        template_kwargs = chat_template_variables(body.tools, body.chat_template_kwargs,
+                                                  body.documents, body.reasoning_effort)
         reply = await _ask_engine(request, messages=messages,
                                   add_generation_prompt=body.add_generation_prompt,
                                   chat_template_kwargs=template_kwargs,

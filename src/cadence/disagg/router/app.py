@@ -210,11 +210,9 @@ class Router:
         else:
             ask = {"messages": body.get("messages")}
         # The fields that change the ids (a worker refuses a bad value: routing goes on without).
-        # (documents and reasoning_effort are not /tokenize fields: such a chat is hashed
-        # without them, which costs its routing the prefix match, not its answer.)
         keys = ("add_special_tokens",) if kind == "completions" else (
             "add_generation_prompt", "chat_template_kwargs", "add_special_tokens",
-            "chat_template", "continue_final_message", "tools")
+            "chat_template", "continue_final_message", "tools", "documents", "reasoning_effort")
         for key in keys:
             if key in body:
                 ask[key] = body[key]
