@@ -67,6 +67,18 @@ def _string_field(item: dict[str, Any], name: str, param: str) -> str:
     return value
 
 
+def append_tool_call(messages: list[dict[str, Any]], call_id: str, name: str,
+                     arguments: str) -> None:
+    """A function_call item as a chat turn's tool call: consecutive calls are one assistant
+    turn's calls (as a chat client sends them)."""
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+        last["tool_calls"].append(call)
+    else:
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Chat messages of the request's `input`."""
     if isinstance(items, str):
@@ -89,15 +101,9 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             messages.append({"role": role, "content": _text_of(item.get("content"),
                                                                f"{param}.content")})
         elif kind == "function_call":
-            call = {"id": _string_field(item, "call_id", param), "type": "function",
-                    "function": {"name": _string_field(item, "name", param),
-                                 "arguments": _string_field(item, "arguments", param)}}
-            last = messages[-1] if messages else None
-            # Consecutive calls are one assistant turn's calls (as a chat client sends them).
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            append_tool_call(messages, _string_field(item, "call_id", param),
+                             _string_field(item, "name", param),
+                             _string_field(item, "arguments", param))
         elif kind == "function_call_output":
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": _string_field(item, "call_id", param),

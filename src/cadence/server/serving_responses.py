@@ -32,7 +32,8 @@ from cadence.server.errors import APIError
 from cadence.server.generation import CollectedGeneration
 from cadence.server.protocol_responses import ResponsesRequest
 from cadence.server.request_mapping import chat_prompt, reject_unsupported
-from cadence.server.responses_mapping import RESPONSES_PARAM, chat_body, input_messages
+from cadence.server.responses_mapping import (RESPONSES_PARAM, append_tool_call, chat_body,
+                                              input_messages)
 from cadence.server.responses_store import ResponseStore
 from cadence.server.serving import ResponseContext, serve_generation
 from cadence.server.sse import sse_named_event
@@ -72,12 +73,7 @@ def output_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if item["type"] == "message":
             messages.append({"role": "assistant", "content": item["content"][0]["text"]})
             continue
-        call = {"id": item["call_id"], "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]}}
-        if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
-            messages[-1]["tool_calls"].append(call)
-        else:
-            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        append_tool_call(messages, item["call_id"], item["name"], item["arguments"])
     return messages
 
 
