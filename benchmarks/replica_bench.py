@@ -26,8 +26,9 @@ Per replica count: `cadence serve --data-parallel-size N --routing-policy cache-
 gets the same workload (same seed) with its texts tagged by the policy's name, so no run
 finds another's prefixes cached. Workload: conversations of 4-8 turns (uniform), each opening
 with one of a few shared system prompts; conversations start as Poisson arrivals, each next
-turn is sent after the answer plus an exponential think time (--think-s), and carries the
-whole chat so far (answers included); --doc-words adds a document of its own to each
+turn is sent after the answer plus a think time (--think-s; --think-dist exponential by
+default, constant, or uniform over +-(--think-spread) of it), and carries the whole chat so
+far (answers included); --doc-words adds a document of its own to each
 conversation's first turn, --turn-doc-words a passage to every turn (RAG chat), and
 --serve-args "--num-kv-blocks N" sizes the replicas' caches. Printed per policy: prefix-cache hit rate (cached prompt tokens / prompt tokens over
 all requests, from each request's usage as its replica reported it; the engines' counters,
@@ -63,6 +64,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from cadence.core.step_cost import StepFeatures
+from cadence.sim.think_time import THINK_DISTS, ThinkTime
 from cadence.server.proc_stat import command_line, cpu_seconds, descendants, thread_cpu_seconds
 
 WORDS = ("the model reads each token of the prompt and writes keys and values into blocks of "
@@ -278,8 +280,10 @@ def words(rng: random.Random, n: int) -> str:
 
 def workload(seed: int, tag: str, num_conversations: int, num_systems: int,
              system_words: int, user_words: int, rate: float,
-             doc_words: int = 0, think_s: float = 0.3, turn_doc_words: int = 0) -> list[dict]:
+             doc_words: int = 0, think_s: float = 0.3, turn_doc_words: int = 0,
+             think_dist: str = "exponential", think_spread: float = 0.25) -> list[dict]:
     rng = random.Random(seed)
+    think = ThinkTime(think_dist, think_s, think_spread)
     systems = [f"[{tag}] You are assistant {i}. " + words(rng, system_words)
                for i in range(num_systems)]
     out, t = [], 0.0
@@ -296,7 +300,7 @@ def workload(seed: int, tag: str, num_conversations: int, num_systems: int,
                 passage += f"Passage {c}.{k}: " + words(rng, turn_doc_words) + "\n"
             users.append(passage + f"Question {c}.{k}: " + words(rng, user_words))
         out.append({"start": t, "system": systems[system], "system_index": system,
-                    "users": users, "think": [rng.expovariate(1 / think_s) for _ in range(8)]})
+                    "users": users, "think": [think.draw(rng) for _ in range(8)]})
     return out
 
 
@@ -423,7 +427,12 @@ def main() -> int:
                         help="a passage of this many words on every turn (RAG chat)")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--think-s", type=float, default=0.3,
-                        help="mean think time between an answer and the next turn (exponential)")
+                        help="mean think time between an answer and the next turn")
+    parser.add_argument("--think-dist", choices=THINK_DISTS, default="exponential",
+                        help="think times: exponential (default), constant (--think-s every "
+                             "time), or uniform")
+    parser.add_argument("--think-spread", type=float, default=0.25,
+                        help="--think-dist uniform: over --think-s x [1 - this, 1 + this]")
     parser.add_argument("--rate", type=float, default=1.0, help="conversations per second")
     parser.add_argument("--slo-ttft", type=float, default=1.0, help="goodput: TTFT <= this (s)")
     parser.add_argument("--seed", type=int, default=0)
@@ -462,7 +471,8 @@ def main() -> int:
                 url = routers[policy]
                 convs = workload(args.seed, policy, args.conversations, args.systems,
                                  args.system_words, args.user_words, args.rate,
-                                 args.doc_words, args.think_s, args.turn_doc_words)
+                                 args.doc_words, args.think_s, args.turn_doc_words,
+                                 args.think_dist, args.think_spread)
                 # The shared system prompts' tokens (what a simulation shares between
                 # conversations: `cadence sim --replicas` replays these records).
                 system_tokens = {c["system_index"]: len(httpx.post(

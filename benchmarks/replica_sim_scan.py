@@ -7,15 +7,17 @@ was: its profile and what it measured about its host (sim/fleet_compare.run_host
 
 --run is a benchmarks/replica_bench.py --out folder with its profile (`cal.json`, from
 `cadence sim --calibrate --threads 1 --calibrate-rounds 3 --save-calibration RUN/cal.json`);
-each --point is CONVERSATIONS:RATE:THINK_S:KV_BLOCKS (per replica) on the synthetic
-conversations of sim/conversations.py (4-8 turns, Poisson starts, exponential think times),
+each --point is CONVERSATIONS:RATE:THINK_S:KV_BLOCKS (per replica)[:THINK_DIST] on the
+synthetic conversations of sim/conversations.py (4-8 turns, Poisson starts, think times
+drawn from THINK_DIST, default --think-dist: exponential, constant or uniform;
+sim/think_time.py),
 whose per-turn tokens (--turn-tokens: the retrieved passage and the question, with the chat
 template's markers), answers and system prompts default to the RAG chat of
 docs/performance.md#replicas-and-routing. Printed per point: cache-aware / round-robin hit
-ratio (min and median over seeds), each policy's median hit and TTFT p50, how many seeds have
-cache-aware's p50 below round-robin's, p99s, the most preemptions and the longest run (the
-benchmark runs the three policies one after another, so these bound its time). A scan takes
-2-6 s of CPU per point and seed.
+ratio (min and median over seeds, and in how many seeds it is >= 2), each policy's median hit
+and TTFT p50, how many seeds have cache-aware's p50 below round-robin's, p99s, the most
+preemptions and the longest run (the benchmark runs the three policies one after another,
+so these bound its time). A scan takes 2-6 s of CPU per point and seed.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from cadence.sim.calibration import cost_model_from_samples, load_profile
 from cadence.sim.conversations import synthetic
 from cadence.sim.fleet import simulate_fleet
 from cadence.sim.fleet_compare import run_host
+from cadence.sim.think_time import THINK_DISTS
 
 POLICIES = ("round-robin", "least-loaded", "cache-aware")
 
@@ -40,7 +43,11 @@ def main() -> int:
     parser.add_argument("--run", required=True,
                         help="a replica_bench.py --out folder with results.json and cal.json")
     parser.add_argument("--point", action="append", required=True,
-                        metavar="CONVERSATIONS:RATE:THINK_S:KV_BLOCKS")
+                        metavar="CONVERSATIONS:RATE:THINK_S:KV_BLOCKS[:THINK_DIST]")
+    parser.add_argument("--think-dist", choices=THINK_DISTS, default="exponential",
+                        help="think times of points that name none")
+    parser.add_argument("--think-spread", type=float, default=0.25,
+                        help="uniform think times: over THINK_S x [1 - this, 1 + this]")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=8, help="workload seeds per point")
     parser.add_argument("--turn-tokens", type=int, default=178,
@@ -58,13 +65,15 @@ def main() -> int:
     hosts = {p: run_host(row, cost) for p, row in rows.items()}
     print(f"priced by {args.run} (its profile and host terms); {args.seeds} workload seeds")
     for point in args.point:
-        conversations, rate, think, blocks = point.split(":")
+        conversations, rate, think, blocks, *dist = point.split(":")
+        think_dist = dist[0] if dist else args.think_dist
         cache = CacheConfig(block_size=16, num_blocks=int(blocks))
         runs: dict[str, list] = {p: [] for p in POLICIES}
         for seed in range(args.seeds):
             workload = synthetic(int(conversations), float(rate), args.systems,
                                  args.system_tokens, 0, args.turn_tokens, args.answer_tokens,
-                                 think_mean_s=float(think), seed=seed)
+                                 think_mean_s=float(think), seed=seed,
+                                 think_dist=think_dist, think_spread=args.think_spread)
             for policy in POLICIES:
                 host, row_cost = hosts[policy]
                 runs[policy].append(simulate_fleet(
@@ -83,6 +92,7 @@ def main() -> int:
         wall = {p: max(max(r.finished_s or 0.0 for r in s.requests) for s in runs[p])
                 for p in POLICIES}
         print(f"{point:>18}  ratio min {ratios[0]:.2f} median {statistics.median(ratios):.2f}"
+              f" (>= 2 in {sum(r >= 2 for r in ratios)}/{args.seeds})"
               f" | hit ca {med(ca, 'prefix_hit_rate'):.2f} ll {med(ll, 'prefix_hit_rate'):.2f}"
               f" rr {med(rr, 'prefix_hit_rate'):.2f} | TTFT p50 ca {p50_ms(ca)} ll {p50_ms(ll)}"
               f" rr {p50_ms(rr)} ms (ca < rr in "

@@ -2,8 +2,9 @@
 
 A conversation opens with one of a few shared system prompts; each turn adds new tokens (the
 user's message, on the first turn also a per-conversation document, plus the chat template's
-markers) to the whole chat so far, answers included, and is sent an exponential think time after
-the previous answer ended: turn k's prompt = turn k-1's prompt + its answer + new tokens.
+markers) to the whole chat so far, answers included, and is sent a think time
+(sim/think_time.py: exponential by default, or constant or uniform) after the previous answer
+ended: turn k's prompt = turn k-1's prompt + its answer + new tokens.
 
 Two sources: `synthetic(...)` (explore fleets on paper) and `from_replica_bench(row)`, the
 conversations a `benchmarks/replica_bench.py` run measured (per turn: prompt and output tokens,
@@ -15,6 +16,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from typing import Any
+
+from cadence.sim.think_time import ThinkTime
 
 
 @dataclass(frozen=True)
@@ -46,17 +49,21 @@ class ConversationWorkload:
 def synthetic(num_conversations: int = 16, rate: float = 0.5, num_systems: int = 3,
               system_tokens: int = 50, doc_tokens: int = 450, user_tokens: int = 30,
               output_tokens: int = 32, min_turns: int = 4, max_turns: int = 8,
-              think_mean_s: float = 0.3, seed: int = 0) -> ConversationWorkload:
+              think_mean_s: float = 0.3, seed: int = 0,
+              think_dist: str = "exponential", think_spread: float = 0.25
+              ) -> ConversationWorkload:
     """Poisson conversation starts at `rate` per second, `min_turns`-`max_turns` turns
-    (uniform); the first turn carries a `doc_tokens` document of its own."""
+    (uniform); the first turn carries a `doc_tokens` document of its own; think times drawn
+    from `think_dist` with mean `think_mean_s` (ThinkTime)."""
     rng = random.Random(seed)
+    think = ThinkTime(think_dist, think_mean_s, think_spread)
     conversations, t = [], 0.0
     for c in range(num_conversations):
         t += rng.expovariate(rate)
         system = rng.randrange(num_systems)
         n = rng.randint(min_turns, max_turns)
         turns = tuple(Turn((doc_tokens if k == 0 else 0) + user_tokens, output_tokens,
-                           rng.expovariate(1 / think_mean_s) if think_mean_s > 0 else 0.0)
+                           think.draw(rng))
                       for k in range(n))
         conversations.append(Conversation(c, t, system, turns))
     return ConversationWorkload(tuple(conversations),

@@ -19,6 +19,7 @@ from cadence.sim.fleet import simulate_fleet
 from cadence.sim.fleet_compare import (DEFAULT_HOP_MS, UNBOUNDED_KV_BLOCKS, RunProfile,
                                        compare_runs, summary)
 from cadence.sim.host_cpu import HostCpu
+from cadence.sim.think_time import THINK_DISTS
 
 POLICIES = ("round-robin", "least-loaded", "cache-aware")
 
@@ -70,6 +71,10 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--conv-answer-tokens", type=int, default=32)
     fleet.add_argument("--think-s", type=float, default=0.3,
                        help="mean think time between an answer and the next turn")
+    fleet.add_argument("--think-dist", choices=THINK_DISTS, default="exponential",
+                       help="think times: exponential (default), constant or uniform")
+    fleet.add_argument("--think-spread", type=float, default=0.25,
+                       help="--think-dist uniform: over --think-s x [1 - this, 1 + this]")
     fleet.add_argument("--slo-ttft", type=float, default=1.0, help="goodput: TTFT <= this (s)")
     fleet.add_argument("--calibrate-rounds", type=int, default=5,
                        help="with --calibrate: timed rounds of the profile (default: 5)")
@@ -97,7 +102,8 @@ def run_fleet(args: argparse.Namespace, cost_model: CostModel,
     else:
         workload = synthetic(args.conversations, args.rate, args.systems, args.conv_system_tokens,
                              args.conv_doc_tokens, args.conv_user_tokens, args.conv_answer_tokens,
-                             think_mean_s=args.think_s, seed=args.seed)
+                             think_mean_s=args.think_s, seed=args.seed,
+                             think_dist=args.think_dist, think_spread=args.think_spread)
         cache = CacheConfig(block_size=16, num_blocks=args.kv_blocks or UNBOUNDED_KV_BLOCKS)
         table = Table(title=f"{args.conversations} conversations at {args.rate:g}/s "
                             f"({workload.num_requests} requests); {cost_model.name}; "
