@@ -165,13 +165,14 @@ def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
                                                    "strict": fmt.get("strict")}}
 
 
-def chat_body(body: ResponsesRequest,
-              history: list[dict[str, Any]] | None = None) -> ChatCompletionRequest:
+def chat_body(body: ResponsesRequest, history: list[dict[str, Any]] | None = None,
+              turn: list[dict[str, Any]] | None = None) -> ChatCompletionRequest:
     """The chat request that serves `body`; `history`: the messages of the response named by
-    previous_response_id (its input and output), put after the instructions."""
+    previous_response_id (its input and output), put after the instructions; `turn`: body.input
+    as chat messages when the caller mapped it already (input_messages)."""
     messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
     messages += history or []
-    messages += input_messages(body.input)
+    messages += input_messages(body.input) if turn is None else turn
     payload: dict[str, Any] = {name: getattr(body, name) for name in _SHARED_FIELDS
                                if getattr(body, name) is not None}
     payload["messages"] = messages

@@ -270,10 +270,12 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                            "(responses are kept in memory, bounded, and only with store "
                            "not false).", param="previous_response_id", code="not_found")
         history = list(stored.messages)
-    chat = chat_body(body, history)
+    # The input mapped once: the chat request and the conversation stored with the response.
+    turn = input_messages(body.input)
+    chat = chat_body(body, history, turn)
     tools = tool_mode(chat.tools, chat.tool_choice,
                       request.app.state.server.config.tool_call_parser)
-    conversation = history + input_messages(body.input)
+    conversation = history + turn
     renderer = functools.partial(ResponsesRenderer, echo=request_echo(body), tools=tools,
                                  conversation=conversation,
                                  store=store if body.store is not False else None)
