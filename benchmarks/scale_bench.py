@@ -58,7 +58,7 @@ from cadence.model.config import ModelConfig  # noqa: E402
 from cadence.model.gguf_modules import GGUFLinear  # noqa: E402
 from cadence.model.kernels.cpu_ops import load_cpu_kernels  # noqa: E402
 from cadence.model.kernels.isa import describe  # noqa: E402
-from cadence.model.kv_cache import kv_bytes_per_block, kv_cache_dtype  # noqa: E402
+from cadence.model.kv_cache import kv_bytes_per_block, loaded_kv_cache_dtype  # noqa: E402
 from cadence.model.loader import LoadedModel, load_model  # noqa: E402
 
 
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         print("llama.cpp is not built (benchmarks/llamacpp_peer.py --build, or CADENCE_LLAMACPP_CACHE)")
         args.no_llamacpp = True
     budget = args.kv_budget_gib * 2**30
-    kv_dtypes = [kv_cache_dtype(name, loaded.dtype) for name in args.kv_cache_dtype]
+    kv_dtypes = [loaded_kv_cache_dtype(name, loaded) for name in args.kv_cache_dtype]
     ratios: dict[str, list[float]] = {}
     def peer(test: str) -> float | None:
         """llama-bench's tok/s for one test (pp512 / tg128) on the same file and threads."""

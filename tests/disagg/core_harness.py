@@ -19,12 +19,12 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 def make_core(loaded, role, *, num_blocks=None, block_size=4, budget=64, max_seqs=8,
               address=None, lease_timeout_s=30.0, transfer_timeout_s=5.0, policy="chunked",
-              trace_path=None, **sched):
+              trace_path=None, kv_dtype="auto", **sched):
     cfg = EngineConfig(
         scheduler=SchedulerConfig(policy=policy, max_num_batched_tokens=budget,
                                   max_num_seqs=max_seqs, **sched),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks or 256),
-        trace_path=trace_path)
+        trace_path=trace_path, kv_cache_dtype=kv_dtype)
     engine = LLMEngine.from_loaded(loaded, cfg)
     return DisaggEngineCore(
         LLMEngineAdapter(engine, "tiny"),
@@ -61,8 +61,8 @@ def tokens(outs):
     return [t for o in outs for t in o.new_token_ids]
 
 
-def colocated(loaded, prompts, params=GREEDY):
-    core = make_core(loaded, "both", block_size=16)
+def colocated(loaded, prompts, params=GREEDY, kv_dtype="auto"):
+    core = make_core(loaded, "both", block_size=16, kv_dtype=kv_dtype)
     for i, ids in enumerate(prompts):
         core.add_request(f"c{i}", ids, params, 0, None)
     outs = drive(core, {})

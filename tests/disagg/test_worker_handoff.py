@@ -52,6 +52,24 @@ def _handoff(pre, dec, prompts, reference, ids_prefix="r"):
     return outs
 
 
+def test_float16_pools_hand_over_half_the_bytes(tiny, prompts):
+    # What auto gives a GGUF model on both roles: the transfer moves the pool's 16-bit blocks
+    # as they are (the layout names the dtype), tokens as a colocated float16 run.
+    reference = colocated(tiny, prompts, kv_dtype="float16")
+    sent = {}
+    for kv_dtype in ("float16", "float32"):
+        pre = make_core(tiny, "prefill", kv_dtype=kv_dtype)
+        dec = make_core(tiny, "decode", kv_dtype=kv_dtype)
+        try:
+            outs = _handoff(pre, dec, prompts, reference if kv_dtype == "float16" else colocated(tiny, prompts))
+            assert outs["r0"][-1].kv_transfer_params["transfer_blocks"] == 1
+            sent[kv_dtype] = outs["r0"][-1].kv_transfer_params["transfer_bytes"]
+        finally:
+            pre.close()
+            dec.close()
+    assert 2 * sent["float16"] == sent["float32"]
+
+
 @pytest.mark.parametrize("address", [None, "tcp://127.0.0.1:0"], ids=["ipc", "tcp"])
 def test_one_prefill_one_decode_match_colocated(tiny, prompts, reference, address, tmp_path):
     trace = tmp_path / "decode-trace.jsonl"

@@ -1,6 +1,7 @@
 """--kv-cache-dtype: one name in serve, generate and LLM(); the pool's blocks and the printed
 memory bound follow the storage dtype; vLLM's fp8 values and pairs no path serves are refused
-clearly; greedy results of a float16 cache stay close to the float32 cache's."""
+clearly; auto gives a GGUF model float16 (llama.cpp's default) and the explicit float16 run's
+tokens; greedy results of a float16 cache stay close to the float32 cache's."""
 
 from __future__ import annotations
 
@@ -59,6 +60,53 @@ def test_pool_blocks_and_memory_bound_follow_the_dtype(tiny_llama_dir):
         assert engine.summary()["kv_cache_dtype"] == str(dtype).removeprefix("torch.")
         engines[name] = engine
     assert engines["float16"].executor.num_blocks == 2 * engines["auto"].executor.num_blocks
+
+
+def _greedy(loaded, name: str, prompts, budget: int | None = None):
+    """(engine, token ids per prompt) of a greedy run with --kv-cache-dtype `name`."""
+    from cadence.core.sampling_params import SamplingParams
+    from cadence.engine.llm import LLM
+
+    cache = (CacheConfig(block_size=16, kv_cache_memory_bytes=budget) if budget
+             else CacheConfig(num_blocks=256))
+    engine = LLMEngine.from_loaded(loaded, EngineConfig(kv_cache_dtype=name, startup_profile=False,
+                                                        cache=cache))
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outs = LLM.from_engine(engine).generate(prompts, params, use_tqdm=False)
+    return engine, [list(o.outputs[0].token_ids) for o in outs]
+
+
+def test_gguf_model_defaults_to_a_float16_pool(tmp_path):
+    # A Q4_K_M-like file on its own blocks (the fused GGUF stack and the per-op path): auto is
+    # float16, with the explicit float16 run's pool and tokens; float32 stays available.
+    from tests.model.random_gguf import Q, write_random_gguf
+
+    path = write_random_gguf(str(tmp_path / "m.gguf"), Q.Q4_K, type_of={"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K})
+    loaded = load_model(path, device="cpu")
+    assert loaded.dtype == torch.float32
+    prompts = [[5, 6, 7, 8, 9] * 9, [40, 41, 42], list(range(100, 160))]  # decode, chunks, stack
+    budget = 2**20
+    auto, auto_tokens = _greedy(loaded, "auto", prompts, budget)
+    f16, f16_tokens = _greedy(loaded, "float16", prompts, budget)
+    f32, _ = _greedy(loaded, "float32", prompts, budget)
+    assert auto.executor.kv_cache.dtype == torch.float16
+    assert auto.summary()["kv_cache_dtype"] == "float16"
+    assert auto.executor.num_blocks == f16.executor.num_blocks == 2 * f32.executor.num_blocks
+    assert auto.memory_bound.kv_pool_bytes == f16.memory_bound.kv_pool_bytes
+    assert auto_tokens == f16_tokens
+    assert f32.executor.kv_cache.dtype == torch.float32
+
+
+def test_default_model_defaults_to_a_float16_pool():
+    # The default SmolLM2 Q4_1 file (int4, float32 compute): auto = float16, tokens as asked.
+    loaded = load_model(None, dtype="auto", device="cpu", quantization="auto")
+    if loaded.dtype != torch.float32:
+        pytest.skip("the default model computes in bf16 on this CPU: its cache is bf16")
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    auto, auto_tokens = _greedy(loaded, "auto", prompts)
+    _, f16_tokens = _greedy(loaded, "float16", prompts)
+    assert auto.executor.kv_cache.dtype == torch.float16
+    assert auto_tokens == f16_tokens
 
 
 def test_bf16_model_refuses_a_float16_cache(tiny_llama_dir):

@@ -8,6 +8,7 @@ import errno
 import os
 
 import pytest
+import torch
 
 from cadence.core.config import CacheConfig, SchedulerConfig
 from cadence.core.sampling_params import SamplingParams
@@ -42,14 +43,15 @@ def tiny_loaded(tiny_llama_dir):
 
 
 def build(loaded, *, policy="chunked", num_blocks=None, block_size=4, prefix=True,
-          max_seqs=64, swap_blocks=0, offload_dir=None, disk_blocks=256, fast_disk=True):
+          max_seqs=64, swap_blocks=0, offload_dir=None, disk_blocks=256, fast_disk=True,
+          kv_dtype="auto"):
     cfg = EngineConfig(
         scheduler=SchedulerConfig(policy=policy, max_num_batched_tokens=64,
                                   max_num_seqs=max_seqs),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
                           enable_prefix_caching=prefix, num_swap_blocks=swap_blocks,
                           kv_offload_dir=offload_dir, kv_offload_disk_blocks=disk_blocks),
-        startup_profile=False,
+        startup_profile=False, kv_cache_dtype=kv_dtype,
     )
     engine = LLMEngine.from_loaded(loaded, cfg)
     if fast_disk and offload_dir is not None:
@@ -111,6 +113,30 @@ def test_tiny_model_host_tier_full_goes_to_disk(tiny_loaded, preempt_reference, 
     assert tokens == preempt_reference
     assert stats.num_blocks_swapped_out_total > 0
     assert stats.num_blocks_disk_swapped_out_total > 0
+    engine.close()
+
+
+def test_float16_pool_survives_host_and_disk_swap_and_prefix_spill(tiny_loaded, tmp_path):
+    # What auto gives a GGUF model: the tiers hold blocks in the pool's storage dtype, so swapped
+    # and spilled float16 blocks come back as they left (an uncontended float16 run's tokens).
+    reference, _ = generate(build(tiny_loaded, policy="eager", max_seqs=1, prefix=False, block_size=16,
+                                  kv_dtype="float16"), PREEMPT_PROMPTS)
+    num_blocks = tight_cache_blocks(tiny_loaded, PREEMPT_PROMPTS, block_size=4)
+    engine = build(tiny_loaded, num_blocks=num_blocks, swap_blocks=20, offload_dir=str(tmp_path / "swap"),
+                   kv_dtype="float16")
+    engine.scheduler.swap_block_copy_s = 1e-9
+    assert engine.executor.kv_cache.dtype == engine.executor.host_kv.dtype == torch.float16
+    tokens, stats = generate(engine, PREEMPT_PROMPTS)
+    assert tokens == reference
+    assert stats.num_blocks_swapped_out_total > 0 and stats.num_blocks_disk_swapped_in_total > 0
+    engine.close()
+    fresh, _ = generate(build(tiny_loaded, policy="eager", max_seqs=1, prefix=False, block_size=16,
+                              kv_dtype="float16"), SPILL_PROMPTS)
+    lengths = [len(tiny_loaded.tokenizer.encode(p)) for p in SPILL_PROMPTS]
+    engine = build(tiny_loaded, max_seqs=1, num_blocks=max(-(-(n + NUM_TOKENS) // 4) for n in lengths) + 1,
+                   offload_dir=str(tmp_path / "spill"), kv_dtype="float16")
+    tokens, stats = generate(engine, SPILL_PROMPTS)
+    assert tokens == fresh and stats.num_prefix_blocks_reloaded_total > 0
     engine.close()
 
 

@@ -84,6 +84,28 @@ def test_rope_write_kv_rounds_into_16bit_cache_as_torch(kernels, dtype):
         kernels.rope_write_kv(qkv.to(torch.bfloat16), cos, sin, HQ, HKV, k16.half(), v16.half(), slots)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_prompt_from_position_0_attends_over_its_keys_as_the_cache_holds_them(kernels, dtype, head_dim):
+    # head_dim 32: no paged-kernel row path, the chunk's own K/V go to SDPA; they must be the
+    # cache's rounded values (those every later chunk reads), or chunking would change results.
+    from cadence.model.attention import write_kv
+    from cadence.model.attention_cpu import paged_attention_cpu
+
+    gen = torch.Generator().manual_seed(11)
+    n, table = 40, [2, 0, 1]
+    q = torch.randn(n, HQ, head_dim, generator=gen)
+    k, v = torch.randn(n, HKV, head_dim, generator=gen), torch.randn(n, HKV, head_dim, generator=gen)
+    meta = AttentionMetadata.build([(0, n, table)], BLOCK, len(table))
+    outs = []
+    for cache_dtype, keys, values in ((dtype, k, v), (torch.float32, k.to(dtype).float(), v.to(dtype).float())):
+        kc = torch.zeros(len(table), BLOCK, HKV, head_dim, dtype=cache_dtype)
+        vc = torch.zeros_like(kc)
+        write_kv(kc, vc, keys, values, meta.slot_mapping)
+        outs.append(paged_attention_cpu(kernels, q, keys, values, kc, vc, meta, head_dim ** -0.5))
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_kv_cache_dtype_resolution():
     assert kv_cache_dtype("auto", torch.float32) == torch.float32
     assert kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16

@@ -88,11 +88,13 @@ class EngineConfig:
     )
     kv_cache_dtype: str = field(
         default="auto",
-        metadata={"help": "How the KV cache stores keys and values: 'auto' = the model's compute "
-                          "dtype; float16 or bfloat16 halve a float32 model's KV bytes (attention "
-                          "still computes in float32, the pool holds twice the tokens); a bf16 "
-                          "model's cache is bfloat16. vLLM's fp8 values are refused (not "
-                          "implemented).",
+        metadata={"help": "How the KV cache stores keys and values. 'auto': under float32 "
+                          "compute a GGUF file's cache is float16 (llama.cpp's default) and a "
+                          "Hugging Face checkpoint's its stored dtype (bfloat16/float16/float32, "
+                          "vLLM's model dtype); a bf16 model's cache is bfloat16. float16 or "
+                          "bfloat16 halve a float32 model's KV bytes (attention still computes "
+                          "in float32, the pool holds twice the tokens); float32 keeps full "
+                          "precision. vLLM's fp8 values are refused (not implemented).",
                   "choices": (*KV_CACHE_DTYPES, *FP8_KV_CACHE_DTYPES)},
     )
     telemetry_max_steps: int = field(

@@ -96,7 +96,7 @@ class LLMEngine:
         from cadence.core.scheduler import Scheduler
         from cadence.executor.model_runner import ModelExecutor
         from cadence.engine.memory_bound import check_memory_bound, kv_bytes_from_fraction
-        from cadence.model.kv_cache import kv_bytes_per_block, kv_cache_dtype
+        from cadence.model.kv_cache import kv_bytes_per_block, loaded_kv_cache_dtype
 
         if cfg.deterministic:
             # Float32 / bf16 weights too on the packed kernels at every row count (integer
@@ -104,8 +104,10 @@ class LLMEngine:
             pin = getattr(loaded.model, "pin_invariant_gemms", None)
             if pin is not None:
                 pin()
-        # The KV cache's storage dtype: blocks per byte of pool and the bound follow it.
-        kv_dtype = kv_cache_dtype(cfg.kv_cache_dtype, loaded.dtype)
+        # The KV cache's storage dtype (auto: float16 for a GGUF under float32 compute, as
+        # llama.cpp; an HF checkpoint's own 16-bit dtype, as vLLM): blocks per byte of pool and
+        # the bound follow it.
+        kv_dtype = loaded_kv_cache_dtype(cfg.kv_cache_dtype, loaded)
         sched_cfg = cfg.scheduler
         model_len = loaded.config.max_position_embeddings
         if sched_cfg.max_model_len > model_len:

@@ -32,9 +32,9 @@ def apply_model_overrides(loaded: Any, cfg: EngineConfig) -> Any:
             with open(os.path.expanduser(source), encoding="utf-8") as f:
                 source = f.read()
         tokenizer = tokenizer.with_chat_template(source)
-    from cadence.model.kv_cache import kv_cache_dtype
+    from cadence.model.kv_cache import loaded_kv_cache_dtype
 
-    kv_cache_dtype(cfg.kv_cache_dtype, loaded.dtype)  # a pair no path serves fails here
+    loaded_kv_cache_dtype(cfg.kv_cache_dtype, loaded)  # a pair no path serves fails here
     if tokenizer is not loaded.tokenizer:
         loaded = dataclasses.replace(loaded, tokenizer=tokenizer)
     return loaded

@@ -35,7 +35,8 @@ class ModelExecutor:
     """StepPlan -> tensors -> forward -> logits of the sampling rows -> sampled tokens.
 
     The cache holds `num_blocks` blocks of `block_size` positions, on the model's device, in
-    `kv_dtype` (default: the model's dtype; float16 / bf16 under a float32 model halve it). `seed` seeds the RNG used by unseeded random sampling (seeded requests use their
+    `kv_dtype` (default: the model's compute dtype; the engine passes --kv-cache-dtype's
+    resolution, kv_cache.loaded_kv_cache_dtype; float16 / bf16 under a float32 model halve it). `seed` seeds the RNG used by unseeded random sampling (seeded requests use their
     own generator, see sampler.py).
     """
 

@@ -43,13 +43,21 @@ def paged_attention_cpu(kernels: ModuleType, q: torch.Tensor, k_new: torch.Tenso
     """Causal attention of every new token over its sequence's context.
 
     q: [T, Hq, D] contiguous; k_new, v_new: [T, Hkv, D] (views of this step's new keys/values,
-    already stored in the caches); caches: [num_blocks, block_size, Hkv, D]. Returns [T, Hq, D].
+    already stored in the caches); caches: [num_blocks, block_size, Hkv, D], in q's dtype or,
+    under float32 compute, float16 / bf16. Returns [T, Hq, D].
     """
     if rows_share_decode_kernel(q, kernels):
         # Every row over its own context [0, position]: one call for the whole step.
         return kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.row_seq_index,
                                        meta.row_ctx_lens, scale)
     out = torch.empty_like(q)
+    if meta.prefill_seqs and k_cache.dtype != q.dtype:
+        # A 16-bit cache under float32 compute: a chunk from position 0 attends over its own
+        # keys/values as the cache holds them (rounded, as rope_write_kv / write_kv stored
+        # them), the values every later chunk and decode reads; unrounded, a prompt's attention
+        # would depend on where it was chunked. [T, Hkv, D], once per layer.
+        k_new = k_new.to(k_cache.dtype).to(q.dtype)
+        v_new = v_new.to(v_cache.dtype).to(q.dtype)
     if meta.decode_seqs:
         # q[decode_rows]: [B, Hq, D]; one call for the whole decode batch.
         rows = meta.decode_rows

@@ -127,6 +127,36 @@ def _tensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ModelLoadError(f"{file}: unreadable safetensors file: {exc}") from exc
 
 
+# Stored dtype names: config.json's `dtype` (transformers 5) / `torch_dtype`, safetensors' header.
+_CONFIG_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def hf_checkpoint_dtype(path: str) -> torch.dtype | None:
+    """The dtype an HF folder stores its weights in: config.json's `dtype` / `torch_dtype` (what
+    vLLM's `--dtype auto` reads), else the first floating tensor's dtype in the safetensors
+    files; None when neither says (e.g. an fp8 or integer-only checkpoint)."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        cfg = {}
+    for key in ("dtype", "torch_dtype"):
+        named = cfg.get(key) if isinstance(cfg, dict) else None
+        if isinstance(named, str) and named in _CONFIG_DTYPES:
+            return _CONFIG_DTYPES[named]
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        try:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():
+                    stored = _SAFETENSORS_DTYPES.get(f.get_slice(name).get_dtype())
+                    if stored is not None:
+                        return stored
+        except (SafetensorError, OSError):
+            return None
+    return None
+
+
 def load_hf_dir(path: str, dtype: torch.dtype,
                 device: torch.device) -> tuple[LlamaForCausalLM, ModelConfig, Tokenizer]:
     """Model, config and tokenizer from an HF checkpoint folder."""

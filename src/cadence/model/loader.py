@@ -12,7 +12,7 @@ import torch
 from cadence.model.config import ModelConfig
 from cadence.model.errors import ModelLoadError
 from cadence.model.gguf_loader import load_gguf
-from cadence.model.hf_loader import load_hf_dir
+from cadence.model.hf_loader import hf_checkpoint_dtype, load_hf_dir
 from cadence.model.host_memory import host_available_bytes
 from cadence.model.llama import LlamaForCausalLM
 from cadence.model.tokenizer import Tokenizer
@@ -39,6 +39,11 @@ class LoadedModel:
     config: ModelConfig
     tokenizer: Tokenizer
     name: str
+    # What it was loaded from: "gguf" (a GGUF file), "hf" (a Hugging Face folder) or "" (built
+    # in memory); for "hf", the dtype its float tensors are stored in. --kv-cache-dtype auto
+    # reads both (kv_cache.auto_kv_cache_dtype).
+    checkpoint_format: str = ""
+    checkpoint_dtype: torch.dtype | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -209,12 +214,15 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto",
         dtype = "float32"
     torch_dtype = resolve_dtype(dtype, torch_device)
     storage = resolve_weight_storage(quantization, dtype, torch_dtype, torch_device)
+    checkpoint_dtype = None
     if os.path.isdir(path):
         model, config, tokenizer = load_hf_dir(path, torch_dtype, torch_device)
+        checkpoint_format, checkpoint_dtype = "hf", hf_checkpoint_dtype(path)
     elif os.path.isfile(path):
         if not path.endswith(".gguf"):
             raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face model folder")
         model, config, tokenizer = load_gguf(path, torch_dtype, torch_device, native=native)
+        checkpoint_format = "gguf"
     else:
         raise ModelLoadError(f"model path does not exist: {path}")
     if storage != "float32":
@@ -222,4 +230,5 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto",
     name = os.path.basename(os.path.normpath(path))
     if name.endswith(".gguf"):
         name = name[: -len(".gguf")]
-    return LoadedModel(model=model, config=config, tokenizer=tokenizer, name=name)
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer, name=name,
+                       checkpoint_format=checkpoint_format, checkpoint_dtype=checkpoint_dtype)
