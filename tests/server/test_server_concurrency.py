@@ -15,6 +15,7 @@ import pytest
 
 NUM_STREAMS = 64
 READ_BEFORE_DISCONNECT = 3
+MAX_MODEL_LEN = 512  # the tiny Llama's max_position_embeddings (tests/conftest.py)
 
 
 def _specs(vocab_size: int) -> list[dict]:
@@ -22,12 +23,15 @@ def _specs(vocab_size: int) -> list[dict]:
     specs = []
     for i in range(NUM_STREAMS):
         disconnect = i % 4 == 3
+        # Token-id prompts: their lengths are known exactly for the metrics check.
+        prompt = [rng.randrange(3, vocab_size) for _ in range(rng.randrange(4, 120))]
         specs.append({
             "index": i,
-            # Token-id prompts: their lengths are known exactly for the metrics check.
-            "prompt": [rng.randrange(3, vocab_size) for _ in range(rng.randrange(4, 120))],
-            # The leavers ask for a lot, so they are surely still running when they leave.
-            "max_tokens": 200 if disconnect else rng.randrange(1, 40),
+            "prompt": prompt,
+            # The leavers ask for the whole context (hundreds of steps, where they read 3
+            # chunks), so they are still running when they leave even on a loaded host whose
+            # client lags the server (200 tokens once finished before the disconnect arrived).
+            "max_tokens": MAX_MODEL_LEN - len(prompt) if disconnect else rng.randrange(1, 40),
             "disconnect": disconnect,
         })
     return specs
