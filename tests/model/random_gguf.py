@@ -16,11 +16,11 @@ Q = gguf.GGMLQuantizationType
 # Byte offsets of each type's float16 scale fields inside a block (d, and dmin where present).
 _F16_FIELDS = {
     Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.IQ4_NL: (0,),
-    Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
+    Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.IQ4_XS: (0,),
 }
 # d per type so that the weights' spread is ~0.05 (random int8 / 6-bit sub-scales multiply it).
 _SCALE = {Q.Q4_0: 1e-2, Q.Q4_1: 1e-2, Q.Q5_0: 5e-3, Q.Q5_1: 5e-3, Q.Q8_0: 7e-4, Q.IQ4_NL: 7e-4,
-          Q.Q4_K: 2e-4, Q.Q5_K: 1e-4, Q.Q6_K: 4e-5}
+          Q.Q4_K: 2e-4, Q.Q5_K: 1e-4, Q.Q6_K: 4e-5, Q.Q2_K: 5e-3, Q.Q3_K: 1.2e-3, Q.IQ4_XS: 4e-5}
 
 
 def random_matrix(rng: np.random.Generator, qtype: Q, rows: int, cols: int) -> np.ndarray:

@@ -20,7 +20,8 @@ from cadence.model.gguf_modules import GGUFEmbedding, GGUFLinear, gguf_module_by
 from cadence.model.loader import load_model
 from .random_gguf import Q, write_random_gguf
 
-NATIVE_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.F16, Q.BF16, Q.F32]
+NATIVE_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL,
+                Q.IQ4_XS, Q.F16, Q.BF16, Q.F32]
 
 
 def _logits(loaded, ids: list[int]) -> torch.Tensor:
@@ -76,8 +77,8 @@ def test_unsupported_type_is_a_clear_error(tmp_path):
     assert reader.tensors  # a valid file; now one whose type cadence does not compute
     from cadence.model.gguf_weight import check_supported
 
-    with pytest.raises(ValueError, match="Q2_K.*supported types: F32"):
-        check_supported(Q.Q2_K)
+    with pytest.raises(ValueError, match="IQ2_XXS.*supported types: F32"):
+        check_supported(Q.IQ2_XXS)
     with pytest.raises(ModelLoadError):
         load_model(str(tmp_path / "missing.gguf"), quantization="gguf")
 

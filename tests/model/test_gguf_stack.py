@@ -1,8 +1,9 @@
 """The fused decode stack of GGUF-native models (kernels.DecodeStackGGUF, model/gguf_stack.py).
 
 Random llama GGUF files (random_gguf.py): a Q4_K_M-like mix (Q4_K, with Q6_K v and down: both
-repacked layouts, q/k read in place through their row order), row-wise types (Q8_0, Q5_K) and
-float ones (F16, BF16), head_dim 64 and 128. The stack must give the per-op path's bits: the
+repacked layouts, q/k read in place through their row order), row-wise types (Q8_0, Q5_K; a
+Q3_K_M-like mix of Q3_K with Q2_K v, IQ4_XS down and Q4_K output) and float ones (F16, BF16),
+head_dim 64 and 128. The stack must give the per-op path's bits: the
 logits of decode and short-chunk steps over scattered blocks and the KV it writes; and a row's
 result must not depend on the rows beside it or on the thread count.
 """
@@ -31,12 +32,14 @@ TABLES = [_ORDER[32 * i:32 * (i + 1)] for i in range(3)]
 STEPS = [[(0, 17), (0, 9), (0, 3)], [(17, 1), (9, 1), (3, 1)], [(18, 1), (10, 5), (4, 1)],
          [(19, STACK_MAX_CHUNK - 1), (15, 1), (5, 2)], [(50, 1), (16, 1), (7, 1)]]
 Q4_K_M_MIX = {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}
+LOW_BIT_MIX = {"attn_v": Q.Q2_K, "ffn_down": Q.IQ4_XS, "attn_output": Q.Q4_K}
 # name: (layer type, other tensors' types, attention heads, kv heads)
 MODELS = {
     "q4_k_m": (Q.Q4_K, Q4_K_M_MIX, 4, 2),
     "q4_k_m_d128": (Q.Q4_K, Q4_K_M_MIX, 2, 1),
     "q8_0": (Q.Q8_0, None, 4, 2),
     "q5_k": (Q.Q5_K, None, 4, 2),
+    "q3_k_mix": (Q.Q3_K, LOW_BIT_MIX, 4, 2),
     "f16": (Q.F16, None, 4, 2),
     "bf16": (Q.BF16, None, 4, 2),
 }

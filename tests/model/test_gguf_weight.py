@@ -27,7 +27,7 @@ FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 # Byte offsets of the fp16 scales in each block (the rest of a block is quant bytes / 6-bit
 # scales, any value valid).
 HALF_OFFSETS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.IQ4_NL: (0,),
-                Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+                Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.IQ4_XS: (0,)}
 N_ROWS = 37
 
 
@@ -61,13 +61,11 @@ CASES = [(t, False) for t in SUPPORTED_TYPES] + [(Q.Q8_0, True), (Q.Q4_0, True),
 CASE_IDS = [f"{t.name}-{'random' if r else 'auto'}" for t, r in CASES]
 
 
-K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
-
-
 def activations_seen(x: torch.Tensor, qtype) -> torch.Tensor:
     """What the integer kernels multiply: x quantized per row to int8 with amax / 127 scales,
-    one scale per 32 k (llama.cpp's q8_0), or per 256 k for the K-quants (its q8_K)."""
-    if qtype not in K_QUANTS:
+    one scale per 32 k (llama.cpp's q8_0), or per 256 k for the 256-weight types (the K-quants
+    and IQ4_XS: its q8_K)."""
+    if GGML_QUANT_SIZES[qtype][0] != 256:
         return KERNELS.quantize_activations_q8(x).double()
     spans = x.float().reshape(x.shape[0], -1, 256)
     amax = spans.abs().amax(-1, keepdim=True)
@@ -126,7 +124,7 @@ def test_linear_matches_reference_dequantization(qtype, random):
             torch.testing.assert_close(y.double(), exact, rtol=0, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.BF16, Q.Q8_0])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.BF16, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.IQ4_XS])
 def test_torch_path_matches_reference(qtype):
     """The path without compiled kernels dequantizes slabs of rows and uses F.linear."""
     weight = make_weight(qtype, seed=4)
@@ -270,7 +268,7 @@ def test_large_repacked_copy_sits_on_whole_huge_pages():
     del weight  # the copy's memory is unmapped with it
 
 
-@pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.IQ2_XXS, Q.IQ4_XS, Q.Q8_1])
+@pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.IQ3_S, Q.TQ1_0, Q.Q8_1])
 def test_unsupported_types_raise_naming_the_type(qtype):
     with pytest.raises(ValueError, match=rf"{qtype.name} is not supported.*Q4_K.*Q6_K"):
         GGUFWeight.from_data(qtype, (4, 256), np.zeros(4 * GGML_QUANT_SIZES[qtype][1], dtype=np.uint8))

@@ -57,7 +57,8 @@ from cadence.model.kernels.cpu_ops import load_cpu_kernels
 Q = GGMLQuantizationType
 # The types computed natively; any other raises ValueError naming them.
 SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (
-    Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL,
+    Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+    Q.IQ4_NL, Q.IQ4_XS,
 )
 # Repacked at construction with 8 columns interleaved (kernels/gguf/q4k_x8.h, q6k_x8.h).
 _REPACKED_TYPES = (Q.Q4_K, Q.Q6_K)

@@ -146,7 +146,7 @@ def file_weight_format(path: str, device: torch.device) -> str | None:
 
     fmt = gguf_weight_format(path)
     if fmt is None:
-        # Other quantized types (K-quants, Q5, IQ4_NL; Q4_K_M files): computed from their own
+        # Other quantized types (K-quants, Q5, IQ4_NL/IQ4_XS; Q4_K_M files): computed from their own
         # blocks, never dequantized and quantized again. Float files: --dtype auto decides.
         from cadence.model.gguf_native import has_quantized_matrices
 

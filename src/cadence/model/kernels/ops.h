@@ -41,7 +41,7 @@ at::Tensor quantize_activations_q8(at::Tensor x);
 at::Tensor linear_packed_f32(at::Tensor x, at::Tensor data, at::Tensor scales, int64_t format, int64_t N,
                              c10::optional<at::Tensor> bias, c10::optional<at::Tensor> argmax_out);
 // y = x @ W^T (+ bias) on a GGUF weight's blocks as stored ([N, K / block * block bytes] uint8),
-// ggml `type` F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K/IQ4_NL (gguf/linear.cpp).
+// ggml `type` F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS (gguf/linear.cpp).
 // packed: gguf_repack's copy of a Q4_K / Q6_K weight (8 columns interleaved), used for the whole octets.
 at::Tensor gguf_linear(at::Tensor x, at::Tensor blocks, int64_t type, int64_t N, int64_t K,
                        c10::optional<at::Tensor> bias, c10::optional<at::Tensor> packed);

@@ -8,12 +8,14 @@
 // memory-mapped tensor is computed on in place, with no copy at all.
 //
 // A codec C describes w[k] for the 32 k of group j of a block at `blk` as
-//   w = a_j * (u[k] - C::OFFSET) + b_j   (C::HALF_SCALES: a per 16 k, a[2j] for k < 16, a[2j + 1] after)
+//   w = a_j * (u[k] - C::OFFSET) + b_j   (C::HALF_SCALES: a per 16 k, a[2j] for k < 16, a[2j + 1] after;
+//                                         C::HALF_MINS: b per 16 k likewise)
 // with u[k] the unsigned bytes C::quants(blk, j) returns (a signed type's values shifted up by
 // OFFSET: unsigned x signed bytes is what maddubs and vpdpbusd multiply, and the OFFSET * sum(x)
 // term is the same for every column, so a kernel computes it once per row and group).
 // C::scales(blk, a, b) fills a[GROUPS] (a[2 * GROUPS] with HALF_SCALES) and, with C::HAS_MIN,
-// b[GROUPS]. All groups are 32 k, so one activation scale per 32 k serves every type.
+// b[GROUPS] (b[2 * GROUPS] with HALF_MINS). All groups are 32 k, so one activation scale per 32 k
+// serves every type.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +29,7 @@ namespace gguf {
 // ggml_type ids as GGUF files store them (gguf.GGMLQuantizationType).
 enum GGMLType : int {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
-  Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, BF16 = 30,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30,
 };
 
 // (elements per block, bytes per block) of a supported type; {0, 0} for any other.
@@ -45,9 +47,12 @@ inline BlockSize block_size(int type) {
     case Q5_1: return {32, 24};
     case Q8_0: return {32, 34};
     case IQ4_NL: return {32, 18};
+    case Q2_K: return {256, 84};
+    case Q3_K: return {256, 110};
     case Q4_K: return {256, 144};
     case Q5_K: return {256, 176};
     case Q6_K: return {256, 210};
+    case IQ4_XS: return {256, 136};
     default: return {0, 0};
   }
 }
@@ -89,7 +94,7 @@ inline uint32_t u32_at(const uint8_t* p) {
 struct CodecQ8_0 {
   static constexpr int64_t QK = 32, BYTES = 34, GROUPS = 1;
   static constexpr int OFFSET = 128;
-  static constexpr bool HAS_MIN = false, HALF_SCALES = false;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = false, HALF_MINS = false;
   static void scales(const uint8_t* blk, float* a, float*) { a[0] = half_at(blk); }
   static __m256i quants(const uint8_t* blk, int) {  // q + 128 = q with its top bit flipped
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)), _mm256_set1_epi8(-128));
@@ -100,7 +105,7 @@ struct CodecQ8_0 {
 struct CodecQ4_0 {
   static constexpr int64_t QK = 32, BYTES = 18, GROUPS = 1;
   static constexpr int OFFSET = 8;
-  static constexpr bool HAS_MIN = false, HALF_SCALES = false;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = false, HALF_MINS = false;
   static void scales(const uint8_t* blk, float* a, float*) { a[0] = half_at(blk); }
   static __m256i quants(const uint8_t* blk, int) { return split_nibbles16(blk + 2); }
 };
@@ -109,7 +114,7 @@ struct CodecQ4_0 {
 struct CodecQ4_1 {
   static constexpr int64_t QK = 32, BYTES = 20, GROUPS = 1;
   static constexpr int OFFSET = 0;
-  static constexpr bool HAS_MIN = true, HALF_SCALES = false;
+  static constexpr bool HAS_MIN = true, HALF_SCALES = false, HALF_MINS = false;
   static void scales(const uint8_t* blk, float* a, float* b) { a[0] = half_at(blk), b[0] = half_at(blk + 2); }
   static __m256i quants(const uint8_t* blk, int) { return split_nibbles16(blk + 4); }
 };
@@ -118,7 +123,7 @@ struct CodecQ4_1 {
 struct CodecQ5_0 {
   static constexpr int64_t QK = 32, BYTES = 22, GROUPS = 1;
   static constexpr int OFFSET = 16;
-  static constexpr bool HAS_MIN = false, HALF_SCALES = false;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = false, HALF_MINS = false;
   static void scales(const uint8_t* blk, float* a, float*) { a[0] = half_at(blk); }
   static __m256i quants(const uint8_t* blk, int) {
     const __m256i high = _mm256_and_si256(bits_to_bytes(u32_at(blk + 2)), _mm256_set1_epi8(0x10));
@@ -130,7 +135,7 @@ struct CodecQ5_0 {
 struct CodecQ5_1 {
   static constexpr int64_t QK = 32, BYTES = 24, GROUPS = 1;
   static constexpr int OFFSET = 0;
-  static constexpr bool HAS_MIN = true, HALF_SCALES = false;
+  static constexpr bool HAS_MIN = true, HALF_SCALES = false, HALF_MINS = false;
   static void scales(const uint8_t* blk, float* a, float* b) { a[0] = half_at(blk), b[0] = half_at(blk + 2); }
   static __m256i quants(const uint8_t* blk, int) {
     const __m256i high = _mm256_and_si256(bits_to_bytes(u32_at(blk + 4)), _mm256_set1_epi8(0x10));
@@ -138,18 +143,21 @@ struct CodecQ5_1 {
   }
 };
 
+// 32 nibbles -> IQ4_NL's (and IQ4_XS's) non-linear values + 128, as unsigned bytes.
+inline __m256i iq4_values(__m256i nibbles) {
+  // The table {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113} + 128.
+  const __m256i table = _mm256_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15,
+                                         1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15);
+  return _mm256_shuffle_epi8(table, nibbles);
+}
+
 // IQ4_NL: fp16 d, 16 bytes of nibbles indexing a fixed non-linear table: w = d * table[nibble].
 struct CodecIQ4_NL {
   static constexpr int64_t QK = 32, BYTES = 18, GROUPS = 1;
   static constexpr int OFFSET = 128;
-  static constexpr bool HAS_MIN = false, HALF_SCALES = false;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = false, HALF_MINS = false;
   static void scales(const uint8_t* blk, float* a, float*) { a[0] = half_at(blk); }
-  static __m256i quants(const uint8_t* blk, int) {
-    // The table {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113} + 128.
-    const __m256i table = _mm256_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15,
-                                           1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15);
-    return _mm256_shuffle_epi8(table, split_nibbles16(blk + 2));
-  }
+  static __m256i quants(const uint8_t* blk, int) { return iq4_values(split_nibbles16(blk + 2)); }
 };
 
 // The 8 6-bit scales and 8 minimums of a Q4_K / Q5_K block's 12 scale bytes s, as floats times
@@ -173,7 +181,7 @@ inline void kquant_scales(const uint8_t* s, float d, float dmin, float* a, float
 struct CodecQ4_K {
   static constexpr int64_t QK = 256, BYTES = 144, GROUPS = 8;
   static constexpr int OFFSET = 0;
-  static constexpr bool HAS_MIN = true, HALF_SCALES = false;
+  static constexpr bool HAS_MIN = true, HALF_SCALES = false, HALF_MINS = false;
   static void scales(const uint8_t* blk, float* a, float* b) { kquant_scales(blk + 4, half_at(blk), half_at(blk + 2), a, b); }
   static __m256i quants(const uint8_t* blk, int j) {
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * (j / 2)));
@@ -186,7 +194,7 @@ struct CodecQ4_K {
 struct CodecQ5_K {
   static constexpr int64_t QK = 256, BYTES = 176, GROUPS = 8;
   static constexpr int OFFSET = 0;
-  static constexpr bool HAS_MIN = true, HALF_SCALES = false;
+  static constexpr bool HAS_MIN = true, HALF_SCALES = false, HALF_MINS = false;
   static void scales(const uint8_t* blk, float* a, float* b) { CodecQ4_K::scales(blk, a, b); }
   static __m256i quants(const uint8_t* blk, int j) {
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 48 + 32 * (j / 2)));
@@ -205,7 +213,7 @@ struct CodecQ5_K {
 struct CodecQ6_K {
   static constexpr int64_t QK = 256, BYTES = 210, GROUPS = 8;
   static constexpr int OFFSET = 32;
-  static constexpr bool HAS_MIN = false, HALF_SCALES = true;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = true, HALF_MINS = false;
   static void scales(const uint8_t* blk, float* a, float*) {
     const __m256 d = _mm256_set1_ps(half_at(blk + 208));
     const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
@@ -221,6 +229,85 @@ struct CodecQ6_K {
                                           _mm256_set1_epi8(0x30));
     return _mm256_or_si256(low, high);
   }
+};
+
+// Bits [2t, 2t + 2) of each of 32 bytes at p: the 2-bit quants of Q2_K / Q3_K (group j = 4h + t
+// reads bytes [32h, 32h + 32) of the block's 64 at its quarter t).
+inline __m256i crumbs32(const uint8_t* p, int t) {
+  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
+}
+
+// Q3_K: 256 weights: 32 bytes hmask (bit j of hmask[l]: the third bit of element l of group j),
+// 64 bytes of 2-bit quants, 12 bytes of 16 6-bit scales, fp16 d last. Group j = 4h + t: low bits
+// from qs[32h + l] >> 2t; w = (d * (scale[2j + (l >= 16)] - 32)) * (q3 - 4), q3 = low | high << 2.
+// The scales: the low 4 bits of scale i from byte i % 8 (its high nibble when i >= 8), the top 2
+// from byte 8 + i % 4 at bit 2 * (i / 4): unpacked 4 scales per 32-bit word.
+struct CodecQ3_K {
+  static constexpr int64_t QK = 256, BYTES = 110, GROUPS = 8;
+  static constexpr int OFFSET = 4;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = true, HALF_MINS = false;
+  static void scales(const uint8_t* blk, float* a, float*) {
+    const uint32_t w0 = u32_at(blk + 96), w1 = u32_at(blk + 100), w2 = u32_at(blk + 104);
+    const uint32_t low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+    const __m128i sc = _mm_setr_epi32(static_cast<int>((w0 & low4) | ((w2 & low2) << 4)),
+                                      static_cast<int>((w1 & low4) | (((w2 >> 2) & low2) << 4)),
+                                      static_cast<int>(((w0 >> 4) & low4) | (((w2 >> 4) & low2) << 4)),
+                                      static_cast<int>(((w1 >> 4) & low4) | (((w2 >> 6) & low2) << 4)));
+    const __m128i centred = _mm_sub_epi8(sc, _mm_set1_epi8(32));  // in [-32, 31]
+    const __m256 d = _mm256_set1_ps(half_at(blk + 108));
+    _mm256_storeu_ps(a, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(centred))));
+    _mm256_storeu_ps(a + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(centred, 8)))));
+  }
+  static __m256i quants(const uint8_t* blk, int j) {
+    const __m256i low = crumbs32(blk + 32 + 32 * (j / 4), j % 4);
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+    const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << j));
+    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4));
+    return _mm256_or_si256(low, high);
+  }
+};
+
+// Q2_K: 256 weights: 16 bytes of (4-bit scale | 4-bit min << 4), one per 16 weights, 64 bytes of
+// 2-bit quants (Q3_K's order), fp16 d, fp16 dmin: w = (d * scale_i) * q - (dmin * min_i) for the
+// 16 weights i. The minimum changes every 16 k: HALF_MINS (b_i = -(dmin * min_i)).
+struct CodecQ2_K {
+  static constexpr int64_t QK = 256, BYTES = 84, GROUPS = 8;
+  static constexpr int OFFSET = 0;
+  static constexpr bool HAS_MIN = true, HALF_SCALES = true, HALF_MINS = true;
+  static void scales(const uint8_t* blk, float* a, float* b) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+    const __m128i sc = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
+    const __m128i mn = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F));
+    const __m256 d = _mm256_set1_ps(half_at(blk + 80)), neg_dmin = _mm256_set1_ps(-half_at(blk + 82));
+    _mm256_storeu_ps(a, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc))));
+    _mm256_storeu_ps(a + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sc, 8)))));
+    _mm256_storeu_ps(b, _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn))));
+    _mm256_storeu_ps(b + 8, _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mn, 8)))));
+  }
+  static __m256i quants(const uint8_t* blk, int j) { return crumbs32(blk + 16 + 32 * (j / 4), j % 4); }
+};
+
+// IQ4_XS: 256 weights in 8 groups of 32: fp16 d, uint16 scales_h (2 high bits per group), 4 bytes
+// scales_l (a nibble per group, low nibble for even j), 128 bytes of nibbles (16 per group, laid
+// out as IQ4_NL's block): w = (d * (ls_j - 32)) * table[nibble], ls_j the 6-bit scale.
+struct CodecIQ4_XS {
+  static constexpr int64_t QK = 256, BYTES = 136, GROUPS = 8;
+  static constexpr int OFFSET = 128;
+  static constexpr bool HAS_MIN = false, HALF_SCALES = false, HALF_MINS = false;
+  static void scales(const uint8_t* blk, float* a, float*) {
+    uint16_t high;
+    std::memcpy(&high, blk + 2, sizeof(high));
+    // Lane j: nibble j of scales_l (4j bits up) and bits [2j, 2j + 2) of scales_h.
+    const __m256i low = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(u32_at(blk + 4))),
+                                                           _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                         _mm256_set1_epi32(0x0F));
+    const __m256i top = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                         _mm256_set1_epi32(3));
+    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(top, 4)), _mm256_set1_epi32(32));
+    _mm256_storeu_ps(a, _mm256_mul_ps(_mm256_set1_ps(half_at(blk)), _mm256_cvtepi32_ps(ls)));
+  }
+  static __m256i quants(const uint8_t* blk, int j) { return iq4_values(split_nibbles16(blk + 8 + 16 * j)); }
 };
 
 #endif  // CADENCE_HAVE_AVX2

@@ -40,10 +40,6 @@ constexpr int64_t PAIR_COLS = 16;  // gate/up: whole 16-lane vectors of silu_mul
 
 bool is_float_type(int type) { return type == gguf::F32 || type == gguf::F16 || type == gguf::BF16; }
 
-bool shares_scale_per_256(int type, int64_t K) {
-  return (type == gguf::Q4_K || type == gguf::Q5_K || type == gguf::Q6_K) && K % gguf::KQUANT_SPAN == 0;
-}
-
 std::pair<int64_t, int64_t> share(int64_t total, int tid, int team) {
   return {total * tid / team, total * (tid + 1) / team};
 }
@@ -83,7 +79,7 @@ Matrix matrix(const at::Tensor& blocks, int64_t type, const c10::optional<at::Te
 #if CADENCE_HAVE_AVX2
 
 // One GEMM input [T, K] in the forms its weights read (linear.cpp's, computed the same way):
-// quantized per 32 and/or per 256 k, the per-16-k byte sums of repacked Q6_K, bf16-rounded.
+// quantized per 32 and/or per 256 k, the per-16-k byte sums of repacked Q6_K and Q2_K, bf16-rounded.
 struct Activations {
   avx2::QuantizedRows q32, q256;
   std::vector<int32_t> half_sums;
@@ -94,9 +90,9 @@ struct Activations {
     for (const Matrix* w : weights) {
       if (is_float_type(w->type)) {
         need_bf16 |= w->type == gguf::BF16;
-      } else if (shares_scale_per_256(w->type, K)) {
+      } else if (gguf::shares_scale_per_256(w->type)) {
         need_256 = true;
-        need_half_sums |= w->type == gguf::Q6_K && w->packed.defined();
+        need_half_sums |= gguf::reads_half_sums(w->type, w->packed.defined());
       } else {
         need_32 = true;
       }
@@ -105,11 +101,7 @@ struct Activations {
     if (need_256) quantize(x, T, K, true, q256);
     if (need_half_sums) {
       half_sums.resize(static_cast<size_t>(T * (K / 16)));
-      for (int64_t i = 0; i < T * (K / 16); ++i) {
-        int32_t s = 0;
-        for (int t = 0; t < 16; ++t) s += q256.q[i * 16 + t];
-        half_sums[i] = s;
-      }
+      gguf::byte_sums_per_16(q256, 0, T * (K / 16), half_sums.data());
     }
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
     if (need_bf16) {
@@ -143,7 +135,7 @@ struct Activations {
   gguf::GemmArgs args(const Matrix& w, const float* x, int64_t T, float* out, int64_t ldo) const {
     gguf::GemmArgs g{w.type, w.blocks.data_ptr<uint8_t>(), w.row_bytes, w.N, w.K, T, ldo, x,
                      bf16.empty() ? nullptr : bf16.data(),
-                     is_float_type(w.type) ? nullptr : (shares_scale_per_256(w.type, w.K) ? &q256 : &q32), out};
+                     is_float_type(w.type) ? nullptr : (gguf::shares_scale_per_256(w.type) ? &q256 : &q32), out};
     g.half_sums = half_sums.empty() ? nullptr : half_sums.data();
     return g;
   }

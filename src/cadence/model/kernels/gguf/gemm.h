@@ -25,7 +25,7 @@ struct GemmArgs {
   const uint16_t* x_bf16;            // x rounded to bf16 (BF16 weights on the avx512bf16 tier), else null
   const avx2::QuantizedRows* xq;     // the rows quantized per 32 k (the quantized types)
   float* out;
-  const int32_t* half_sums = nullptr;  // [M][K / 16] sums of xq's bytes per 16 k (repacked Q6_K)
+  const int32_t* half_sums = nullptr;  // [M][K / 16] sums of xq's bytes per 16 k (repacked Q6_K, Q2_K)
 };
 
 // Columns [n_begin, n_end) of y; false when `type` is not of the family.

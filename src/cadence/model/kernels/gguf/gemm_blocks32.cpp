@@ -9,7 +9,7 @@ namespace gguf {
 
 bool gemm_blocks32_columns(const GemmArgs& g, int64_t n_begin, int64_t n_end) {
 #define CADENCE_RUN(CODEC) \
-  int_gemm_columns<CODEC>(*g.xq, g.M, g.w, g.row_bytes, g.K, g.out, g.ldo, n_begin, n_end); \
+  int_gemm_columns<CODEC>(*g.xq, g.half_sums, g.M, g.w, g.row_bytes, g.K, g.out, g.ldo, n_begin, n_end); \
   return true
   switch (g.type) {
     case Q4_0: CADENCE_RUN(CodecQ4_0);

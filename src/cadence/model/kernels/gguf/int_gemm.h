@@ -11,7 +11,9 @@
 // vector of partial sums, reduced once at the end.
 //
 // Signed types are stored shifted to unsigned bytes with the shift's term subtracted per row
-// (blocks.h: OFFSET); K-quants' minimum terms are added 8 groups at a time as vectors.
+// (blocks.h: OFFSET); K-quants' minimum terms are added 8 groups at a time as vectors, Q2_K's
+// (a minimum per 16 k: HALF_MINS) 8 halves at a time against the activations' exact sums per
+// 16 k (half_sums) times the row's scale, which K-quants share over each 256 k.
 //
 // Every (row, column) pair runs the same instructions in the same order whatever the tile, the
 // batch or the thread split (the minimum term with an explicit fma: no contraction left to the
@@ -134,15 +136,19 @@ template <class C, class L>
 constexpr bool unsigned_dot() { return C::OFFSET <= 64 || L::WIDE_U8; }
 
 // out[(m0 + r) * ldo + n0 + c] = row m0 + r of x . column n0 + c of W, r < R, c < NC.
-// w: column n0's first block; row_bytes: bytes per column (K / C::QK blocks).
+// w: column n0's first block; row_bytes: bytes per column (K / C::QK blocks); half_sums: with
+// C::HALF_MINS, [M][K / 16] exact sums of xq's bytes per 16 k (else unused).
 template <class C, class L, int R, int NC>
-void int_tile(const QuantizedRows& xq, int64_t m0, const uint8_t* w, int64_t row_bytes, int64_t K,
-              float* out, int64_t ldo, int64_t n0) {
+void int_tile(const QuantizedRows& xq, const int32_t* half_sums, int64_t m0, const uint8_t* w, int64_t row_bytes,
+              int64_t K, float* out, int64_t ldo, int64_t n0) {
   static_assert(NC % L::COLS == 0, "whole registers of columns");
+  static_assert(!C::HALF_MINS || (C::HAS_MIN && C::GROUPS == 8), "minimums per 16 k: 256-blocks of 8 groups");
   constexpr int NV = NC / L::COLS;
   constexpr int NA = C::HALF_SCALES ? 2 * C::GROUPS : C::GROUPS;
+  constexpr int NB = C::HALF_MINS ? 2 * C::GROUPS : C::GROUPS;
   constexpr bool UNSIGNED = unsigned_dot<C, L>();
-  // The minimum terms b_j * (xs * sum x_q): 8 groups at a time in vectors (K-quants), else scalars.
+  // The minimum terms b_j * (xs * sum x_q): 8 groups (or halves) at a time in vectors (K-quants),
+  // else scalars.
   constexpr bool VECTOR_MIN = C::HAS_MIN && C::GROUPS == 8;
   typename L::fvec acc[R][NV];
   float min_acc[R][NC];
@@ -153,7 +159,7 @@ void int_tile(const QuantizedRows& xq, int64_t m0, const uint8_t* w, int64_t row
   const int64_t blocks = K / C::QK, groups = K / avx2::Q8_GROUP;
   for (int64_t blk = 0; blk < blocks; ++blk) {
     alignas(32) float a[NC][NA];
-    alignas(32) float b[NC][C::GROUPS];
+    alignas(32) float b[NC][NB];
     const uint8_t* col_blk[NC];
     for (int c = 0; c < NC; ++c) {
       col_blk[c] = w + c * row_bytes + blk * C::BYTES;
@@ -200,16 +206,27 @@ void int_tile(const QuantizedRows& xq, int64_t m0, const uint8_t* w, int64_t row
       }
     }
     if constexpr (VECTOR_MIN) {
-      // Lane j: b_j * (xs_j * sum x_q over group j), added into the column's partial sums.
-      typename L::fvec bv[NV];
-      for (int v = 0; v < NV; ++v) {
-        __m256 parts[L::COLS];
-        for (int h = 0; h < L::COLS; ++h) parts[h] = _mm256_load_ps(b[v * L::COLS + h]);
-        bv[v] = L::join(parts);
-      }
-      for (int r = 0; r < R; ++r) {
-        const typename L::fvec xsum = L::row(_mm256_loadu_ps(xq.sum.data() + (m0 + r) * groups + blk * 8));
-        for (int v = 0; v < NV; ++v) acc[r][v] = L::fma(bv[v], xsum, acc[r][v]);
+      // Lane j: b_j * (xs_j * sum x_q over group j), added into the column's partial sums; with
+      // HALF_MINS b_i * (xs * sum x_q over half i) for the block's halves 8p .. 8p + 7.
+      for (int p = 0; p < NB / 8; ++p) {
+        typename L::fvec bv[NV];
+        for (int v = 0; v < NV; ++v) {
+          __m256 parts[L::COLS];
+          for (int h = 0; h < L::COLS; ++h) parts[h] = _mm256_load_ps(b[v * L::COLS + h] + 8 * p);
+          bv[v] = L::join(parts);
+        }
+        for (int r = 0; r < R; ++r) {
+          __m256 sums;
+          if constexpr (C::HALF_MINS) {
+            const __m256i exact = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(half_sums + (m0 + r) * (K / 16) + blk * 16 + 8 * p));
+            sums = _mm256_mul_ps(_mm256_set1_ps(xq.scale_at(m0 + r, blk * 8)), _mm256_cvtepi32_ps(exact));
+          } else {
+            sums = _mm256_loadu_ps(xq.sum.data() + (m0 + r) * groups + blk * 8);
+          }
+          const typename L::fvec xsum = L::row(sums);
+          for (int v = 0; v < NV; ++v) acc[r][v] = L::fma(bv[v], xsum, acc[r][v]);
+        }
       }
     }
   }
@@ -232,21 +249,21 @@ constexpr int DECODE_COLS = 4, PREFILL_ROWS = 4, PREFILL_COLS = 2;
 // Rows [m0, m0 + rows) x columns [n0, n0 + cols) in tiles of up to R rows (one instantiation per
 // row count), NC columns.
 template <class C, class L, int R, int NC>
-inline void int_rows(const QuantizedRows& xq, int64_t m0, int64_t rows, const uint8_t* w, int64_t row_bytes,
-                     int64_t K, float* out, int64_t ldo, int64_t n0) {
+inline void int_rows(const QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows, const uint8_t* w,
+                     int64_t row_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
   int64_t m = m0;
-  for (; m + R <= m0 + rows; m += R) int_tile<C, L, R, NC>(xq, m, w, row_bytes, K, out, ldo, n0);
+  for (; m + R <= m0 + rows; m += R) int_tile<C, L, R, NC>(xq, half_sums, m, w, row_bytes, K, out, ldo, n0);
   if constexpr (R > 1) {
-    if (m < m0 + rows) int_rows<C, L, R - 1, NC>(xq, m, m0 + rows - m, w, row_bytes, K, out, ldo, n0);
+    if (m < m0 + rows) int_rows<C, L, R - 1, NC>(xq, half_sums, m, m0 + rows - m, w, row_bytes, K, out, ldo, n0);
   }
 }
 
 // Columns [n_begin, n_end) of y for every row: row blocks whose quantized activations stay in
 // L2 (ROW_BLOCK_BYTES), in each the columns in tiles, in each the row tiles. Column tails narrower
-// than a tile go one column at a time (256-bit).
+// than a tile go one column at a time (256-bit). half_sums: as int_tile's (C::HALF_MINS only).
 template <class C>
-void int_gemm_columns(const QuantizedRows& xq, int64_t M, const uint8_t* w, int64_t row_bytes, int64_t K,
-                      float* out, int64_t ldo, int64_t n_begin, int64_t n_end) {
+void int_gemm_columns(const QuantizedRows& xq, const int32_t* half_sums, int64_t M, const uint8_t* w,
+                      int64_t row_bytes, int64_t K, float* out, int64_t ldo, int64_t n_begin, int64_t n_end) {
   constexpr int64_t ROW_BLOCK_BYTES = 256 << 10;
   const int64_t row_block = std::max<int64_t>(PREFILL_ROWS, ROW_BLOCK_BYTES / K / PREFILL_ROWS * PREFILL_ROWS);
   for (int64_t mb = 0; mb < M; mb += row_block) {
@@ -254,12 +271,14 @@ void int_gemm_columns(const QuantizedRows& xq, int64_t M, const uint8_t* w, int6
     int64_t n = n_begin;
     if (M == 1) {
       for (; n + DECODE_COLS <= n_end; n += DECODE_COLS)
-        int_tile<C, WideLanes, 1, DECODE_COLS>(xq, 0, w + n * row_bytes, row_bytes, K, out, ldo, n);
+        int_tile<C, WideLanes, 1, DECODE_COLS>(xq, half_sums, 0, w + n * row_bytes, row_bytes, K, out, ldo, n);
     } else {
       for (; n + PREFILL_COLS <= n_end; n += PREFILL_COLS)
-        int_rows<C, WideLanes, PREFILL_ROWS, PREFILL_COLS>(xq, mb, rows, w + n * row_bytes, row_bytes, K, out, ldo, n);
+        int_rows<C, WideLanes, PREFILL_ROWS, PREFILL_COLS>(xq, half_sums, mb, rows, w + n * row_bytes, row_bytes, K,
+                                                          out, ldo, n);
     }
-    for (; n < n_end; ++n) int_rows<C, Lanes256, PREFILL_ROWS, 1>(xq, mb, rows, w + n * row_bytes, row_bytes, K, out, ldo, n);
+    for (; n < n_end; ++n)
+      int_rows<C, Lanes256, PREFILL_ROWS, 1>(xq, half_sums, mb, rows, w + n * row_bytes, row_bytes, K, out, ldo, n);
   }
 }
 

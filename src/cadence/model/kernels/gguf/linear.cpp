@@ -34,10 +34,6 @@ namespace {
 
 bool is_float_type(int type) { return type == gguf::F32 || type == gguf::F16 || type == gguf::BF16; }
 
-bool shares_scale_per_256(int type, int64_t K) {
-  return (type == gguf::Q4_K || type == gguf::Q5_K || type == gguf::Q6_K) && K % gguf::KQUANT_SPAN == 0;
-}
-
 // Rows [M, K] of x quantized into `out` (per 256 k, or per 32), many rows split over the threads.
 void quantize_rows(const float* x, int64_t M, int64_t K, bool per_256, avx2::QuantizedRows& out) {
   const int64_t groups = K / avx2::Q8_GROUP;
@@ -157,9 +153,9 @@ at::Tensor gguf_linear_many(at::Tensor x, const std::vector<at::Tensor>& blocks,
     const int type = static_cast<int>(types[i]);
     if (is_float_type(type)) {
       need_bf16 |= type == gguf::BF16;
-    } else if (shares_scale_per_256(type, K)) {
+    } else if (gguf::shares_scale_per_256(type)) {
       need_256 = true;
-      need_half_sums |= type == gguf::Q6_K && packed[i].has_value() && packed[i]->defined();
+      need_half_sums |= gguf::reads_half_sums(type, packed[i].has_value() && packed[i]->defined());
     } else {
       need_32 = true;
     }
@@ -167,16 +163,13 @@ at::Tensor gguf_linear_many(at::Tensor x, const std::vector<at::Tensor>& blocks,
   avx2::QuantizedRows xq32, xq256;
   if (need_32) quantize_rows(xp, M, K, false, xq32);
   if (need_256) quantize_rows(xp, M, K, true, xq256);
-  // Repacked Q6_K subtracts 32 * (sum of a row's bytes) per 16 k: once per row here, not per octet.
+  // Repacked Q6_K subtracts 32 * (sum of a row's bytes) per 16 k, Q2_K its minimums times them:
+  // once per row here, not per column.
   std::vector<int32_t> half_sums;
   if (need_half_sums) {
     half_sums.resize(static_cast<size_t>(M * (K / 16)));
     at::parallel_for(0, M, M * K >= (1 << 16) ? 16 : M, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin * (K / 16); i < end * (K / 16); ++i) {
-        int32_t s = 0;
-        for (int t = 0; t < 16; ++t) s += xq256.q[i * 16 + t];
-        half_sums[i] = s;
-      }
+      gguf::byte_sums_per_16(xq256, begin * (K / 16), end * (K / 16), half_sums.data());
     });
   }
   std::vector<uint16_t> x_bf16;
@@ -195,7 +188,7 @@ at::Tensor gguf_linear_many(at::Tensor x, const std::vector<at::Tensor>& blocks,
     Part& p = parts[i];
     p.g = gguf::GemmArgs{type, blocks[i].data_ptr<uint8_t>(), row_bytes, N, K, M, total_N, xp,
                          x_bf16.empty() ? nullptr : x_bf16.data(),
-                         is_float_type(type) ? nullptr : (shares_scale_per_256(type, K) ? &xq256 : &xq32),
+                         is_float_type(type) ? nullptr : (gguf::shares_scale_per_256(type) ? &xq256 : &xq32),
                          out.data_ptr<float>() + col};
     p.g.half_sums = half_sums.empty() ? nullptr : half_sums.data();
     p.packed_x8 = packed[i].has_value() && packed[i]->defined() ? packed[i]->data_ptr<uint8_t>() : nullptr;

@@ -8,11 +8,20 @@
 #include <cstdint>
 
 #include "../avx2/q8_gemm.h"
+#include "blocks.h"
 
 namespace cadence_kernels {
 namespace gguf {
 
 constexpr int64_t KQUANT_SPAN = 256;
+
+// Whether weights of `type` multiply activations quantized per 256 k (llama.cpp's q8_K: every
+// 256-weight type, Q2_K .. Q6_K and IQ4_XS) rather than per 32 (its q8_0).
+inline bool shares_scale_per_256(int type) { return block_size(type).elements == KQUANT_SPAN; }
+
+// Whether they also read the rows' exact byte sums per 16 k (GemmArgs::half_sums): repacked Q6_K
+// (its q - 32 offset per 16 k) and Q2_K (its minimums per 16 k).
+inline bool reads_half_sums(int type, bool packed) { return (type == Q6_K && packed) || type == Q2_K; }
 
 #if CADENCE_HAVE_AVX2
 
@@ -48,6 +57,16 @@ inline void quantize_row_q8_per_256(const float* x, int64_t K, int8_t* q, uint8_
       sum[group] = span_scale * q_sum;
       group_sum[group] = static_cast<int16_t>(q_sum);
     }
+  }
+}
+
+// half_sums[i] = the sum of the 16 bytes q[16 i .. 16 i + 15] of xq (rows quantized per 256),
+// for i in [first, last): rows [first, last) * (K / 16) of the [M][K / 16] sums.
+inline void byte_sums_per_16(const avx2::QuantizedRows& xq, int64_t first, int64_t last, int32_t* half_sums) {
+  for (int64_t i = first; i < last; ++i) {
+    int32_t s = 0;
+    for (int t = 0; t < 16; ++t) s += xq.q[i * 16 + t];
+    half_sums[i] = s;
   }
 }
 
