@@ -81,8 +81,9 @@ class EngineConfig:
                           "int8 (a float32 scale per 32 weights), bf16, none (float32), or auto (default: with --dtype auto "
                           "on CPU, a GGUF stored in Q4_0/Q4_1 or Q8_0 keeps it as int4 or int8 computed in "
                           "float32, as llama.cpp does; other models int8 where --dtype auto computes in "
-                          "float32, i.e. on CPUs without native bf16; a GGUF with K-quant, Q5 or "
-                          "IQ4_NL layers, e.g. every Q4_K_M file, computes from its own blocks), or "
+                          "float32, i.e. on CPUs without native bf16; a GGUF with K-quant (Q2_K .. Q6_K), "
+                          "Q5 or IQ4_NL / IQ4_XS layers, e.g. every Q4_K_M or Q3_K_M file, computes "
+                          "from its own blocks), or "
                           "gguf (any GGUF computed from its own blocks, memory-mapped).",
                   "choices": ("auto", "none", "bf16", "int8", "int4", "gguf")},
     )
