@@ -11,9 +11,6 @@ test_gguf_native.py hold the codecs to gguf-py's dequantization on random blocks
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import gguf
@@ -23,6 +20,7 @@ import torch
 from cadence.model.loader import load_model
 from tests.bench.bench_modules import load_benchmark
 
+from .llamacpp_tools import completion_text, convert_f32, quantize, requires_llamacpp
 from .paged_helpers import paged_logits
 
 PROMPT = "The capital of France is Paris, and the capital of Spain is"
@@ -36,12 +34,7 @@ Q = gguf.GGMLQuantizationType
 FILE_TYPES = {"Q2_K": Q.Q2_K, "Q3_K_M": Q.Q3_K, "IQ4_XS": Q.IQ4_XS}
 
 hf_shapes = load_benchmark("hf_shapes")
-CACHE = hf_shapes.llamacpp_cache()
-COMPLETION = CACHE / "build" / "bin" / "llama-completion"
-pytestmark = pytest.mark.skipif(
-    hf_shapes.converter_script(CACHE) is None or hf_shapes.quantize_binary(CACHE) is None
-    or not os.access(COMPLETION, os.X_OK),
-    reason=f"llama.cpp is not in {CACHE} (set CADENCE_LLAMACPP_CACHE; benchmarks/llamacpp_peer.py --build)")
+pytestmark = requires_llamacpp
 
 
 @pytest.fixture(scope="module")
@@ -64,20 +57,12 @@ def f32_file(tmp_path_factory) -> Path:
     _randomize(model)
     model.eval().save_pretrained(hf)
     out = folder / "f32.gguf"
-    # The converter with its own gguf-py (the venv's may lack archs the conversion package names).
-    cmd = [sys.executable, "-c", hf_shapes._CONVERT_RUNNER, str(hf_shapes.converter_script(CACHE)), str(hf),
-           "--outfile", str(out), "--outtype", "f32"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    convert_f32(hf, out)
     return out
 
 
 def _llama_cpp_text(path: Path) -> str:
-    env = dict(os.environ, LD_LIBRARY_PATH=str(COMPLETION.parent))
-    run = subprocess.run([str(COMPLETION), "-m", str(path), "-p", PROMPT, "-n", str(STEPS), "--temp", "0",
-                          "-no-cnv", "--no-display-prompt", "-t", "2"],
-                         capture_output=True, env=env, timeout=300, check=True)
-    return run.stdout.decode(errors="replace")
+    return completion_text(path, PROMPT, STEPS)
 
 
 def _greedy_text_before_a_tie(loaded) -> tuple[str, int]:
@@ -96,7 +81,7 @@ def _greedy_text_before_a_tie(loaded) -> tuple[str, int]:
 @pytest.mark.parametrize("file_type", list(FILE_TYPES))
 def test_llama_quantize_file_matches_its_float_model_and_llama_cpp(f32_file, tmp_path, file_type):
     path = tmp_path / f"{file_type}.gguf"
-    hf_shapes.quantize(hf_shapes.quantize_binary(CACHE), f32_file, path, file_type, 2)
+    quantize(f32_file, path, file_type)
     types = {t.tensor_type for t in gguf.GGUFReader(str(path)).tensors if t.name.startswith("blk.")}
     assert FILE_TYPES[file_type] in types, types
     native = load_model(str(path), device="cpu", quantization="gguf")

@@ -6,9 +6,6 @@ llama.cpp cache is not there (CI: the writer in gguf_helpers.py covers the layou
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ import torch
 from cadence.model.loader import load_model
 from tests.bench.bench_modules import load_benchmark
 
+from .llamacpp_tools import completion_text, convert_f32, quantize, requires_llamacpp
 from .paged_helpers import paged_logits
 
 PROMPT = "The capital of France is Paris, and the capital of Spain is"
@@ -24,12 +22,7 @@ STEPS = 8
 
 
 hf_shapes = load_benchmark("hf_shapes")
-CACHE = hf_shapes.llamacpp_cache()
-COMPLETION = CACHE / "build" / "bin" / "llama-completion"
-pytestmark = pytest.mark.skipif(
-    hf_shapes.converter_script(CACHE) is None or hf_shapes.quantize_binary(CACHE) is None
-    or not os.access(COMPLETION, os.X_OK),
-    reason=f"llama.cpp is not in {CACHE} (set CADENCE_LLAMACPP_CACHE; benchmarks/llamacpp_peer.py --build)")
+pytestmark = requires_llamacpp
 
 
 def _checkpoint(folder: Path, family: str):
@@ -57,20 +50,9 @@ def _checkpoint(folder: Path, family: str):
     return model
 
 
-def _convert(folder: Path, out: Path) -> None:
-    # The converter with its own gguf-py (the venv's may lack archs the conversion package names).
-    cmd = [sys.executable, "-c", hf_shapes._CONVERT_RUNNER, str(hf_shapes.converter_script(CACHE)), str(folder),
-           "--outfile", str(out), "--outtype", "f32"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-
 
 def _llama_cpp_text(path: Path) -> str:
-    env = dict(os.environ, LD_LIBRARY_PATH=str(COMPLETION.parent))
-    run = subprocess.run([str(COMPLETION), "-m", str(path), "-p", PROMPT, "-n", str(STEPS), "--temp", "0",
-                          "-no-cnv", "--no-display-prompt", "-t", "2"],
-                         capture_output=True, env=env, timeout=300, check=True)
-    return run.stdout.decode().rstrip("\n")
+    return completion_text(path, PROMPT, STEPS).rstrip("\n")
 
 
 def _greedy_text(loaded) -> str:
@@ -85,7 +67,7 @@ def _greedy_text(loaded) -> str:
 def test_converted_file_matches_transformers_and_llama_cpp(family, tmp_path):
     model = _checkpoint(tmp_path / "hf", family)
     f32 = tmp_path / "f32.gguf"
-    _convert(tmp_path / "hf", f32)
+    convert_f32(tmp_path / "hf", f32)
     ours = load_model(str(f32), dtype="float32", device="cpu", quantization="none")
     assert ours.config.architecture == family and ours.config.num_experts == 4
     prompt = ours.tokenizer.encode(PROMPT)
@@ -94,6 +76,6 @@ def test_converted_file_matches_transformers_and_llama_cpp(family, tmp_path):
     assert (paged_logits(ours, prompt, chunk_size=5) - expected).abs().max().item() < 1e-4
     assert _greedy_text(ours) == _llama_cpp_text(f32)
     q8 = tmp_path / "q8_0.gguf"
-    hf_shapes.quantize(hf_shapes.quantize_binary(CACHE), f32, q8, "Q8_0", 2)
+    quantize(f32, q8, "Q8_0")
     native = load_model(str(q8), device="cpu", quantization="gguf")
     assert _greedy_text(native) == _llama_cpp_text(q8)
