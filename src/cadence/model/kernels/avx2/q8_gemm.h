@@ -39,8 +39,8 @@ struct QuantizedRows {
   std::vector<float> scale;
   std::vector<float> sum;
   // Per group of 32 k the exact sum of q (|sum| <= 32 * 127), where the quantizer writes it (the
-  // K-quants' per-256 rows, gguf/quantize.h): the AVX-512 Q4_K tiles take their minimums' terms
-  // in integers from it.
+  // K-quants' per-256 rows, gguf/quantize.h): the Q4_K octet tiles (every tier) take their
+  // minimums' terms in integers from it.
   std::vector<int16_t> group_sum;
   int64_t K = 0;
 

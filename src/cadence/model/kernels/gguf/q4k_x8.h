@@ -58,6 +58,22 @@ inline void repack_q4k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
   }
 }
 
+// Both tiers' tiles take the minimums' terms in integers from these.
+
+// Byte c of rows j and j + 1 of an octet's [group][column] minimums side by side (per 128 bits).
+inline __m128i min_pairs_order() { return _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15); }
+// The minimums of groups j, j + 1 (16 bytes at a, [group][column]) as int32 lanes of int16 pairs
+// (mn_j, mn_j+1), one lane per column.
+inline __m256i min_words(const uint8_t* a) {
+  return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)), min_pairs_order()));
+}
+// Group sums j, j + 1 of a row (int16, adjacent) in every int32 lane.
+inline int32_t sum_pair(const avx2::QuantizedRows& xq, int64_t row, int64_t group) {
+  int32_t v;
+  std::memcpy(&v, xq.group_sum.data() + row * (xq.K / avx2::Q8_GROUP) + group, sizeof(v));
+  return v;
+}
+
 #ifdef CADENCE_GGUF_X16
 // The AVX-512 tiers' Q4_K tiles: the groups' 6-bit scales and minimums applied in integers, the
 // float work once per 256-block (llama.cpp's q4_K x q8_K idea; the AVX2 tier's tiles below do the
@@ -73,25 +89,13 @@ inline void repack_q4k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
 // a lone octet) runs these operations lane for lane in this order, so a column's bits do not
 // depend on the tile, the rows beside it or the thread split.
 
-// Byte c of rows j and j + 1 of an octet's [group][column] minimums side by side (per 128 bits).
-inline __m128i min_pairs_order() { return _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15); }
-// The minimums of groups j, j + 1 (16 bytes at a, [group][column]) as int32 lanes of int16 pairs
-// (mn_j, mn_j+1), one lane per column; the pair form: 8 columns at a, then 8 at b.
-inline __m256i min_words(const uint8_t* a) {
-  return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)), min_pairs_order()));
-}
+// min_words for two octets: 8 columns at a, then 8 at b.
 inline __m512i min_words_pair(const uint8_t* a, const uint8_t* b) {
   const __m256i both = _mm256_inserti128_si256(
       _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
   const __m256i order = _mm256_broadcastsi128_si256(min_pairs_order());
   return _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(both, order));
-}
-// Group sums j, j + 1 of a row (int16, adjacent) in every int32 lane.
-inline int32_t sum_pair(const avx2::QuantizedRows& xq, int64_t row, int64_t group) {
-  int32_t v;
-  std::memcpy(&v, xq.group_sum.data() + row * (xq.K / avx2::Q8_GROUP) + group, sizeof(v));
-  return v;
 }
 // 8 bytes at a (then 8 at b) zero-extended into int32 lanes (byte, 0): word_dot_add's multiplier.
 inline __m256i scale_words(const uint8_t* a) {
@@ -302,16 +306,20 @@ inline void q4k_x16_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows
 #endif
 
 #ifndef CADENCE_GGUF_X16
-// The AVX2 tier's tiles (maddubs, no VNNI): R rows x O octets with the 6-bit scales applied in
-// integers, as llama.cpp's AVX2 K-quant kernels do. Per (row, octet) and group of 32 k the eight
-// maddubs' int16 pair sums add up in int16 (16 products of q <= 15 and |x| <= 127: <= 30480, exact),
-// one madd multiplies them by the group's scale (int16 pairs of sc <= 63) into int32 and adds them
-// to the block's sum (8 groups <= 3.1e7: exact); the float work (convert, d * x_scale, FMA) runs
-// once per 256-block, not per group: a third fewer instructions per weight than q4k_x8_tile,
-// whose per-group float step does not fit AVX2's 16 registers next to 4 rows' sums. The minimum
-// terms stay per group in float (dmin * mn times the row's scaled group sum), added at the block's
-// end. Every (row, column) pair runs the same instructions in the same order whatever R and O
-// (the FMAs explicit): a row's result does not depend on the rows or columns beside it.
+// The AVX2 tier's tiles (maddubs, no VNNI): R rows x O octets with the 6-bit scales and the
+// minimums applied in integers, as llama.cpp's AVX2 K-quant kernels do. Per (row, octet) and group
+// of 32 k the eight maddubs' int16 pair sums add up in int16 (16 products of q <= 15 and |x| <= 127:
+// <= 30480, exact), one madd multiplies them by the group's scale (int16 pairs of sc <= 63) into
+// int32 and adds them to the block's sum (8 groups x 30480 x 63 < 2^24: exact). The minimums,
+// once per block after the groups (their registers free by then: 4 rows' sums stay within AVX2's
+// 16): per octet the 4 int16 pair vectors (mn_j, mn_j+1), per row one madd of each by the row's
+// exact group sums (sum_j, sum_j+1) (|sum| <= 32 x 127 = 4064; 2 x 63 x 4064 per madd, 4 added:
+// < 2^21, exact). Then per block and column, as the AVX-512 tiers: acc += float(sum) * (d *
+// x_scale), acc -= float(min_sum) * (dmin * x_scale): the float work (two converts, two
+// multiplies, two FMAs) runs once per 256-block, not per group (the minimums in float per group
+// cost a GEMV ~8% of its instructions). Every (row, column) pair runs the same instructions in
+// the same order whatever R and O (the FMAs explicit): a row's result does not depend on the rows
+// or columns beside it. The integer sums equal the AVX-512 tiers' and the float steps are theirs.
 template <int R, int O>
 inline void q4k_x8_tile_avx2(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t octet_bytes,
                              int64_t K, float* out, int64_t ldo, int64_t n0) {
@@ -331,8 +339,8 @@ inline void q4k_x8_tile_avx2(const avx2::QuantizedRows& xq, int64_t m0, const ui
       const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
       for (int i = 0; i < O; ++i) {
         const uint8_t* q = packed + i * octet_bytes + blk * Q4K_X8_BYTES + Q4K_X8_HEADER + j * 128;
-        _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_AHEAD), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+        prefetch_tile_line<R>(q);
+        prefetch_tile_line<R>(q + 64);
       }
       __m256i group_sum[R][O];
       for (int kk = 0; kk < 4; ++kk) {
@@ -360,19 +368,21 @@ inline void q4k_x8_tile_avx2(const avx2::QuantizedRows& xq, int64_t m0, const ui
           block_sum[r][i] = _mm256_add_epi32(block_sum[r][i], _mm256_madd_epi16(group_sum[r][i], sc16));
       }
     }
+    // The minimums' terms, once per block: per octet the 4 (mn_j, mn_j+1) int16 pair vectors, per
+    // row one madd each by the row's (sum_j, sum_j+1) group sums, added in jp order.
     for (int i = 0; i < O; ++i) {
       const uint8_t* hdr = packed + i * octet_bytes + blk * Q4K_X8_BYTES;
       const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr));
       const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(hdr + 32));
+      __m256i mn[4];
+      for (int jp = 0; jp < 4; ++jp) mn[jp] = min_words(hdr + 128 + 16 * jp);
       for (int r = 0; r < R; ++r) {
-        const __m256 d_xs = _mm256_mul_ps(d, _mm256_set1_ps(xq.scale[(m0 + r) * groups + blk * 8]));
-        acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[r][i]), d_xs, acc[r][i]);
-      }
-      for (int j = 0; j < 8; ++j) {
-        const __m256 b = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + 128 + 8 * j)))));
-        for (int r = 0; r < R; ++r)
-          acc[r][i] = _mm256_fnmadd_ps(b, _mm256_set1_ps(xq.sum[(m0 + r) * groups + blk * 8 + j]), acc[r][i]);
+        __m256i min_sum = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(sum_pair(xq, m0 + r, blk * 8)));
+        for (int jp = 1; jp < 4; ++jp)
+          min_sum = _mm256_add_epi32(min_sum, _mm256_madd_epi16(mn[jp], _mm256_set1_epi32(sum_pair(xq, m0 + r, blk * 8 + 2 * jp))));
+        const __m256 xs = _mm256_set1_ps(xq.scale[(m0 + r) * groups + blk * 8]);
+        acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[r][i]), _mm256_mul_ps(d, xs), acc[r][i]);
+        acc[r][i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_sum), _mm256_mul_ps(dmin, xs), acc[r][i]);
       }
     }
   }
@@ -396,7 +406,8 @@ inline void q4k_x8_rows_avx2(const avx2::QuantizedRows& xq, int64_t m0, int64_t 
 // tiers (four pairs: eight memory streams and dot-product chains in flight; a 734 MB GEMV set on 2
 // Zen 4 threads streamed 38 GB/s against 29-33 with four octets), then four, two, one; on the AVX2
 // tier six at a time, then two, one (1B shape's decode step 42-43 -> 34-37 ms against two at a
-// time, paired in one run); more rows share each octet's decode across 4 rows.
+// time, paired in one run), prefetching 4 KiB ahead into L2 (prefetch_tile_line); more rows
+// share each octet's decode across 4 rows.
 inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8_t* packed, int64_t K, float* out,
                            int64_t ldo, int64_t o_begin, int64_t o_end) {
   const int64_t octet_bytes = K / 256 * Q4K_X8_BYTES;

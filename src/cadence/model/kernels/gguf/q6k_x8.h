@@ -272,9 +272,9 @@ inline void q6k_x8_tile_avx2(const avx2::QuantizedRows& xq, const int32_t* half_
     for (int j = 0; j < 8; ++j) {
       for (int i = 0; i < O; ++i) {
         const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
+        prefetch_tile_line<R>(base + Q6K_X8_QL + j * 128);
+        prefetch_tile_line<R>(base + Q6K_X8_QL + j * 128 + 64);
+        prefetch_tile_line<R>(base + Q6K_X8_QH + j * 64);
       }
       const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
       for (int p = 0; p < 2; ++p) {
