@@ -14,9 +14,9 @@ sim/think_time.py),
 whose per-turn tokens (--turn-tokens: the retrieved passage and the question, with the chat
 template's markers), answers and system prompts default to the RAG chat of
 docs/performance.md#replicas-and-routing. Printed per point: cache-aware / round-robin hit
-ratio (min and median over seeds, and in how many seeds it is >= 2), each policy's median hit
-and TTFT p50, how many seeds have cache-aware's p50 below round-robin's, p99s, the most
-preemptions and the longest run (the benchmark runs the three policies one after another,
+ratio (min and median over seeds, in how many seeds it is >= 2, and what routing alone gives:
+routing_only_ratio), each policy's median hit and TTFT p50, how many seeds have cache-aware's
+p50 below round-robin's, p99s, the most preemptions and the longest run (the benchmark runs the three policies one after another,
 so these bound its time). A scan takes 2-6 s of CPU per point and seed.
 """
 
@@ -30,12 +30,31 @@ import sys
 
 from cadence.core.config import CacheConfig, SchedulerConfig
 from cadence.sim.calibration import cost_model_from_samples, load_profile
-from cadence.sim.conversations import synthetic
+from cadence.sim.conversations import ConversationWorkload, synthetic
 from cadence.sim.fleet import simulate_fleet
 from cadence.sim.fleet_compare import run_host
 from cadence.sim.think_time import THINK_DISTS
 
 POLICIES = ("round-robin", "least-loaded", "cache-aware")
+
+
+def routing_only_ratio(workload: ConversationWorkload, block_size: int = 16) -> float:
+    """Cache-aware / round-robin hit ratio with 2 replicas when routing is all that differs:
+    cache-aware finds every later turn's whole history cached (up to its last full block);
+    round-robin sends a turn to its previous turn's replica half the time (the same hit) and
+    otherwise finds only the shared system prompt's full blocks, the other replica's older
+    prefix evicted. First turns hit the system prompt under both. Eviction of newer prefixes
+    (load: queues, preemption) is what can take round-robin below this."""
+    cache_aware = round_robin = 0.0
+    for conv in workload.conversations:
+        system = workload.system_tokens[conv.system] // block_size * block_size
+        history = workload.system_tokens[conv.system]
+        for k, turn in enumerate(conv.turns):
+            whole = history // block_size * block_size if k else system
+            cache_aware += whole
+            round_robin += (whole + system) / 2 if k else system
+            history += turn.new_tokens + turn.output_tokens
+    return cache_aware / round_robin if round_robin else float("inf")
 
 
 def main() -> int:
@@ -69,11 +88,13 @@ def main() -> int:
         think_dist = dist[0] if dist else args.think_dist
         cache = CacheConfig(block_size=16, num_blocks=int(blocks))
         runs: dict[str, list] = {p: [] for p in POLICIES}
+        bounds = []
         for seed in range(args.seeds):
             workload = synthetic(int(conversations), float(rate), args.systems,
                                  args.system_tokens, 0, args.turn_tokens, args.answer_tokens,
                                  think_mean_s=float(think), seed=seed,
                                  think_dist=think_dist, think_spread=args.think_spread)
+            bounds.append(routing_only_ratio(workload))
             for policy in POLICIES:
                 host, row_cost = hosts[policy]
                 runs[policy].append(simulate_fleet(
@@ -92,7 +113,8 @@ def main() -> int:
         wall = {p: max(max(r.finished_s or 0.0 for r in s.requests) for s in runs[p])
                 for p in POLICIES}
         print(f"{point:>18}  ratio min {ratios[0]:.2f} median {statistics.median(ratios):.2f}"
-              f" (>= 2 in {sum(r >= 2 for r in ratios)}/{args.seeds})"
+              f" (>= 2 in {sum(r >= 2 for r in ratios)}/{args.seeds}; routing alone"
+              f" {statistics.median(bounds):.2f})"
               f" | hit ca {med(ca, 'prefix_hit_rate'):.2f} ll {med(ll, 'prefix_hit_rate'):.2f}"
               f" rr {med(rr, 'prefix_hit_rate'):.2f} | TTFT p50 ca {p50_ms(ca)} ll {p50_ms(ll)}"
               f" rr {p50_ms(rr)} ms (ca < rr in "

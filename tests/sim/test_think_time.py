@@ -80,3 +80,4 @@ def test_replica_bench_workload_differs_only_in_think_times():
     assert all(c["think"] == [2.0] * 8 for c in runs["constant"])
     assert all(1.5 <= t <= 2.5 for c in runs["uniform"] for t in c["think"])
     assert runs["exponential"] != runs["constant"]
+
