@@ -17,8 +17,9 @@ workload, in the same run.
 
 With 2 replicas cache-aware's hit rate at this point is 1.4-2.4x round-robin's run to run
 (median 1.8x over eight runs; round-robin's own hit moves with eviction timing): routing alone
-is worth up to ~2x with 2 replicas, more comes only from round-robin's misses overloading its
-replicas (performance.md says why).
+is worth at most 2x with 2 replicas (replica_sim_scan.routing_only_ratio: 1.9 here), more
+comes only from round-robin's misses overloading its replicas, and constant or uniform think
+times (--think-dist) do not change that (performance.md says why).
 
 Per replica count: `cadence serve --data-parallel-size N --routing-policy cache-aware` (N
 `--role both` replicas with an equal share of the cores, and its router), then two more
