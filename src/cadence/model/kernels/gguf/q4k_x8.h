@@ -81,13 +81,19 @@ inline int32_t sum_pair(const avx2::QuantizedRows& xq, int64_t row, int64_t grou
 // sums (two independent chains: their latency, not memory, bounded a one-chain GEMV; 16 products
 // of q <= 15 and |x| <= 127 each: |s| <= 30480, an int16 in an int32 lane) each go through one
 // vpdpwssd by the group's scale (the lane's low int16 times sc <= 63, its high int16 times 0) into
-// the block's int32 sum (8 groups x 2 x 30480 x 63 < 2^25: exact). The minimums: one vpdpwssd per
-// two groups of (mn_j, mn_j+1) by the row's exact group sums of q (|sum| <= 4064) into a second
-// int32 (< 2^21). Then per block and column: acc += float(sum) * (d * x_scale), acc -=
+// the block's int32 sum (8 groups x 2 x 30480 x 63 < 2^25: exact); the 16-column R-row tile puts
+// the two sums in one lane's two int16 halves and adds both scaled terms with one vpdpwssd by
+// (sc, sc) (one multiply-port instruction instead of two: the same exact int32). The minimums:
+// one vpdpwssd per two groups of (mn_j, mn_j+1) by the row's exact group sums of q (|sum| <= 4064)
+// into a second int32 (< 2^21). Then per block and column: acc += float(sum) * (d * x_scale), acc -=
 // float(min_sum) * (dmin * x_scale), x_scale the activations' one scale per 256 (quantize.h).
 // Every tile below (16 columns of a pair of octets, R rows or one row over P pairs; 8 columns of
-// a lone octet) runs these operations lane for lane in this order, so a column's bits do not
-// depend on the tile, the rows beside it or the thread split.
+// a lone octet) computes the same exact integer sums and runs the same float steps lane for lane
+// in this order, so a column's bits do not depend on the tile, the rows beside it or the thread
+// split.
+
+// Rows per 16-column tile (q4k_x16_tile): 8 fit the registers with the accumulators in memory.
+constexpr int Q4K_X16_ROWS = 8;
 
 // min_words for two octets: 8 columns at a, then 8 at b.
 inline __m512i min_words_pair(const uint8_t* a, const uint8_t* b) {
@@ -112,6 +118,23 @@ inline __m512i word_dot_add_512(__m512i acc, __m512i s, __m512i w) {
 #else
   return _mm512_add_epi32(acc, _mm512_madd_epi16(s, w));
 #endif
+}
+// udot4_add_512(acc, u, the 4 bytes at x in every lane), the bytes read by the instruction's own
+// {1to16} broadcast on the VNNI tier (GCC keeps a separate vpbroadcastd otherwise).
+inline __m512i udot4_add_512_at(__m512i acc, __m512i u, const int8_t* x) {
+#if defined(__AVX512VNNI__)
+  asm("vpdpbusd %[x]%{1to16%}, %[u], %[acc]"
+      : [acc] "+v"(acc)
+      : [u] "v"(u), [x] "m"(*reinterpret_cast<const int32_t*>(x)));
+  return acc;
+#else
+  return udot4_add_512(acc, u, broadcast4_512(x));
+#endif
+}
+// Per int32 lane, lo's sum in the low int16 and hi's in the high one (both |s| <= 30480): one
+// vpdpwssd by (sc, sc) then adds lo * sc + hi * sc, the two sums' scaled terms in one instruction.
+inline __m512i lo_hi_words(__m512i lo, __m512i hi) {
+  return _mm512_mask_blend_epi16(0xAAAAAAAA, lo, _mm512_slli_epi32(hi, 16));
 }
 inline __m256i word_dot_add_256(__m256i acc, __m256i s, __m256i w) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -182,12 +205,13 @@ inline void q4k_x8_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows,
 }
 
 // R rows against the octets at `packed` and packed + octet_bytes, in the two halves of each
-// register (x16_pairs.h).
+// register (x16_pairs.h). The rows' float accumulators live in `out` between blocks (one load and
+// store per row and 2048 weights): the 32 registers then hold R = 8 rows' block, low and high sums
+// beside the decoded weights (24 + 5), so each decoded register serves 8 rows and a 32-row decode
+// batch splits into whole tiles.
 template <int R>
 inline void q4k_x16_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t octet_bytes,
                          int64_t K, float* out, int64_t ldo, int64_t n0) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const int64_t groups = K / avx2::Q8_GROUP;
   for (int64_t blk = 0; blk < K / 256; ++blk) {
@@ -212,13 +236,14 @@ inline void q4k_x16_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_
         const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
         for (int r = 0; r < R; ++r) {
           const int8_t* x = xq.q_at(m0 + r, k0 + kk * 8);
-          lo_sum[r] = udot4_add_512(lo_sum[r], lo, broadcast4_512(x));
-          hi_sum[r] = udot4_add_512(hi_sum[r], hi, broadcast4_512(x + 4));
+          lo_sum[r] = udot4_add_512_at(lo_sum[r], lo, x);
+          hi_sum[r] = udot4_add_512_at(hi_sum[r], hi, x + 4);
         }
       }
       const __m512i sc = scale_words_pair(h0 + 64 + 8 * j, h1 + 64 + 8 * j);
+      const __m512i sc2 = _mm512_or_si512(sc, _mm512_slli_epi32(sc, 16));
       for (int r = 0; r < R; ++r)
-        block_sum[r] = word_dot_add_512(word_dot_add_512(block_sum[r], lo_sum[r], sc), hi_sum[r], sc);
+        block_sum[r] = word_dot_add_512(block_sum[r], lo_hi_words(lo_sum[r], hi_sum[r]), sc2);
     }
     __m512i min_sum[R];
     for (int r = 0; r < R; ++r) min_sum[r] = _mm512_setzero_si512();
@@ -229,12 +254,15 @@ inline void q4k_x16_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_
     }
     const __m512 d = load_pair_ps(h0, h1), dmin = load_pair_ps(h0 + 32, h1 + 32);
     for (int r = 0; r < R; ++r) {
+      float* o = out + (m0 + r) * ldo + n0;
       const __m512 xs = _mm512_set1_ps(xq.scale[(m0 + r) * groups + blk * 8]);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sum[r]), _mm512_mul_ps(d, xs), acc[r]);
-      acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum[r]), _mm512_mul_ps(dmin, xs), acc[r]);
+      __m512 acc = blk == 0 ? _mm512_setzero_ps() : load_pair_ps(reinterpret_cast<const uint8_t*>(o),
+                                                                 reinterpret_cast<const uint8_t*>(o + 8));
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sum[r]), _mm512_mul_ps(d, xs), acc);
+      acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum[r]), _mm512_mul_ps(dmin, xs), acc);
+      store_pair(o, acc);
     }
   }
-  for (int r = 0; r < R; ++r) store_pair(out + (m0 + r) * ldo + n0, acc[r]);
 }
 
 // One row (a decode step) against P pairs of octets at once (2P consecutive octets from
@@ -421,12 +449,12 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
     if (o < o_end) q4k_x8_tile<1>(xq, 0, packed + o * octet_bytes, K, out, ldo, 8 * o);
     return;
   }
-  const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
+  const int64_t row_block = std::max<int64_t>(Q4K_X16_ROWS, (256 << 10) / K / Q4K_X16_ROWS * Q4K_X16_ROWS);
   for (int64_t mb = 0; mb < M; mb += row_block) {
     const int64_t rows = std::min(row_block, M - mb);
     int64_t o = o_begin;
     for (; o + 2 <= o_end; o += 2)
-      q4k_x16_rows<X16_ROWS>(xq, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+      q4k_x16_rows<Q4K_X16_ROWS>(xq, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q4k_x8_rows<ROWS>(xq, mb, rows, packed + o * octet_bytes, K, out, ldo, 8 * o);
   }
 #else
