@@ -11,6 +11,7 @@ run it from each build in turn, alternating, e.g.
       PYTHONPATH=src .venv/bin/python benchmarks/kernel_ab_cost.py new
     done
 """
+import argparse
 import os
 import statistics
 import sys
@@ -23,6 +24,10 @@ import model_bench  # noqa: E402
 from cadence.core.plan import ScheduledChunk, StepPlan  # noqa: E402
 from cadence.executor.model_runner import ModelExecutor  # noqa: E402
 from cadence.model.loader import load_model  # noqa: E402
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("label", nargs="?", default="run", help="printed first on the line (e.g. old / new)")
+args = parser.parse_args()
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -55,4 +60,4 @@ with torch.inference_mode():
         s, _ = model_bench.bench_decode(loaded, b, 512, 5)
         out.append(f"dec b{b} {b / s:.1f}")
     out.append(f"dec b96 private ctx256 {96 / decode_private(loaded, 96, 256, 5):.1f}")
-print(sys.argv[1] if len(sys.argv) > 1 else "run", loaded.model.decode_weight_format, " | ".join(out), flush=True)
+print(args.label, loaded.model.decode_weight_format, " | ".join(out), flush=True)

@@ -24,7 +24,8 @@ namespace gguf {
 constexpr int64_t PREFETCH_AHEAD = 4096;
 constexpr auto PREFETCH_HINT = _MM_HINT_T1;
 
-// Rows per 16-column prefill tile: each decoded weight register serves this many rows.
+// Rows per 16-column Q6_K tile (q6k_x8.h): each decoded weight register serves this many rows.
+// Q4_K's tile keeps 8 (Q4K_X16_ROWS, q4k_x8.h: its float totals wait in `out` between blocks).
 constexpr int X16_ROWS = 6;
 
 // 32 bytes at a (low half) and 32 at b (high half).
