@@ -65,7 +65,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from cadence.core.step_cost import StepFeatures
-from cadence.sim.think_time import THINK_DISTS, ThinkTime
+from cadence.sim.think_time import ThinkTime, add_think_arguments
 from cadence.server.proc_stat import command_line, cpu_seconds, descendants, thread_cpu_seconds
 
 WORDS = ("the model reads each token of the prompt and writes keys and values into blocks of "
@@ -429,11 +429,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--think-s", type=float, default=0.3,
                         help="mean think time between an answer and the next turn")
-    parser.add_argument("--think-dist", choices=THINK_DISTS, default="exponential",
-                        help="think times: exponential (default), constant (--think-s every "
-                             "time), or uniform")
-    parser.add_argument("--think-spread", type=float, default=0.25,
-                        help="--think-dist uniform: over --think-s x [1 - this, 1 + this]")
+    add_think_arguments(parser)
     parser.add_argument("--rate", type=float, default=1.0, help="conversations per second")
     parser.add_argument("--slo-ttft", type=float, default=1.0, help="goodput: TTFT <= this (s)")
     parser.add_argument("--seed", type=int, default=0)

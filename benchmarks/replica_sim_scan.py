@@ -33,7 +33,7 @@ from cadence.sim.calibration import cost_model_from_samples, load_profile
 from cadence.sim.conversations import ConversationWorkload, synthetic
 from cadence.sim.fleet import simulate_fleet
 from cadence.sim.fleet_compare import run_host
-from cadence.sim.think_time import THINK_DISTS
+from cadence.sim.think_time import add_think_arguments
 
 POLICIES = ("round-robin", "least-loaded", "cache-aware")
 
@@ -63,10 +63,7 @@ def main() -> int:
                         help="a replica_bench.py --out folder with results.json and cal.json")
     parser.add_argument("--point", action="append", required=True,
                         metavar="CONVERSATIONS:RATE:THINK_S:KV_BLOCKS[:THINK_DIST]")
-    parser.add_argument("--think-dist", choices=THINK_DISTS, default="exponential",
-                        help="think times of points that name none")
-    parser.add_argument("--think-spread", type=float, default=0.25,
-                        help="uniform think times: over THINK_S x [1 - this, 1 + this]")
+    add_think_arguments(parser, mean_flag="THINK_S")  # --think-dist: points that name none
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=8, help="workload seeds per point")
     parser.add_argument("--turn-tokens", type=int, default=178,

@@ -19,7 +19,7 @@ from cadence.sim.fleet import simulate_fleet
 from cadence.sim.fleet_compare import (DEFAULT_HOP_MS, UNBOUNDED_KV_BLOCKS, RunProfile,
                                        compare_runs, summary)
 from cadence.sim.host_cpu import HostCpu
-from cadence.sim.think_time import THINK_DISTS
+from cadence.sim.think_time import add_think_arguments
 
 POLICIES = ("round-robin", "least-loaded", "cache-aware")
 
@@ -71,10 +71,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--conv-answer-tokens", type=int, default=32)
     fleet.add_argument("--think-s", type=float, default=0.3,
                        help="mean think time between an answer and the next turn")
-    fleet.add_argument("--think-dist", choices=THINK_DISTS, default="exponential",
-                       help="think times: exponential (default), constant or uniform")
-    fleet.add_argument("--think-spread", type=float, default=0.25,
-                       help="--think-dist uniform: over --think-s x [1 - this, 1 + this]")
+    add_think_arguments(fleet)
     fleet.add_argument("--slo-ttft", type=float, default=1.0, help="goodput: TTFT <= this (s)")
     fleet.add_argument("--calibrate-rounds", type=int, default=5,
                        help="with --calibrate: timed rounds of the profile (default: 5)")

@@ -14,11 +14,23 @@ and only the think times differ.
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
 from dataclasses import dataclass
 
 THINK_DISTS = ("exponential", "constant", "uniform")
+
+
+def add_think_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                        mean_flag: str = "--think-s") -> None:
+    """--think-dist and --think-spread, as every multi-turn CLI takes them (the mean comes
+    from `mean_flag`)."""
+    parser.add_argument("--think-dist", choices=THINK_DISTS, default="exponential",
+                        help=f"think times: exponential (default), constant ({mean_flag} every "
+                             "time), or uniform")
+    parser.add_argument("--think-spread", type=float, default=0.25,
+                        help=f"--think-dist uniform: over {mean_flag} x [1 - this, 1 + this]")
 
 
 @dataclass(frozen=True)
