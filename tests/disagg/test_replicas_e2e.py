@@ -90,6 +90,20 @@ def test_greedy_outputs_through_every_policy_equal_a_single_engine(replicas):
         assert _complete(url, ids) == _complete(engine, ids), policy
 
 
+def test_router_answers_the_model_routes_as_its_replicas(replicas):
+    """/v1/models and OpenAI's GET /v1/models/{id} through the router: the replica's own
+    answers, its 404 (OpenAI error format) for a name it does not serve."""
+    engine = replicas["workers"][0].url
+    listed = httpx.get(engine + "/v1/models", timeout=30).json()
+    name = listed["data"][0]["id"]
+    url = replicas["round-robin"].url
+    assert httpx.get(url + "/v1/models", timeout=30).json() == listed
+    card = httpx.get(url + f"/v1/models/{name}", timeout=30)
+    assert card.status_code == 200 and card.json() == listed["data"][0]
+    missing = httpx.get(url + "/v1/models/org/not-served", timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
 def _conversation(url: str, topic: str, turns: int) -> list[tuple[dict, int]]:
     """(decision, cached prompt tokens) per turn of a chat that grows by its answers."""
     messages = [{"role": "system", "content": SYSTEM}]

@@ -350,6 +350,25 @@ def test_request_id_names_the_response_as_in_vllm(client):
     assert client.completions.create(model=model, prompt="hi", max_tokens=1).id != "cmpl-r-2"
 
 
+def test_retrieve_model_answers_each_listed_name_and_404s_others(client, http, model):
+    """OpenAI's GET /v1/models/{id}: the listed card for a served name (the official client's
+    models.retrieve parses it), an OpenAI-format 404 naming the model for any other id,
+    slashes in ids included."""
+    listed = http.get("/v1/models").json()["data"]
+    for card in listed:
+        got = http.get(f"/v1/models/{card['id']}")
+        assert got.status_code == 200 and got.json() == card
+    retrieved = client.models.retrieve(model)
+    assert retrieved.id == model and retrieved.object == "model"
+    for unknown in ("no-such-model", "org/no-such-model", model + "x"):
+        resp = http.get(f"/v1/models/{unknown}")
+        assert resp.status_code == 404, resp.text
+        error = resp.json()["error"]
+        assert error["code"] == "model_not_found" and unknown in error["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("org/no-such-model")
+
+
 def test_ping_answers_as_health(http):
     for method in ("GET", "POST"):
         resp = http.request(method, "/ping")

@@ -79,17 +79,35 @@ def _require_engine(request: Request) -> None:
 api = APIRouter(dependencies=[Depends(check_api_key)])
 
 
+def _model_card(server: ServerState, name: str) -> dict:
+    """One model object as /v1/models lists it (OpenAI's fields plus vLLM's max_model_len)."""
+    return {"id": name, "object": "model", "created": server.started_at,
+            "owned_by": "cadence", "root": server.model_name, "parent": None,
+            "max_model_len": server.max_model_len}
+
+
 @api.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     server: ServerState = request.app.state.server
     return JSONResponse({
         "object": "list",
         # The served name, then --served-model-name's further names (as vLLM lists them).
-        "data": [{
-            "id": name, "object": "model", "created": server.started_at,
-            "owned_by": "cadence", "max_model_len": server.max_model_len,
-        } for name in (server.model_name, *server.config.served_model_aliases)],
+        "data": [_model_card(server, name)
+                 for name in (server.model_name, *server.config.served_model_aliases)],
     })
+
+
+# OpenAI's retrieve-model route (`client.models.retrieve`); `:path` because served names are
+# often repository ids with a slash ("meta-llama/Llama-3.2-1B-Instruct").
+@api.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> JSONResponse:
+    server: ServerState = request.app.state.server
+    listed = (server.model_name, *server.config.served_model_aliases)
+    if model_id in listed or model_id in server.model_names:
+        return JSONResponse(_model_card(server, model_id))
+    raise APIError(404, f"The model `{model_id}` does not exist; this server serves "
+                   f"{', '.join(repr(n) for n in listed)}.", code="model_not_found",
+                   param="model")
 
 
 @api.get("/metrics")

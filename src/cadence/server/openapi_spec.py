@@ -51,6 +51,7 @@ _OPERATION_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("/v1/responses", "post"): _GENERATION_ERRORS,
     ("/v1/responses/{response_id}", "get"): (404,),
     ("/v1/models", "get"): (),
+    ("/v1/models/{model_id}", "get"): (404,),
     ("/metrics", "get"): (),
     ("/health", "get"): (503,),
     ("/ping", "get"): (503,),

@@ -351,11 +351,14 @@ def create_router_app(cfg: RouterConfig) -> FastAPI:
             return await router.handle(request, _path)
         app.add_api_route(path, route, methods=["POST"])
 
+    # The models list and OpenAI's retrieve-model route, answered by the first reachable
+    # decode worker (every worker serves the same model under the same names).
     @app.get("/v1/models")
-    async def models() -> Response:
+    @app.get("/v1/models/{model_id:path}")
+    async def models(request: Request) -> Response:
         for worker in router.decode.candidates():
             try:
-                resp = await router.client.get(worker.url + "/v1/models",
+                resp = await router.client.get(worker.url + request.url.path,
                                                headers=router.forward.headers)
             except httpx.HTTPError:
                 worker.mark_failed(cfg.unhealthy_cooldown_s)
