@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# /v1/completions' max_tokens when a request leaves it out (OpenAI's and vLLM's 16): the
+# front end's default and what the router assumes when it counts a truncated prompt.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
 
 def prompt_room(max_model_len: int, max_tokens: int | None) -> int:
     """The most prompt tokens the context leaves beside `max_tokens` outputs (None: at least

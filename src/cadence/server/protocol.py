@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from cadence.core.prompt_truncation import COMPLETIONS_DEFAULT_MAX_TOKENS
 from cadence.engine.admission import MAX_LOGIT_BIAS_ENTRIES, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from cadence.engine.chat_render import chat_template_kwargs_problem
 
@@ -313,7 +314,7 @@ class CompletionRequest(SamplingRequestFields):
     # A string, token ids, or a batch of either.
     prompt: str | list[int] | list[str] | list[list[int]]
     # 0 only with echo (vLLM's): the prompt comes back, with its logprobs, and nothing else.
-    max_tokens: int | None = Field(default=16, ge=0)
+    max_tokens: int | None = Field(default=COMPLETIONS_DEFAULT_MAX_TOKENS, ge=0)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     # vLLM's: the tokenizer's special tokens (BOS, ...) around a text prompt (not token ids).

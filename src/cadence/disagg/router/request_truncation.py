@@ -14,9 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cadence.core.prompt_truncation import tokens_to_keep
-
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # CompletionRequest's default, as the worker applies it
+from cadence.core.prompt_truncation import COMPLETIONS_DEFAULT_MAX_TOKENS, tokens_to_keep
 
 
 def _int(value: Any) -> int | None:
