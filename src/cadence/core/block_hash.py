@@ -39,11 +39,14 @@ def root_block_hash(cache_salt: str | None = None) -> BlockHash:
 
 def extend_block_hashes(
     block_hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
-    cache_salt: str | None = None,
+    cache_salt: str | None = None, max_blocks: int | None = None,
 ) -> None:
-    """Append the hashes of the full blocks of `token_ids` not yet in `block_hashes` (in place);
-    `cache_salt` must be the same on every call for one request."""
+    """Append the hashes of the full blocks of `token_ids` not yet in `block_hashes` (in place),
+    up to `max_blocks` hashes in all when given (a lookup that may stop early hashes no more
+    than it reads); `cache_salt` must be the same on every call for one request."""
     num_full_blocks = len(token_ids) // block_size
+    if max_blocks is not None:
+        num_full_blocks = min(num_full_blocks, max_blocks)
     for i in range(len(block_hashes), num_full_blocks):
         parent = block_hashes[i - 1] if i > 0 else root_block_hash(cache_salt)
         block_hashes.append(

@@ -4,6 +4,12 @@ A block is *used* while some request holds it (ref_count > 0) and *free* otherwi
 that still holds a full, hashed prefix block stays *cached*: a later request with the same prefix
 can take it back (`touch`) without recomputing. Allocation takes plain free blocks first and only
 then evicts cached ones, least recently freed first, so the cache keeps what it can.
+
+Waiting requests protect their cached prefixes (`protect` / `unprotect`, counted per block hash:
+several waiting requests may share a system prompt): a free cached block whose hash some
+waiting request protects is evicted only when no unprotected cached block is left, so a
+request queued behind a full pool still finds the prefix it was routed for when it is admitted.
+Protection never makes an allocation fail: protected blocks stay free and evictable.
 """
 
 from __future__ import annotations
@@ -37,10 +43,19 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         # Free blocks without a cached hash, reused first. Insertion-ordered set.
         self._free_plain: dict[int, None] = dict.fromkeys(range(num_blocks))
-        # Free blocks holding a cached prefix block, oldest first (the eviction order).
+        # Free blocks holding a cached prefix block no waiting request protects, oldest first
+        # (the eviction order), and those some waiting request protects (evicted only after
+        # every unprotected one, oldest first among them).
         self._free_cached: OrderedDict[int, None] = OrderedDict()
+        self._free_protected: OrderedDict[int, None] = OrderedDict()
+        # Block hash -> how many waiting requests protect it (> 0). Kept by hash, not block:
+        # a protected block evicted as a last resort and computed again later is protected
+        # again, and releasing never has to find which block held the hash.
+        self._protect_count: dict[BlockHash, int] = {}
         self._cached: dict[BlockHash, int] = {}
         self.num_evictions = 0
+        # Evictions of protected blocks (nothing unprotected was left to evict).
+        self.num_protected_evictions = 0
         # When a list: each prefix-cache change as (True, hash) cached / (False, hash) evicted,
         # for whoever tells others what this cache holds (a replica's KV events); None: off.
         self.cache_events: list[tuple[bool, BlockHash]] | None = None
@@ -52,7 +67,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks no request holds (cached ones included: they can be evicted)."""
-        return len(self._free_plain) + len(self._free_cached)
+        return len(self._free_plain) + len(self._free_cached) + len(self._free_protected)
 
     @property
     def num_used_blocks(self) -> int:
@@ -60,8 +75,13 @@ class BlockPool:
 
     @property
     def num_cached_free_blocks(self) -> int:
-        """Free blocks that still hold a reusable prefix block (evictable)."""
-        return len(self._free_cached)
+        """Free blocks that still hold a reusable prefix block (evictable), protected or not."""
+        return len(self._free_cached) + len(self._free_protected)
+
+    @property
+    def num_protected_free_blocks(self) -> int:
+        """Free cached blocks that a waiting request's prefix protects (evicted last)."""
+        return len(self._free_protected)
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
@@ -74,7 +94,13 @@ class BlockPool:
                 block_id = next(iter(self._free_plain))
                 del self._free_plain[block_id]
             else:
-                block_id, _ = self._free_cached.popitem(last=False)
+                if self._free_cached:
+                    block_id, _ = self._free_cached.popitem(last=False)
+                else:
+                    # Only protected blocks are left: a waiting request loses part of its
+                    # prefix rather than this allocation failing.
+                    block_id, _ = self._free_protected.popitem(last=False)
+                    self.num_protected_evictions += 1
                 block_hash = self.blocks[block_id].block_hash
                 self._evict(block_id)
                 if self.on_evict is not None:
@@ -88,9 +114,12 @@ class BlockPool:
         for block_id in block_ids:
             block = self.blocks[block_id]
             if block.ref_count == 0:
-                if block_id not in self._free_cached:
+                if block_id in self._free_cached:
+                    del self._free_cached[block_id]
+                elif block_id in self._free_protected:
+                    del self._free_protected[block_id]
+                else:
                     raise BlockPoolError(f"touch of free block {block_id} that is not cached")
-                del self._free_cached[block_id]
             block.ref_count += 1
 
     def free(self, block_ids: Iterable[int]) -> None:
@@ -103,7 +132,9 @@ class BlockPool:
                 raise BlockPoolError(f"double free of block {block_id}")
             block.ref_count -= 1
             if block.ref_count == 0:
-                if block.block_hash is not None:
+                if block.block_hash in self._protect_count:
+                    self._free_protected[block_id] = None
+                elif block.block_hash is not None:
                     self._free_cached[block_id] = None
                 else:
                     self._free_plain[block_id] = None
@@ -133,17 +164,50 @@ class BlockPool:
             self.cache_events.append((True, block_hash))
         return True
 
+    def protect(self, block_hashes: Iterable[BlockHash]) -> None:
+        """One more waiting request protects these hashes: their free cached blocks (now, or
+        when freed later) are evicted only after every unprotected one."""
+        for block_hash in block_hashes:
+            count = self._protect_count.get(block_hash, 0)
+            self._protect_count[block_hash] = count + 1
+            if count == 0:
+                block_id = self._cached.get(block_hash)
+                if block_id is not None and block_id in self._free_cached:
+                    del self._free_cached[block_id]
+                    self._free_protected[block_id] = None
+
+    def unprotect(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Undo one `protect` of these hashes. A block nobody protects any more goes back to
+        the unprotected queue's most recent end: a request wanted it a moment ago."""
+        for block_hash in block_hashes:
+            count = self._protect_count.get(block_hash, 0)
+            if count <= 0:
+                raise BlockPoolError(f"unprotect of a hash nobody protects: {block_hash.hex()}")
+            if count > 1:
+                self._protect_count[block_hash] = count - 1
+                continue
+            del self._protect_count[block_hash]
+            block_id = self._cached.get(block_hash)
+            if block_id is not None and block_id in self._free_protected:
+                del self._free_protected[block_id]
+                self._free_cached[block_id] = None
+
+    def protect_counts(self) -> dict[BlockHash, int]:
+        """Block hash -> how many waiting requests protect it (a copy, for integrity checks)."""
+        return dict(self._protect_count)
+
     def is_free(self, block_id: int) -> bool:
         return self.blocks[block_id].ref_count == 0
 
     def reset_prefix_cache(self) -> int:
         """Drop every cached hash of free blocks; returns how many were dropped."""
         dropped = 0
-        while self._free_cached:
-            block_id, _ = self._free_cached.popitem(last=False)
-            self._evict(block_id)
-            self._free_plain[block_id] = None
-            dropped += 1
+        for queue in (self._free_cached, self._free_protected):
+            while queue:
+                block_id, _ = queue.popitem(last=False)
+                self._evict(block_id)
+                self._free_plain[block_id] = None
+                dropped += 1
         return dropped
 
     def _evict(self, block_id: int) -> None:
@@ -158,22 +222,26 @@ class BlockPool:
     # -- integrity --------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Raise BlockPoolError unless: free + used == total, ref counts >= 0, every free block
-        is in exactly one free queue (cached iff it has a hash), and the hash map matches the
-        blocks' hashes both ways."""
+        is in exactly one free queue (cached iff it has a hash; protected iff its hash is),
+        protection counts are positive, and the hash map matches the blocks' hashes both ways."""
         used = 0
         for block in self.blocks:
             bid = block.block_id
             if block.ref_count < 0:
                 raise BlockPoolError(f"block {bid} has ref_count {block.ref_count}")
-            in_plain, in_cached = bid in self._free_plain, bid in self._free_cached
+            in_plain = bid in self._free_plain
+            in_cached, in_protected = bid in self._free_cached, bid in self._free_protected
             if block.ref_count > 0:
                 used += 1
-                if in_plain or in_cached:
+                if in_plain or in_cached or in_protected:
                     raise BlockPoolError(f"used block {bid} is in a free queue")
-            elif in_plain == in_cached:
-                raise BlockPoolError(f"free block {bid} is in both or neither free queue")
-            elif in_cached != (block.block_hash is not None):
+            elif in_plain + in_cached + in_protected != 1:
+                raise BlockPoolError(f"free block {bid} is in {in_plain + in_cached + in_protected}"
+                                     " free queues, not one")
+            elif in_plain != (block.block_hash is None):
                 raise BlockPoolError(f"free block {bid}: queue does not match its cached hash")
+            elif in_protected != (block.block_hash in self._protect_count):
+                raise BlockPoolError(f"free block {bid}: queue does not match its protection")
             if block.block_hash is not None and self._cached.get(block.block_hash) != bid:
                 raise BlockPoolError(f"block {bid} has a hash the cache map does not point to it")
         if used + self.num_free_blocks != self.num_blocks:
@@ -183,3 +251,6 @@ class BlockPool:
         for block_hash, bid in self._cached.items():
             if self.blocks[bid].block_hash != block_hash:
                 raise BlockPoolError(f"cache map points to block {bid} whose hash differs")
+        for block_hash, count in self._protect_count.items():
+            if count <= 0:
+                raise BlockPoolError(f"hash {block_hash.hex()} protected {count} times")

@@ -11,6 +11,12 @@ positions all lie before the window of the next position are freed (and stay in 
 cache as evictable blocks). Their entries in the request's block table then point at one of its
 live blocks (a placeholder that keeps the table's position -> block mapping; attention masks
 those positions and never writes them), so a long sequence holds window-sized KV.
+
+A waiting request protects its longest cached prefix from eviction (`protect_prefix`, released
+by `release_protection` when it leaves the queue): the hashes of those blocks are counted in the
+pool, which then evicts other cached blocks first. While it waits, its protection grows when the
+next block of its prefix gets cached (another request computed it): each protecting request is
+indexed under the one hash that would extend it, so a newly cached block costs one dict lookup.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from cadence.core.block_hash import extend_block_hashes
+from cadence.core.block_hash import BlockHash, extend_block_hashes
 from cadence.core.block_pool import BlockPool, BlockPoolError
 from cadence.core.request import Request
 
@@ -50,6 +56,11 @@ class KVCacheManager:
         self._leased: dict[str, list[int]] = {}
         # How many leading blocks of each request are registered in (or came from) the cache.
         self._num_cached_blocks: dict[str, int] = {}
+        # Waiting requests' protected prefixes: req_id -> (the request, how many leading block
+        # hashes of it the pool counts as protected), and the hash that would extend each one
+        # (its next block) -> the ids of requests waiting for it to be cached.
+        self._protecting: dict[str, tuple[Request, int]] = {}
+        self._extends: dict[BlockHash, dict[str, None]] = {}
         # Counted in tokens, as vLLM does: queries = prompt tokens looked up, hits = tokens found.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -91,6 +102,70 @@ class KVCacheManager:
                 break
             hits.append(block_id)
         return hits
+
+    # -- protection of waiting requests' prefixes -------------------------------------------
+    def protect_prefix(self, request: Request) -> int:
+        """Protect the longest cached prefix of a request that joins the waiting queue (and keep
+        protecting the blocks that extend it as they get cached). Only for a request that will
+        look its prefix up at admission (as get_computed_blocks); a second call for the same
+        request changes nothing. Returns how many blocks it protects now."""
+        if (not self.enable_prefix_caching or request.num_computed_tokens > 0
+                or not request.takes_prefix_hits or request.req_id in self._protecting):
+            return 0
+        self._protecting[request.req_id] = (request, 0)
+        return self._extend_protection(request)
+
+    def release_protection(self, request: Request) -> None:
+        """The request left the waiting queue (admitted: its hits are held by ref counts from
+        now on; aborted, failed or finished): its protection of its prefix ends."""
+        entry = self._protecting.pop(request.req_id, None)
+        if entry is None:
+            return
+        num_protected = entry[1]
+        self.pool.unprotect(request.block_hashes[:num_protected])
+        if num_protected < (request.num_tokens - 1) // self.block_size:
+            # Indexed under the hash that would extend it (see _extend_protection).
+            waiters = self._extends[request.block_hashes[num_protected]]
+            del waiters[request.req_id]
+            if not waiters:
+                del self._extends[request.block_hashes[num_protected]]
+
+    def protecting_ids(self) -> set[str]:
+        """Ids of the requests whose prefixes are protected now."""
+        return set(self._protecting)
+
+    def num_protected_blocks(self, req_id: str) -> int:
+        """How many leading blocks of a waiting request's prefix it protects (0 if none)."""
+        entry = self._protecting.get(req_id)
+        return 0 if entry is None else entry[1]
+
+    def _extend_protection(self, request: Request) -> int:
+        """Protect the request's prefix from where its protection ends up to the first block
+        not cached (hashing its blocks only that far), and index it under that block's hash."""
+        _, num_protected = self._protecting[request.req_id]
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = request.block_hashes
+        start = num_protected
+        while num_protected < max_hit_blocks:
+            if len(hashes) <= num_protected:
+                extend_block_hashes(hashes, request.all_token_ids, self.block_size,
+                                    request.cache_salt, max_blocks=num_protected + 1)
+            if self.pool.get_cached_block(hashes[num_protected]) is None:
+                self._extends.setdefault(hashes[num_protected], {})[request.req_id] = None
+                break
+            num_protected += 1
+        self.pool.protect(hashes[start:num_protected])
+        self._protecting[request.req_id] = (request, num_protected)
+        return num_protected
+
+    def _newly_cached(self, block_hash: BlockHash) -> None:
+        """A block was registered in the cache: waiting requests whose protected prefix it
+        continues protect it (and whatever cached blocks follow it)."""
+        waiters = self._extends.pop(block_hash, None)
+        if waiters is None:
+            return
+        for req_id in waiters:
+            self._extend_protection(self._protecting[req_id][0])
 
     def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         """Count one admission's lookup (called once per admission, not per attempt)."""
@@ -169,7 +244,8 @@ class KVCacheManager:
         extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
                             request.cache_salt)
         for i in range(start, num_full):
-            self.pool.cache_block(blocks[i], request.block_hashes[i])
+            if self.pool.cache_block(blocks[i], request.block_hashes[i]) and self._extends:
+                self._newly_cached(request.block_hashes[i])
         self._num_cached_blocks[request.req_id] = num_full
 
     def release_out_of_window(self, request: Request) -> int:
@@ -251,14 +327,37 @@ class KVCacheManager:
         return bool(self._req_blocks.get(req_id))
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached prefix not in use; returns the number of blocks dropped."""
+        """Forget every cached prefix not in use; returns the number of blocks dropped. Waiting
+        requests keep counting their protected hashes (a block computed again with one of them
+        is protected again), so the pool's counts stay theirs."""
         return self.pool.reset_prefix_cache()
 
     # -- integrity --------------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Pool integrity, plus: each block's ref count equals the number of requests (and
-        leases) holding it, and no request holds a block twice."""
+        leases) holding it, no request holds a block twice, and the pool's protection counts
+        are exactly the waiting requests' protected prefixes, each indexed under its next hash."""
         self.pool.check_integrity()
+        protected: Counter[BlockHash] = Counter()
+        indexed: Counter[str] = Counter()
+        for block_hash, waiters in self._extends.items():
+            if not waiters or self.pool.get_cached_block(block_hash) is not None:
+                raise BlockPoolError(f"waiters indexed under hash {block_hash.hex()}: "
+                                     f"{len(waiters)}, cached: it should be neither")
+            for req_id in waiters:
+                request, num_protected = self._protecting[req_id]
+                if request.block_hashes[num_protected] != block_hash:
+                    raise BlockPoolError(f"request {req_id} indexed under a hash not its next")
+                indexed[req_id] += 1
+        for req_id, (request, num_protected) in self._protecting.items():
+            protected.update(request.block_hashes[:num_protected])
+            max_hit_blocks = (request.num_tokens - 1) // self.block_size
+            if indexed[req_id] != (num_protected < max_hit_blocks):
+                raise BlockPoolError(f"request {req_id}: protected {num_protected} of "
+                                     f"{max_hit_blocks} blocks, indexed {indexed[req_id]} times")
+        if dict(protected) != self.pool.protect_counts():
+            raise BlockPoolError("pool protection counts differ from the waiting requests' "
+                                 "protected prefixes")
         holders: Counter[int] = Counter()
         for req_id, blocks in [*self._req_blocks.items(), *self._leased.items()]:
             blocks = [b for b in blocks if b != _DROPPED]

@@ -22,6 +22,7 @@ from cadence.core.disk_tier import DiskTier
 from cadence.core.kv_cache_manager import KVCacheManager
 from cadence.core.plan import StepOutput, StepPlan
 from cadence.core.policies import make_policy
+from cadence.core.protected_queue import PrefixProtectingQueue
 from cadence.core.remote_kv import KVLoad, RemoteKVStage
 from cadence.core.request import Request, RequestStatus
 from cadence.core.request_queue import RankKey, make_waiting_queue
@@ -72,7 +73,9 @@ class Scheduler:
         self._before_policy = (
             [StepBuilder.make_room_for_waiting] if sched.scheduling == "priority" else []
         )
-        self.waiting = make_waiting_queue(sched.scheduling, self._rank)
+        # Waiting requests protect their cached prefixes from eviction (core/protected_queue.py).
+        self.waiting = PrefixProtectingQueue(make_waiting_queue(sched.scheduling, self._rank),
+                                             self.kv)
         self.running: list[Request] = []
         # Prefilled elsewhere, waiting for blocks or for their KV (disaggregated decode).
         self.remote = RemoteKVStage()
@@ -343,7 +346,10 @@ class Scheduler:
         hidden_ids = {r.req_id for r in self.running
                       if r.req_id in self._prefilling or r.num_remaining_tokens != 1}
         decoders = [r for r in self.running if r.req_id not in hidden_ids]
-        preempted_to = make_waiting_queue(self.sched.scheduling, self._rank)
+        # The victims protect their prefixes from the moment they are preempted, as in
+        # schedule(): the step's later allocations evict other cached blocks first.
+        preempted_to = PrefixProtectingQueue(
+            make_waiting_queue(self.sched.scheduling, self._rank), self.kv)
         step = StepBuilder(
             kv=self.kv,
             running=decoders,
@@ -359,6 +365,7 @@ class Scheduler:
         step.schedule_running(step.running_by_rank(), lambda rem, left, _first: min(rem, left))
         # The victims go back to the real queue, in the order the builder queued them.
         for req in reversed(list(preempted_to)):
+            preempted_to.remove(req)
             self.waiting.add_front(req)
         kept = {r.req_id for r in decoders} | hidden_ids
         self.running = [r for r in self.running if r.req_id in kept]
@@ -509,6 +516,8 @@ class Scheduler:
             if self.disk is not None:
                 self.disk.release(req_id, swapped_in=False)
             req.num_computed_tokens = 0
+            if req in self.waiting:
+                self.kv.protect_prefix(req)  # it will look its prefix up now
         if self.disk is not None:
             for _, slot in plan.disk_out:
                 if isinstance(self.disk.owner_of(slot), bytes):
@@ -578,12 +587,19 @@ class Scheduler:
         for req in self.running:
             if req.status is not RequestStatus.RUNNING or not self.kv.holds_blocks(req.req_id):
                 raise RuntimeError(f"running {req} is not RUNNING with blocks")
+        protecting = self.kv.protecting_ids()
+        if not protecting <= {r.req_id for r in self.waiting}:
+            raise RuntimeError("a request not waiting protects a prefix")
         for req in self.waiting:
             if req.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
                 raise RuntimeError(f"waiting {req} has status {req.status}")
             swapped = self._swapped(req.req_id)
             if self.kv.holds_blocks(req.req_id) or (req.num_computed_tokens and not swapped):
                 raise RuntimeError(f"waiting {req} holds blocks or computed tokens")
+            looks_up = (self.kv.enable_prefix_caching and not req.num_computed_tokens
+                        and req.takes_prefix_hits)
+            if looks_up != (req.req_id in protecting):
+                raise RuntimeError(f"waiting {req}: prefix protected is not {looks_up}")
         if self.swap is not None:
             self.swap.check_integrity()
         if self.disk is not None:
@@ -683,6 +699,8 @@ class Scheduler:
                 disk.release(owner, swapped_in=False)
                 if req is not None and not req.is_finished and req not in self.running:
                     req.num_computed_tokens = 0
+                    if req in self.waiting:
+                        self.kv.protect_prefix(req)  # it will look its prefix up now
                     logger.warning("request %s: swap-out to disk failed (%s); it will be "
                                    "recomputed", owner, reason)
             elif owner is not None:
