@@ -111,26 +111,6 @@ inline __m512i scale_words_pair(const uint8_t* a, const uint8_t* b) {
   return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
                                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b))));
 }
-// acc + the int16 pair dot products per int32 lane (vpdpwssd; madd + add without VNNI): exact.
-inline __m512i word_dot_add_512(__m512i acc, __m512i s, __m512i w) {
-#if defined(__AVX512VNNI__)
-  return _mm512_dpwssd_epi32(acc, s, w);
-#else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(s, w));
-#endif
-}
-// udot4_add_512(acc, u, the 4 bytes at x in every lane), the bytes read by the instruction's own
-// {1to16} broadcast on the VNNI tier (GCC keeps a separate vpbroadcastd otherwise).
-inline __m512i udot4_add_512_at(__m512i acc, __m512i u, const int8_t* x) {
-#if defined(__AVX512VNNI__)
-  asm("vpdpbusd %[x]%{1to16%}, %[u], %[acc]"
-      : [acc] "+v"(acc)
-      : [u] "v"(u), [x] "m"(*reinterpret_cast<const int32_t*>(x)));
-  return acc;
-#else
-  return udot4_add_512(acc, u, broadcast4_512(x));
-#endif
-}
 // Per int32 lane, lo's sum in the low int16 and hi's in the high one (both |s| <= 30480): one
 // vpdpwssd by (sc, sc) then adds lo * sc + hi * sc, the two sums' scaled terms in one instruction.
 inline __m512i lo_hi_words(__m512i lo, __m512i hi) {

@@ -57,199 +57,10 @@ inline void repack_q6k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
   }
 }
 
-// half_sums: [M][K / 16] sums of xq's bytes per 16 k (for the q - 32 offset). As q4k_x8_tile:
-// O consecutive octets (octet_bytes apart) and two exact integer sums per (row, octet) and 16 k,
-// added once: 2 * R * O independent dot-product chains, the same instructions per (row, column)
-// whatever R and O.
-template <int R, int O>
-inline void q6k_x8_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, const uint8_t* packed,
-                        int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
-  __m256 acc[R][O];
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < O; ++i) acc[r][i] = _mm256_setzero_ps();
-  const __m256i ones16 = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
-  const int64_t groups = K / avx2::Q8_GROUP;
-  for (int64_t blk = 0; blk < K / 256; ++blk) {
-    for (int j = 0; j < 8; ++j) {
-      for (int i = 0; i < O; ++i) {
-        const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
-      }
-      const int64_t g = blk * 8 + j;
-      for (int p = 0; p < 2; ++p) {
-        __m256i lo_sum[R][O], hi_sum[R][O];
-        for (int r = 0; r < R; ++r)
-          for (int i = 0; i < O; ++i) lo_sum[r][i] = hi_sum[r][i] = _mm256_setzero_si256();
-        for (int sub = 0; sub < 2; ++sub) {
-          const int kk = 2 * p + sub;
-          __m256i lo[O], hi[O];
-          for (int i = 0; i < O; ++i) {
-            const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
-            const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q6K_X8_QH + (j * 2 + p) * 32));
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + Q6K_X8_QL + j * 128 + kk * 32));
-            // bits 4-5 of each byte: the high bits of q[8kk + t] (lo) and q[8kk + 4 + t] (hi).
-            const __m256i h_lo = _mm256_and_si256(sub == 0 ? _mm256_slli_epi16(hv, 4) : hv, bits45);
-            const __m256i h_hi =
-                _mm256_and_si256(sub == 0 ? _mm256_slli_epi16(hv, 2) : _mm256_srli_epi16(hv, 2), bits45);
-            lo[i] = _mm256_or_si256(_mm256_and_si256(v, low4), h_lo);
-            hi[i] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), h_hi);
-          }
-          const int64_t k = g * avx2::Q8_GROUP + kk * 8;
-          for (int r = 0; r < R; ++r) {
-            const __m256i x_lo = avx2::broadcast4(xq.q_at(m0 + r, k)), x_hi = avx2::broadcast4(xq.q_at(m0 + r, k + 4));
-            for (int i = 0; i < O; ++i) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-              lo_sum[r][i] = avx2::udot4_add(lo_sum[r][i], lo[i], x_lo, ones16);
-              hi_sum[r][i] = avx2::udot4_add(hi_sum[r][i], hi[i], x_hi, ones16);
-#else
-              // The two maddubs' int16 pair sums added first (each <= 2 * 63 * 127 = 16002, the
-              // two 32004 < 2^15: exact), then one madd: half the widening multiplies.
-              lo_sum[r][i] = _mm256_add_epi32(lo_sum[r][i], _mm256_madd_epi16(_mm256_add_epi16(
-                  _mm256_maddubs_epi16(lo[i], x_lo), _mm256_maddubs_epi16(hi[i], x_hi)), ones16));
-#endif
-            }
-          }
-        }
-        for (int i = 0; i < O; ++i) {
-          const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
-          const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base));
-          const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                                                    reinterpret_cast<const __m128i*>(base + 32 + (2 * j + p) * 8)))));
-          for (int r = 0; r < R; ++r) {
-            const int32_t x_sum = half_sums[(m0 + r) * (K / 16) + 2 * g + p];
-            const __m256i isum = _mm256_add_epi32(lo_sum[r][i], hi_sum[r][i]);
-            const __m256i centred = _mm256_sub_epi32(isum, _mm256_set1_epi32(32 * x_sum));
-            const float xs = xq.scale[(m0 + r) * groups + g];
-            acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centred), _mm256_mul_ps(scale, _mm256_set1_ps(xs)), acc[r][i]);
-          }
-        }
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < O; ++i) _mm256_storeu_ps(out + (m0 + r) * ldo + n0 + 8 * i, acc[r][i]);
-}
-
-#ifdef CADENCE_GGUF_X16
-// q6k_x8_tile<R, 2> on the AVX-512 tiers: two octets in the halves of each register (x16_pairs.h).
-template <int R>
-inline void q6k_x16_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, const uint8_t* packed,
-                         int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
-  const int64_t groups = K / avx2::Q8_GROUP;
-  for (int64_t blk = 0; blk < K / 256; ++blk) {
-    const uint8_t* b0 = packed + blk * Q6K_X8_BYTES;
-    const uint8_t* b1 = b0 + octet_bytes;
-    const __m512 d = load_pair_ps(b0, b1);
-    for (int j = 0; j < 8; ++j) {
-      for (const uint8_t* base : {b0, b1}) {
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
-      }
-      const int64_t g = blk * 8 + j;
-      for (int p = 0; p < 2; ++p) {
-        const __m512i hv = load_pair(b0 + Q6K_X8_QH + (j * 2 + p) * 32, b1 + Q6K_X8_QH + (j * 2 + p) * 32);
-        __m512i lo_sum[R], hi_sum[R];
-        for (int r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();
-        for (int sub = 0; sub < 2; ++sub) {
-          const int kk = 2 * p + sub;
-          const __m512i v = load_pair(b0 + Q6K_X8_QL + j * 128 + kk * 32, b1 + Q6K_X8_QL + j * 128 + kk * 32);
-          const __m512i h_lo = _mm512_and_si512(sub == 0 ? _mm512_slli_epi16(hv, 4) : hv, bits45);
-          const __m512i h_hi = _mm512_and_si512(sub == 0 ? _mm512_slli_epi16(hv, 2) : _mm512_srli_epi16(hv, 2), bits45);
-          const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low4), h_lo);
-          const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), h_hi);
-          const int64_t k = g * avx2::Q8_GROUP + kk * 8;
-          for (int r = 0; r < R; ++r) {
-            lo_sum[r] = udot4_add_512(lo_sum[r], lo, broadcast4_512(xq.q_at(m0 + r, k)));
-            hi_sum[r] = udot4_add_512(hi_sum[r], hi, broadcast4_512(xq.q_at(m0 + r, k + 4)));
-          }
-        }
-        const __m512 scale = _mm512_mul_ps(d, bytes_pair_ps(b0 + 32 + (2 * j + p) * 8, b1 + 32 + (2 * j + p) * 8, true));
-        for (int r = 0; r < R; ++r) {
-          const int32_t x_sum = half_sums[(m0 + r) * (K / 16) + 2 * g + p];
-          const __m512i isum = _mm512_add_epi32(lo_sum[r], hi_sum[r]);
-          const __m512i centred = _mm512_sub_epi32(isum, _mm512_set1_epi32(32 * x_sum));
-          const float xs = xq.scale[(m0 + r) * groups + g];
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(scale, _mm512_set1_ps(xs)), acc[r]);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) store_pair(out + (m0 + r) * ldo + n0, acc[r]);
-}
-
-// One row against P pairs of octets at once (q4k_x16_gemv's reasoning): q6k_x16_tile<1>'s
-// operations lane for lane.
-template <int P>
-inline void q6k_x16_gemv(const avx2::QuantizedRows& xq, const int32_t* half_sums, const uint8_t* packed,
-                         int64_t octet_bytes, int64_t K, float* out) {
-  __m512 acc[P];
-  for (int p = 0; p < P; ++p) acc[p] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
-  for (int64_t blk = 0; blk < K / 256; ++blk) {
-    const uint8_t* b[2 * P];
-    for (int i = 0; i < 2 * P; ++i) b[i] = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
-    __m512 d[P];
-    for (int p = 0; p < P; ++p) d[p] = load_pair_ps(b[2 * p], b[2 * p + 1]);
-    for (int j = 0; j < 8; ++j) {
-      for (int i = 0; i < 2 * P; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
-      }
-      const int64_t g = blk * 8 + j;
-      const __m512 xs = _mm512_set1_ps(xq.scale[g]);
-      for (int hp = 0; hp < 2; ++hp) {
-        __m512i lo_sum[P], hi_sum[P];
-        for (int p = 0; p < P; ++p) lo_sum[p] = hi_sum[p] = _mm512_setzero_si512();
-        for (int sub = 0; sub < 2; ++sub) {
-          const int kk = 2 * hp + sub;
-          const int64_t k = g * avx2::Q8_GROUP + kk * 8;
-          const __m512i x_lo = broadcast4_512(xq.q_at(0, k)), x_hi = broadcast4_512(xq.q_at(0, k + 4));
-          for (int p = 0; p < P; ++p) {
-            const __m512i hv = load_pair(b[2 * p] + Q6K_X8_QH + (j * 2 + hp) * 32, b[2 * p + 1] + Q6K_X8_QH + (j * 2 + hp) * 32);
-            const __m512i v = load_pair(b[2 * p] + Q6K_X8_QL + j * 128 + kk * 32, b[2 * p + 1] + Q6K_X8_QL + j * 128 + kk * 32);
-            const __m512i h_lo = _mm512_and_si512(sub == 0 ? _mm512_slli_epi16(hv, 4) : hv, bits45);
-            const __m512i h_hi = _mm512_and_si512(sub == 0 ? _mm512_slli_epi16(hv, 2) : _mm512_srli_epi16(hv, 2), bits45);
-            const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low4), h_lo);
-            const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), h_hi);
-            lo_sum[p] = udot4_add_512(lo_sum[p], lo, x_lo);
-            hi_sum[p] = udot4_add_512(hi_sum[p], hi, x_hi);
-          }
-        }
-        const __m512i x_sum = _mm512_set1_epi32(32 * half_sums[2 * g + hp]);
-        for (int p = 0; p < P; ++p) {
-          const __m512 scale =
-              _mm512_mul_ps(d[p], bytes_pair_ps(b[2 * p] + 32 + (2 * j + hp) * 8, b[2 * p + 1] + 32 + (2 * j + hp) * 8, true));
-          const __m512i centred = _mm512_sub_epi32(_mm512_add_epi32(lo_sum[p], hi_sum[p]), x_sum);
-          acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(scale, xs), acc[p]);
-        }
-      }
-    }
-  }
-  for (int p = 0; p < P; ++p) store_pair(out + 16 * p, acc[p]);
-}
-
-template <int R>
-inline void q6k_x16_rows(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows,
-                         const uint8_t* packed, int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
-  int64_t m = m0;
-  for (; m + R <= m0 + rows; m += R) q6k_x16_tile<R>(xq, half_sums, m, packed, octet_bytes, K, out, ldo, n0);
-  if constexpr (R > 1) {
-    if (m < m0 + rows) q6k_x16_rows<R - 1>(xq, half_sums, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
-  }
-}
-#endif
-
-#ifndef CADENCE_GGUF_X16
-// The AVX2 tier's tiles (maddubs, no VNNI), as q4k_x8_tile_avx2: the 16-weight scales applied in
-// integers. Per (row, octet) and 8 k the two maddubs' int16 pair sums are added (4 products of
-// q <= 63 and |x| <= 127: <= 32004, exact), one madd multiplies them by the 16 k's scale (int16
+// The AVX2 tier's tiles (maddubs, no VNNI; on the AVX-512 tiers the lone octet's tile), as
+// q4k_x8_tile_avx2: the 16-weight scales applied in integers. Per (row, octet) and 8 k the two
+// maddubs' int16 pair sums are added (4 products of q <= 63 and |x| <= 127: <= 32004, exact),
+// one madd multiplies them by the 16 k's scale (int16
 // pairs of the signed sc) into int32, added to the block's sum (16 x 2 x 32004 x 128 < 2^31);
 // q's offset of 32 is taken off once per block in integers (32 * sum of sc_s * the row's byte sum
 // over the 16 k of s), and the float work runs once per 256-block. The same instructions per
@@ -345,37 +156,193 @@ inline void q6k_x8_rows_avx2(const avx2::QuantizedRows& xq, const int32_t* half_
     if (m < m0 + rows) q6k_x8_rows_avx2<R - 1>(xq, half_sums, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
   }
 }
-#endif
 
-template <int R, int O>
-inline void q6k_x8_rows(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows,
-                        const uint8_t* packed, int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
-  int64_t m = m0;
-  for (; m + R <= m0 + rows; m += R) q6k_x8_tile<R, O>(xq, half_sums, m, packed, octet_bytes, K, out, ldo, n0);
-  if constexpr (R > 1) {
-    if (m < m0 + rows) q6k_x8_rows<R - 1, O>(xq, half_sums, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
+#ifdef CADENCE_GGUF_X16
+// The AVX-512 tiers' tiles: q6k_x8_tile_avx2's exact integers and float steps on 16 columns (two
+// octets in the halves of each register, x16_pairs.h). Per (row, 16 k of one scale): with VNNI
+// one chain of 4 vpdpbusd gives the exact sum of q * x (16 products of q <= 63 and |x| <= 127:
+// |s| <= 128016) and one vpmulld by the scale (int32 lanes, |sc| <= 128) adds it to the block's
+// int32 sum; without VNNI the AVX2 tile's maddubs pairs and madd by the scale. Either way the block
+// sum is sum_s sc_s * (16 k's sum of q * x), exact (<= 16 x 128016 x 128 < 2^28). q's offset of
+// 32: per two scales one vpdpwssd of the int16 pairs (-32 sc_s, -32 sc_s+1) by the row's byte sums
+// (hs_s, hs_s+1) (|hs| <= 2032) into the same int32 (<= 16 x 4096 x 2032 < 2^27 more): the AVX2
+// tile's centred sum. Then one float step per 256-block and column, acc += float(centred) *
+// (d * x_scale), the float accumulators in `out` between blocks (one load and store per row and
+// block; the registers hold the rows' block sums beside the decoded weights). Every tile and tier
+// computes a column's result with the same operations, so its bits do not depend on the tile, the
+// rows beside it, the thread split or the tier. (Was: a float convert, multiply and FMA per
+// row, 16 k and column, 6 rows per tile.)
+
+// Rows per 16-column tile: each decoded weight register serves this many rows.
+constexpr int Q6K_X16_ROWS = 8;
+
+// The 16 k of scale 2j + p in two octets' blocks at b0, b1, decoded into q bytes (0..63): w[0] /
+// w[1] the first / last 4 k of k-octet 2p per column, w[2] / w[3] those of k-octet 2p + 1.
+inline void q6k_decode_16k(const uint8_t* b0, const uint8_t* b1, int j, int p, __m512i w[4]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  const __m512i hv = load_pair(b0 + Q6K_X8_QH + (j * 2 + p) * 32, b1 + Q6K_X8_QH + (j * 2 + p) * 32);
+  for (int sub = 0; sub < 2; ++sub) {
+    const int kk = 2 * p + sub;
+    const __m512i v = load_pair(b0 + Q6K_X8_QL + j * 128 + kk * 32, b1 + Q6K_X8_QL + j * 128 + kk * 32);
+    // bits 4-5 of each byte: the high bits of q[8kk + t] (w[2 sub]) and q[8kk + 4 + t] (w[2 sub + 1]).
+    const __m512i h_lo = _mm512_and_si512(sub == 0 ? _mm512_slli_epi16(hv, 4) : hv, bits45);
+    const __m512i h_hi = _mm512_and_si512(sub == 0 ? _mm512_slli_epi16(hv, 2) : _mm512_srli_epi16(hv, 2), bits45);
+    w[2 * sub] = _mm512_or_si512(_mm512_and_si512(v, low4), h_lo);
+    w[2 * sub + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), h_hi);
   }
 }
+
+// The int8 scales of 8 columns at a, then 8 at b, as q6k_scaled_add's multiplier: int32 lanes
+// (VNNI), or each in both int16 halves of its lane (madd's pairs).
+inline __m512i q6k_scale_operand(const uint8_t* a, const uint8_t* b) {
+  const __m512i sc = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                                                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b))));
+#if defined(__AVX512VNNI__)
+  return sc;
+#else
+  return _mm512_or_si512(_mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc, 16));
+#endif
+}
+
+// block_sum + sc * (the exact sum of q * x over 16 k), x the row's 16 bytes, w: q6k_decode_16k.
+inline __m512i q6k_scaled_add(__m512i block_sum, const __m512i w[4], const int8_t* x, __m512i sc) {
+#if defined(__AVX512VNNI__)
+  __m512i s = udot4_add_512_at(_mm512_setzero_si512(), w[0], x);
+  s = udot4_add_512_at(s, w[1], x + 4);
+  s = udot4_add_512_at(s, w[2], x + 8);
+  s = udot4_add_512_at(s, w[3], x + 12);
+  return _mm512_add_epi32(block_sum, _mm512_mullo_epi32(s, sc));
+#else
+  for (int sub = 0; sub < 2; ++sub) {  // int16 pair sums of 8 k (<= 4 x 63 x 127 = 32004: exact)
+    const __m512i pairs = _mm512_add_epi16(_mm512_maddubs_epi16(w[2 * sub], broadcast4_512(x + 8 * sub)),
+                                           _mm512_maddubs_epi16(w[2 * sub + 1], broadcast4_512(x + 8 * sub + 4)));
+    block_sum = _mm512_add_epi32(block_sum, _mm512_madd_epi16(pairs, sc));
+  }
+  return block_sum;
+#endif
+}
+
+// block_sum[r] += -32 * sum_s sc_s * hs_s for R rows of one 256-block: hs the first row's 16 byte
+// sums (half_sums), rows `stride` apart; b0, b1 the block of the two octets.
+template <int R>
+inline void q6k_offset_add(const int32_t* hs, int64_t stride, const uint8_t* b0, const uint8_t* b1, __m512i* block_sum) {
+  alignas(32) int32_t pairs[R][8];  // (hs_2i, hs_2i+1) as int16 pairs
+  for (int r = 0; r < R; ++r)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[r]), _mm512_cvtepi32_epi16(_mm512_loadu_si512(hs + r * stride)));
+  for (int i = 0; i < 8; ++i) {
+    // Scales 2i and 2i + 1 (16 bytes, [scale][column]) as int16 pairs per column, times -32.
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 32 + 16 * i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + 32 + 16 * i));
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(a, _mm_srli_si128(a, 8))),
+                                                 _mm_unpacklo_epi8(b, _mm_srli_si128(b, 8)), 1);
+    const __m512i offset = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(_mm512_cvtepi8_epi16(both), 5));
+    for (int r = 0; r < R; ++r) block_sum[r] = word_dot_add_512(block_sum[r], offset, _mm512_set1_epi32(pairs[r][i]));
+  }
+}
+
+template <int R>
+inline void q6k_x16_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, const uint8_t* packed,
+                         int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
+  const int64_t groups = K / avx2::Q8_GROUP;
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    const uint8_t* b0 = packed + blk * Q6K_X8_BYTES;
+    const uint8_t* b1 = b0 + octet_bytes;
+    __m512i block_sum[R];
+    for (int r = 0; r < R; ++r) block_sum[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      for (const uint8_t* base : {b0, b1}) {
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(base + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
+      }
+      for (int p = 0; p < 2; ++p) {
+        __m512i w[4];
+        q6k_decode_16k(b0, b1, j, p, w);
+        const __m512i sc = q6k_scale_operand(b0 + 32 + (2 * j + p) * 8, b1 + 32 + (2 * j + p) * 8);
+        const int64_t k = (blk * 8 + j) * avx2::Q8_GROUP + 16 * p;
+        for (int r = 0; r < R; ++r) block_sum[r] = q6k_scaled_add(block_sum[r], w, xq.q_at(m0 + r, k), sc);
+      }
+    }
+    q6k_offset_add<R>(half_sums + m0 * (K / 16) + blk * 16, K / 16, b0, b1, block_sum);
+    const __m512 d = load_pair_ps(b0, b1);
+    for (int r = 0; r < R; ++r) {
+      float* o = out + (m0 + r) * ldo + n0;
+      const __m512 xs = _mm512_set1_ps(xq.scale[(m0 + r) * groups + blk * 8]);
+      __m512 acc = blk == 0 ? _mm512_setzero_ps() : load_pair_ps(reinterpret_cast<const uint8_t*>(o),
+                                                                 reinterpret_cast<const uint8_t*>(o + 8));
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sum[r]), _mm512_mul_ps(d, xs), acc);
+      store_pair(o, acc);
+    }
+  }
+}
+
+// One row against P pairs of octets at once (q4k_x16_gemv's reasoning): q6k_x16_tile<1>'s
+// operations lane for lane, the float accumulators in registers.
+template <int P>
+inline void q6k_x16_gemv(const avx2::QuantizedRows& xq, const int32_t* half_sums, const uint8_t* packed,
+                         int64_t octet_bytes, int64_t K, float* out) {
+  __m512 acc[P];
+  for (int p = 0; p < P; ++p) acc[p] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < K / 256; ++blk) {
+    const uint8_t* b[2 * P];
+    for (int i = 0; i < 2 * P; ++i) b[i] = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
+    __m512i block_sum[P];
+    for (int p = 0; p < P; ++p) block_sum[p] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      for (int i = 0; i < 2 * P; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
+      }
+      for (int hp = 0; hp < 2; ++hp) {
+        const int8_t* x = xq.q_at(0, (blk * 8 + j) * avx2::Q8_GROUP + 16 * hp);
+        for (int p = 0; p < P; ++p) {
+          __m512i w[4];
+          q6k_decode_16k(b[2 * p], b[2 * p + 1], j, hp, w);
+          const __m512i sc = q6k_scale_operand(b[2 * p] + 32 + (2 * j + hp) * 8, b[2 * p + 1] + 32 + (2 * j + hp) * 8);
+          block_sum[p] = q6k_scaled_add(block_sum[p], w, x, sc);
+        }
+      }
+    }
+    const __m512 xs = _mm512_set1_ps(xq.scale[blk * 8]);
+    for (int p = 0; p < P; ++p) {
+      q6k_offset_add<1>(half_sums + blk * 16, 0, b[2 * p], b[2 * p + 1], &block_sum[p]);
+      acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sum[p]), _mm512_mul_ps(load_pair_ps(b[2 * p], b[2 * p + 1]), xs), acc[p]);
+    }
+  }
+  for (int p = 0; p < P; ++p) store_pair(out + 16 * p, acc[p]);
+}
+
+template <int R>
+inline void q6k_x16_rows(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows,
+                         const uint8_t* packed, int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
+  int64_t m = m0;
+  for (; m + R <= m0 + rows; m += R) q6k_x16_tile<R>(xq, half_sums, m, packed, octet_bytes, K, out, ldo, n0);
+  if constexpr (R > 1) {
+    if (m < m0 + rows) q6k_x16_rows<R - 1>(xq, half_sums, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
+  }
+}
+#endif
 
 inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t M, const uint8_t* packed,
                            int64_t K, float* out, int64_t ldo, int64_t o_begin, int64_t o_end) {
   const int64_t octet_bytes = K / 256 * Q6K_X8_BYTES;
 #ifdef CADENCE_GGUF_X16
-  constexpr int ROWS = 4;  // the lone octet's tile rows
+  constexpr int ROWS = 4;  // the lone octet's tile rows (q6k_x8_tile_avx2: the same bits)
   if (M == 1) {
     int64_t o = o_begin;
     for (; o + 4 <= o_end; o += 4) q6k_x16_gemv<2>(xq, half_sums, packed + o * octet_bytes, octet_bytes, K, out + 8 * o);
     for (; o + 2 <= o_end; o += 2) q6k_x16_tile<1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
-    if (o < o_end) q6k_x8_tile<1, 1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q6k_x8_tile_avx2<1, 1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     return;
   }
-  const int64_t row_block = std::max<int64_t>(ROWS, (256 << 10) / K / ROWS * ROWS);
+  const int64_t row_block = std::max<int64_t>(Q6K_X16_ROWS, (256 << 10) / K / Q6K_X16_ROWS * Q6K_X16_ROWS);
   for (int64_t mb = 0; mb < M; mb += row_block) {
     const int64_t rows = std::min(row_block, M - mb);
     int64_t o = o_begin;
     for (; o + 2 <= o_end; o += 2)
-      q6k_x16_rows<X16_ROWS>(xq, half_sums, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
-    if (o < o_end) q6k_x8_rows<ROWS, 1>(xq, half_sums, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+      q6k_x16_rows<Q6K_X16_ROWS>(xq, half_sums, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    if (o < o_end) q6k_x8_rows_avx2<ROWS>(xq, half_sums, mb, rows, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
   }
 #else
   if (M == 1) {  // four octets at a time where they are (as Q4_K's six: more streams in flight)

@@ -24,9 +24,12 @@ namespace gguf {
 constexpr int64_t PREFETCH_AHEAD = 4096;
 constexpr auto PREFETCH_HINT = _MM_HINT_T1;
 
-// Rows per 16-column Q6_K tile (q6k_x8.h): each decoded weight register serves this many rows.
-// Q4_K's tile keeps 8 (Q4K_X16_ROWS, q4k_x8.h: its float totals wait in `out` between blocks).
-constexpr int X16_ROWS = 6;
+// The lone octets' 256-bit tiles of the AVX2 tier's code (q6k_x8_tile_avx2) prefetch as the
+// 16-column tiles do on these tiers.
+template <int R>
+inline void prefetch_tile_line(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH_AHEAD), PREFETCH_HINT);
+}
 
 // 32 bytes at a (low half) and 32 at b (high half).
 inline __m512i load_pair(const uint8_t* a, const uint8_t* b) {
@@ -54,6 +57,26 @@ inline __m512i udot4_add_512(__m512i acc, __m512i u, __m512i s) {
   return _mm512_dpbusd_epi32(acc, u, s);
 #else
   return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
+// acc + the int16 pair dot products per int32 lane (vpdpwssd; madd + add without VNNI): exact.
+inline __m512i word_dot_add_512(__m512i acc, __m512i s, __m512i w) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, s, w);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(s, w));
+#endif
+}
+// udot4_add_512(acc, u, the 4 bytes at x in every lane), the bytes read by the instruction's own
+// {1to16} broadcast on the VNNI tier (GCC keeps a separate vpbroadcastd otherwise).
+inline __m512i udot4_add_512_at(__m512i acc, __m512i u, const int8_t* x) {
+#if defined(__AVX512VNNI__)
+  asm("vpdpbusd %[x]%{1to16%}, %[u], %[acc]"
+      : [acc] "+v"(acc)
+      : [u] "v"(u), [x] "m"(*reinterpret_cast<const int32_t*>(x)));
+  return acc;
+#else
+  return udot4_add_512(acc, u, broadcast4_512(x));
 #endif
 }
 inline void store_pair(float* out, __m512 v) {
