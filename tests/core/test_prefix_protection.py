@@ -68,6 +68,18 @@ def test_protection_covers_blocks_freed_later_and_ends_at_the_newest_end():
         pool.unprotect(hashes[:1])  # nobody protects it any more
 
 
+def test_among_protected_blocks_the_last_request_in_line_loses_first():
+    # FCFS admits the queue's head first: a fallback eviction takes the newest arrival's
+    # prefix, tail first, and a request put back at the front (preempted) loses last.
+    pool, hashes = cached_pool(num_blocks=6, num_cached=6)
+    pool.protect(hashes[0:2])  # waiting since long ago: admitted next
+    pool.protect(hashes[2:4])  # arrived later
+    pool.protect(hashes[4:6], evict_last=True)  # preempted: back at the front of the queue
+    assert pool.allocate(6) == [3, 2, 1, 0, 5, 4]  # each prefix tail first
+    assert pool.num_protected_evictions == 6
+    pool.check_integrity()
+
+
 def finished_prefix(kv: KVCacheManager, req_id: str, tokens: list[int]):
     """A request that computed `tokens` and finished: its full blocks stay cached, free."""
     req = make_request(req_id, tokens)

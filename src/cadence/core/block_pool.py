@@ -9,7 +9,9 @@ Waiting requests protect their cached prefixes (`protect` / `unprotect`, counted
 several waiting requests may share a system prompt): a free cached block whose hash some
 waiting request protects is evicted only when no unprotected cached block is left, so a
 request queued behind a full pool still finds the prefix it was routed for when it is admitted.
-Protection never makes an allocation fail: protected blocks stay free and evictable.
+Protection never makes an allocation fail: protected blocks stay free and evictable. Among
+protected blocks the most recently protected go first (the newest arrival's prefix, tail
+first: it is admitted last), those of a request put back at the queue's front (preempted) last.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class BlockPool:
         self._free_plain: dict[int, None] = dict.fromkeys(range(num_blocks))
         # Free blocks holding a cached prefix block no waiting request protects, oldest first
         # (the eviction order), and those some waiting request protects (evicted only after
-        # every unprotected one, oldest first among them).
+        # every unprotected one, from the newest end: see `protect`).
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._free_protected: OrderedDict[int, None] = OrderedDict()
         # Block hash -> how many waiting requests protect it (> 0). Kept by hash, not block:
@@ -98,8 +100,8 @@ class BlockPool:
                     block_id, _ = self._free_cached.popitem(last=False)
                 else:
                     # Only protected blocks are left: a waiting request loses part of its
-                    # prefix rather than this allocation failing.
-                    block_id, _ = self._free_protected.popitem(last=False)
+                    # prefix rather than this allocation failing; the one admitted last.
+                    block_id, _ = self._free_protected.popitem(last=True)
                     self.num_protected_evictions += 1
                 block_hash = self.blocks[block_id].block_hash
                 self._evict(block_id)
@@ -133,7 +135,10 @@ class BlockPool:
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.block_hash in self._protect_count:
+                    # Wanted by a waiting request while others held it (a shared prompt):
+                    # among the protected blocks, evicted last.
                     self._free_protected[block_id] = None
+                    self._free_protected.move_to_end(block_id, last=False)
                 elif block.block_hash is not None:
                     self._free_cached[block_id] = None
                 else:
@@ -164,9 +169,13 @@ class BlockPool:
             self.cache_events.append((True, block_hash))
         return True
 
-    def protect(self, block_hashes: Iterable[BlockHash]) -> None:
-        """One more waiting request protects these hashes: their free cached blocks (now, or
-        when freed later) are evicted only after every unprotected one."""
+    def protect(self, block_hashes: Iterable[BlockHash], evict_last: bool = False) -> None:
+        """One more waiting request protects these hashes (a prefix, head first): their free
+        cached blocks (now, or when freed later) are evicted only after every unprotected one.
+        Among protected blocks, those protected last are evicted first, the prefix's tail before
+        its head (a request that joins the queue's end is admitted last); `evict_last` puts
+        them behind every other protected block instead (a request put back at the front)."""
+        newly: list[int] = []
         for block_hash in block_hashes:
             count = self._protect_count.get(block_hash, 0)
             self._protect_count[block_hash] = count + 1
@@ -175,6 +184,10 @@ class BlockPool:
                 if block_id is not None and block_id in self._free_cached:
                     del self._free_cached[block_id]
                     self._free_protected[block_id] = None
+                    newly.append(block_id)
+        if evict_last:
+            for block_id in reversed(newly):  # the head ends up the very last to go
+                self._free_protected.move_to_end(block_id, last=False)
 
     def unprotect(self, block_hashes: Iterable[BlockHash]) -> None:
         """Undo one `protect` of these hashes. A block nobody protects any more goes back to

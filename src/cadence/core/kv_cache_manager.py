@@ -104,16 +104,17 @@ class KVCacheManager:
         return hits
 
     # -- protection of waiting requests' prefixes -------------------------------------------
-    def protect_prefix(self, request: Request) -> int:
+    def protect_prefix(self, request: Request, front: bool = False) -> int:
         """Protect the longest cached prefix of a request that joins the waiting queue (and keep
         protecting the blocks that extend it as they get cached). Only for a request that will
         look its prefix up at admission (as get_computed_blocks); a second call for the same
-        request changes nothing. Returns how many blocks it protects now."""
+        request changes nothing. `front`: it joins the queue's front (preempted), so its blocks
+        are the last protected ones evicted. Returns how many blocks it protects now."""
         if (not self.enable_prefix_caching or request.num_computed_tokens > 0
                 or not request.takes_prefix_hits or request.req_id in self._protecting):
             return 0
         self._protecting[request.req_id] = (request, 0)
-        return self._extend_protection(request)
+        return self._extend_protection(request, front)
 
     def release_protection(self, request: Request) -> None:
         """The request left the waiting queue (admitted: its hits are held by ref counts from
@@ -139,7 +140,7 @@ class KVCacheManager:
         entry = self._protecting.get(req_id)
         return 0 if entry is None else entry[1]
 
-    def _extend_protection(self, request: Request) -> int:
+    def _extend_protection(self, request: Request, front: bool = False) -> int:
         """Protect the request's prefix from where its protection ends up to the first block
         not cached (hashing its blocks only that far), and index it under that block's hash."""
         _, num_protected = self._protecting[request.req_id]
@@ -154,7 +155,7 @@ class KVCacheManager:
                 self._extends.setdefault(hashes[num_protected], {})[request.req_id] = None
                 break
             num_protected += 1
-        self.pool.protect(hashes[start:num_protected])
+        self.pool.protect(hashes[start:num_protected], evict_last=front)
         self._protecting[request.req_id] = (request, num_protected)
         return num_protected
 

@@ -31,7 +31,7 @@ class PrefixProtectingQueue:
 
     def add_front(self, request: Request) -> None:
         self._queue.add_front(request)
-        self._kv.protect_prefix(request)
+        self._kv.protect_prefix(request, front=True)
 
     def peek(self) -> Request:
         return self._queue.peek()
