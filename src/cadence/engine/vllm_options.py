@@ -157,8 +157,8 @@ _TABLE = (
                "structured outputs; ignored"),
     VllmOption("structured_outputs_config", WARN, "cadence's own grammar engine serves "
                "structured outputs; ignored"),
-    VllmOption("reasoning_parser", REFUSE, "reasoning parsers are not supported: the "
-               "reasoning text stays in content", (None, "")),
+    VllmOption("reasoning_parser", SERVER, "how reasoning is read from the output "
+               "(reasoning / reasoning_content): deepseek_r1, deepseek_v3, granite or qwen3"),
     VllmOption("logits_processor_pattern", SAME, "no custom logits processors", (None,)),
     VllmOption("logits_processors", SAME, "no custom logits processors", (None, [])),
     VllmOption("intial_incremental_detokenization_offset", WARN, "cadence detokenizes "

@@ -180,6 +180,10 @@ def server_options_from_vllm(server: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser, one of {names}"
                              + ("" if parser is None else f" (got {parser!r})"))
         out["tool_call_parser"] = parser
+    if server.get("reasoning_parser"):
+        from cadence.server.reasoning_parsers import check_reasoning_parser
+
+        out["reasoning_parser"] = check_reasoning_parser(str(server["reasoning_parser"]))
     return out
 
 

@@ -29,6 +29,9 @@ class ServerConfig:
     # Tool calling (vLLM's --enable-auto-tool-choice --tool-call-parser NAME): the parser that
     # reads calls from a reply (server/tool_parsers.py); None: requests with tools are a 400.
     tool_call_parser: str | None = None
+    # vLLM's --reasoning-parser NAME: replies are split into reasoning and content
+    # (server/reasoning_parsers.py); None: the reasoning text stays in content.
+    reasoning_parser: str | None = None
     # vLLM's --return-tokens-as-token-ids: logprobs name tokens "token_id:<id>" unless a
     # request's return_tokens_as_token_ids says otherwise.
     return_tokens_as_token_ids: bool = False

@@ -72,6 +72,9 @@ class CollectedGeneration:
     stop_reason: str | int | None = None
     # Every generated token id (vLLM's return_token_ids).
     token_ids: list[int] = field(default_factory=list)
+    # The text as it came, (text, number of tokens) per engine output: a reasoning parser
+    # counts reasoning tokens by delta, as when the reply streams.
+    pieces: list[tuple[str, int]] = field(default_factory=list)
 
 
 class AbortOnCloseStreamingResponse(StreamingResponse):

@@ -122,8 +122,9 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "logprob_token_ids": ((None,), "logprob_token_ids is not supported (use logprobs / "
                           "top_logprobs)"),
     "repetition_detection": ((None,), "repetition_detection is not supported"),
-    "thinking_token_budget": ((None, -1), "thinking_token_budget needs a reasoning parser, "
-                              "which cadence does not have"),
+    "thinking_token_budget": ((None, -1), "thinking_token_budget is not supported: "
+                              "cadence's reasoning parsers read the reply, they do not end "
+                              "the thinking early"),
     "return_prompt_text": ((None, False), "return_prompt_text is not supported (POST "
                            "/tokenize with the messages returns the prompt's tokens)"),
     "structural_tag": ((None,), "structural_tag is not supported (use structured_outputs)"),
@@ -138,8 +139,9 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
 # documents them as metadata, so honouring them means accepting them.
 # (parallel_tool_calls=false does hold tool_choice "required" to one call: tool_choice.py.)
 # vLLM's own accepted without effect, as vLLM itself leaves them here: length_penalty (beam
-# search only, refused), include_reasoning (no reasoning parser), routed_experts_prompt_start
-# (MoE routing records), return_token_offsets / return_mm_kwargs (its /render routes only).
+# search only, refused), include_reasoning on completions (chat's is a field: it hides the
+# reasoning a --reasoning-parser reads), routed_experts_prompt_start (MoE routing records),
+# return_token_offsets / return_mm_kwargs (its /render routes only).
 METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls",
                    "safety_identifier", "prompt_cache_key", "session_id", "length_penalty",
                    "include_reasoning", "routed_experts_prompt_start", "return_token_offsets",
@@ -352,6 +354,10 @@ class ChatMessage(BaseModel):
     # Tool calling: an assistant turn's calls, and the call a tool message answers.
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    # An assistant turn's reasoning (vLLM's `reasoning`, or `reasoning_content` as clients
+    # still send it), passed to the template under both names (interleaved thinking).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 # vLLM's reasoning_effort values (a chat template variable).
@@ -400,6 +406,9 @@ class ChatCompletionRequest(SamplingRequestFields):
     # setting enable_thinking unless chat_template_kwargs does); template_variables().
     documents: list[dict[str, str]] | None = None
     reasoning_effort: ReasoningEffort | None = None
+    # vLLM's: with --reasoning-parser, false leaves the reasoning out of the answer (and the
+    # logprobs and token ids, which would show it); without a parser it has no effect.
+    include_reasoning: bool = True
 
     def template_variables(self) -> dict[str, Any] | None:
         return chat_template_variables(self.tools, self.chat_template_kwargs, self.documents,

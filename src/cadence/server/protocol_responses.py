@@ -13,19 +13,20 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from cadence.server.protocol import APIRequest
+from cadence.server.protocol import APIRequest, ReasoningEffort
+
+_EFFORTS = ReasoningEffort.__args__
 
 # Fields of OpenAI's Responses schema that cadence lacks: anything but a neutral value is a
 # 400 naming the field. field -> (neutral values, what to say)
 UNSUPPORTED_RESPONSES_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "background": ((None, False), "background mode is not supported (run the request with "
                    "stream=true or wait for it)"),
-    "reasoning": ((None, {}), "reasoning is not supported (cadence has no reasoning parser)"),
     "conversation": ((None,), "conversations are not supported (send the items in input)"),
     "prompt": ((None,), "stored prompt templates are not supported (send instructions and "
                "input)"),
-    "include": ((None, []), "include is not supported (no reasoning, search or image "
-                "outputs are produced)"),
+    "include": ((None, []), "include is not supported (no encrypted reasoning, search or "
+                "image outputs are produced)"),
     "truncation": ((None, "disabled"), "truncation 'auto' is not supported"),
     "top_logprobs": ((None, 0), "top_logprobs is not supported on /v1/responses (use "
                      "/v1/chat/completions with logprobs)"),
@@ -75,6 +76,9 @@ class ResponsesRequest(APIRequest):
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     request_id: str | None = Field(default=None, min_length=1, max_length=256)
     chat_template_kwargs: dict[str, Any] | None = None
+    # {"effort": ...}: chat's reasoning_effort (a chat template variable, also setting
+    # enable_thinking). The reasoning comes back as a reasoning item with --reasoning-parser.
+    reasoning: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
     parallel_tool_calls: bool | None = None
@@ -87,4 +91,14 @@ class ResponsesRequest(APIRequest):
             spec = UNSUPPORTED_RESPONSES_FIELDS.get(name)
             if spec is not None and value not in spec[0]:
                 problems.append((name, spec[1]))
+        for key, value in (self.reasoning or {}).items():
+            if key == "effort" and value is not None and value not in _EFFORTS:
+                problems.append(("reasoning.effort", "reasoning.effort must be one of "
+                                 + ", ".join(_EFFORTS)))
+            elif key in ("summary", "generate_summary") and value is not None:
+                problems.append((f"reasoning.{key}", "reasoning summaries are not produced "
+                                 "(with --reasoning-parser the reasoning item carries the "
+                                 "model's own reasoning text)"))
+            elif key not in ("effort", "summary", "generate_summary"):
+                problems.append((f"reasoning.{key}", f"reasoning.{key} is not supported"))
         return problems

@@ -194,6 +194,9 @@ def chat_prompt(body: ChatCompletionRequest) -> EnginePrompt:
             message["tool_call_id"] = m.tool_call_id
         if m.tool_calls:
             message["tool_calls"] = [_template_tool_call(c) for c in m.tool_calls]
+        reasoning = m.reasoning if m.reasoning is not None else m.reasoning_content
+        if reasoning is not None:
+            message["reasoning"] = message["reasoning_content"] = reasoning
         messages.append(message)
     return EnginePrompt(chat_messages=messages)
 

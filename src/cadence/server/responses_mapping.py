@@ -9,9 +9,12 @@
     text.format             -> response_format (json_object / json_schema)
     tools (flat functions)  -> chat tools {"type": "function", "function": {...}}
     tool_choice {"type": "function", "name": F} -> {"type": "function", "function": {"name": F}}
+    reasoning.effort        -> reasoning_effort (a chat template variable)
+    reasoning items         -> the reasoning of the assistant turn that follows them (the
+                               template sees it as `reasoning` / `reasoning_content`)
 
-Anything the chat path cannot take (reasoning items, images, built-in tools) is a 400 naming
-where it is in the request.
+Anything the chat path cannot take (images, built-in tools) is a 400 naming where it is in
+the request.
 """
 
 from __future__ import annotations
@@ -88,11 +91,15 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     if not items:
         raise APIError(400, "input is an empty list.", param="input", code="empty_prompt")
     messages: list[dict[str, Any]] = []
+    reasoning: str | None = None  # a reasoning item's text, for the assistant turn after it
     for i, item in enumerate(items):
         param = f"input.{i}"
         if not isinstance(item, dict):
             raise _bad(param, "each input item must be an object.")
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            reasoning = (reasoning or "") + reasoning_text(item, param)
+            continue
         if kind == "message":
             role = item.get("role")
             if role not in _ROLES:
@@ -110,9 +117,29 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                              "content": _text_of(output, f"{param}.output")})
         else:
             raise APIError(400, f"input item type {kind!r} is not supported (message, "
-                           "function_call and function_call_output are).",
+                           "function_call, function_call_output and reasoning are).",
                            param=f"{param}.type", code="unsupported_parameter")
+        reasoning = attach_reasoning(messages, reasoning)
     return messages
+
+
+def reasoning_text(item: dict[str, Any], param: str) -> str:
+    """The text of a reasoning item: its reasoning_text content (or, without one, its summary
+    texts), as this server's reasoning items carry it."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list) or not all(isinstance(p, dict)
+                                              and isinstance(p.get("text"), str)
+                                              for p in parts):
+        raise _bad(f"{param}.content", "a reasoning item's content is a list of "
+                   "{\"type\": \"reasoning_text\", \"text\": ...} parts.")
+    return "".join(p["text"] for p in parts)
+
+
+def attach_reasoning(messages: list[dict[str, Any]], reasoning: str | None) -> None:
+    """Give the reasoning of the items just before to the last message if it is an assistant
+    turn (reasoning before anything else is dropped, as a template has no place for it)."""
+    if reasoning is not None and messages and messages[-1]["role"] == "assistant":
+        messages[-1]["reasoning"] = reasoning
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -185,6 +212,8 @@ def chat_body(body: ResponsesRequest, history: list[dict[str, Any]] | None = Non
         payload["tool_choice"] = chat_tool_choice(body.tool_choice)
     if body.parallel_tool_calls is not None:
         payload["parallel_tool_calls"] = body.parallel_tool_calls
+    if (body.reasoning or {}).get("effort") is not None:
+        payload["reasoning_effort"] = body.reasoning["effort"]
     rf = response_format(body.text)
     if rf is not None:
         payload["response_format"] = rf

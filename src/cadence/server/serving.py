@@ -324,10 +324,18 @@ async def stream_events(mux: ChoiceMux, plan: ChoicePlan, ctx: ResponseContext,
     num_output: dict[int, int] = {}
     num_cached: dict[int, int] = {}
 
+    # Optional on a renderer: completion_tokens_details() -> dict | None (chat with a
+    # reasoning parser: the reasoning tokens so far).
+    details = getattr(render, "completion_tokens_details", None)
+
     def usage_so_far() -> dict:
-        return fmt.usage_dict(sum(mux.prompt_tokens.values()), sum(num_output.values()),
-                              cached_prompt_tokens(mux, plan, [num_cached.get(i, 0) for i in
-                                                               range(plan.num_choices)]))
+        usage = fmt.usage_dict(sum(mux.prompt_tokens.values()), sum(num_output.values()),
+                               cached_prompt_tokens(mux, plan, [num_cached.get(i, 0) for i in
+                                                                range(plan.num_choices)]))
+        extra = details() if details is not None else None
+        if extra is not None:
+            usage["completion_tokens_details"] = extra
+        return usage
 
     frame = getattr(render, "frame_event", sse_event)
 
@@ -372,6 +380,7 @@ async def _collect_into(mux: ChoiceMux, results: list[CollectedGeneration]) -> N
             raise out
         result = results[index]
         parts[index].append(out.new_text)
+        result.pieces.append((out.new_text, len(out.new_token_ids)))
         result.token_ids.extend(out.new_token_ids)
         if out.logprobs:
             result.logprobs.extend(out.logprobs)

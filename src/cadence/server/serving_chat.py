@@ -12,6 +12,8 @@ from cadence.engine.outputs import RequestOutput
 from cadence.server import response_format as fmt
 from cadence.server.generation import CollectedGeneration
 from cadence.server.protocol import ChatCompletionRequest
+from cadence.server.reasoning_parsers import ReasoningMode, reasoning_mode
+from cadence.server.reasoning_stream import Piece, ReasoningSplitter, split_pieces
 from cadence.server.request_mapping import chat_logprobs_count, chat_prompt
 from cadence.server.serving import ResponseContext, serve_generation
 from cadence.server.token_ids import PendingTokenIds, logprobs_as_token_ids
@@ -25,11 +27,19 @@ class ChatRenderer:
 
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, ctx: ResponseContext, tools: ToolMode | None = None) -> None:
+    def __init__(self, ctx: ResponseContext, tools: ToolMode | None = None,
+                 reasoning: ReasoningMode | None = None) -> None:
         self.ctx = ctx
         # With tools: each choice's text goes through an incremental reader (tool_streaming)
         # that sends content, and calls as they are written (name, then argument pieces).
         self.tools = tools
+        # With a reasoning parser: each choice's text is split first (reasoning_stream); the
+        # reasoning goes out as `reasoning` deltas, the content on to the tool reader.
+        self.reasoning = reasoning
+        self._splitters: dict[int, ReasoningSplitter] = {}
+        self._reasoning_tokens: dict[int, int] = {}
+        # include_reasoning=false: no logprobs or token ids either (they would show it).
+        self._hide_tokens = reasoning is not None and not reasoning.include
         self._readers: dict[int, Any] = {}
         self._called: set[int] = set()  # choices that sent a call
         self._pending_logprobs: dict[int, list] = {}  # per choice: entries not yet sent
@@ -42,7 +52,7 @@ class ChatRenderer:
         chunk = fmt.chat_chunk(ctx.req_id, ctx.created, ctx.model, delta, finish_reason,
                                logprobs, usage_field=ctx.include_usage, index=index,
                                stop_reason=stop_reason)
-        if ctx.return_token_ids:  # vLLM's: each chunk's new ids on the choice
+        if ctx.return_token_ids and not self._hide_tokens:  # vLLM's: each chunk's new ids
             chunk["choices"][0]["token_ids"] = self._pending_ids.take(index)
         return chunk
 
@@ -61,8 +71,8 @@ class ChatRenderer:
     def output_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
         if self.ctx.return_token_ids:
             self._pending_ids.add(index, out.new_token_ids)
-        if self.tools is not None:
-            return self._tool_chunks(out, index)
+        if self.tools is not None or self.reasoning is not None:
+            return self._parsed_chunks(out, index)
         chunks = []
         logprobs = None
         if self.ctx.want_logprobs and out.logprobs:
@@ -74,24 +84,50 @@ class ChatRenderer:
                                       stop_reason=out.stop_reason))
         return chunks
 
-    def _tool_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
-        reader = self._readers.get(index)
-        if reader is None:
-            reader = self._readers[index] = self.tools.new_stream()
-        events = reader.feed(out.new_text) if out.new_text else []
-        if self.ctx.want_logprobs and out.logprobs:
-            self._pending_logprobs.setdefault(index, []).extend(out.logprobs)
+    def _split(self, out: RequestOutput, index: int) -> Piece:
+        """This output's text as reasoning and content (all content without a parser)."""
+        if self.reasoning is None or self.reasoning.format is None:
+            return Piece("", out.new_text)
+        splitter = self._splitters.get(index)
+        if splitter is None:
+            splitter = self._splitters[index] = ReasoningSplitter(self.reasoning.format)
+        piece = splitter.feed(out.new_text, len(out.new_token_ids))
         if out.finished:
-            events += reader.finish()
-            del self._readers[index]
+            piece = piece + splitter.finish()
+            del self._splitters[index]
+        self._reasoning_tokens[index] = splitter.reasoning_tokens
+        return piece
+
+    def _parsed_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
+        piece = self._split(out, index)
+        if self.ctx.want_logprobs and out.logprobs and not self._hide_tokens:
+            self._pending_logprobs.setdefault(index, []).extend(out.logprobs)
         chunks = []
-        for event in events:
-            if event.kind == START:
-                self._called.add(index)
-            chunks.append(self._chunk(index, event.delta(), logprobs=self._take_logprobs(index)))
+        if piece.reasoning and self.reasoning.include:
+            # vLLM's `reasoning`, and `reasoning_content` (its name before, DeepSeek's).
+            delta = {"reasoning": piece.reasoning, "reasoning_content": piece.reasoning}
+            chunks.append(self._chunk(index, delta, logprobs=self._take_logprobs(index)))
+        if self.tools is None:
+            if piece.content:
+                chunks.append(self._chunk(index, {"content": piece.content},
+                                          logprobs=self._take_logprobs(index)))
+        else:
+            reader = self._readers.get(index)
+            if reader is None:
+                reader = self._readers[index] = self.tools.new_stream()
+            events = reader.feed(piece.content) if piece.content else []
+            if out.finished:
+                events += reader.finish()
+                del self._readers[index]
+            for event in events:
+                if event.kind == START:
+                    self._called.add(index)
+                chunks.append(self._chunk(index, event.delta(),
+                                          logprobs=self._take_logprobs(index)))
         if out.finished:
             reason = out.finish_reason
-            if index in self._called and reason == "stop" and self.tools.finish_as_tool_calls:
+            if (index in self._called and reason == "stop"
+                    and self.tools.finish_as_tool_calls):
                 reason = "tool_calls"
             chunks.append(self._chunk(index, {}, reason, logprobs=self._take_logprobs(index),
                                       stop_reason=out.stop_reason))
@@ -104,25 +140,57 @@ class ChatRenderer:
         pending = self._pending_logprobs.pop(index, None)
         return self._logprobs(pending) if pending else None
 
+    def completion_tokens_details(self) -> dict[str, int] | None:
+        """usage.completion_tokens_details so far: vLLM reports the reasoning tokens whenever
+        the server has a reasoning parser."""
+        if self.reasoning is None:
+            return None
+        return {"reasoning_tokens": sum(self._reasoning_tokens.values())}
+
+    def _split_whole(self, choices: list[dict[str, Any]], results: list[CollectedGeneration],
+                     usage: dict[str, Any]) -> list[str | None]:
+        """Put each choice's reasoning and content in its message (vLLM's fields: reasoning,
+        and reasoning_content as before; null where there is none); the contents."""
+        contents: list[str | None] = []
+        for i, (choice, r) in enumerate(zip(choices, results)):
+            reasoning, content = None, r.text
+            if self.reasoning.format is not None:
+                reasoning, content, self._reasoning_tokens[i] = split_pieces(
+                    self.reasoning.format, r.pieces)
+            if not self.reasoning.include:
+                reasoning = None
+            message = choice["message"]
+            echo = self.ctx.echo.get(i, "")
+            message["content"] = echo + content if content is not None or echo else None
+            message["reasoning"] = message["reasoning_content"] = reasoning
+            contents.append(content)
+        usage["completion_tokens_details"] = self.completion_tokens_details()
+        return contents
+
     def whole_response(self, results: list[CollectedGeneration],
                        usage: dict[str, Any]) -> dict[str, Any]:
         ctx = self.ctx
+        show_logprobs = ctx.want_logprobs and not self._hide_tokens
         choices = [
             fmt.chat_choice(ctx.echo.get(i, "") + r.text, r.finish_reason,
-                            self._logprobs(r.logprobs) if ctx.want_logprobs else None,
+                            self._logprobs(r.logprobs) if show_logprobs else None,
                             r.stop_reason)
             for i, r in enumerate(results)
         ]
+        replies = [r.text for r in results]  # what the tool reader reads: the content
+        if self.reasoning is not None:
+            replies = self._split_whole(choices, results, usage)
         if self.tools is not None:
-            for choice, r in zip(choices, results):
-                content, calls = self.tools.whole(r.text)
+            for choice, reply in zip(choices, replies):
+                content, calls = self.tools.whole(reply) if reply is not None else (None, [])
                 if calls:
                     choice["message"]["content"] = content
                     choice["message"]["tool_calls"] = [c.to_openai(k)
                                                        for k, c in enumerate(calls)]
                     if choice["finish_reason"] == "stop" and self.tools.finish_as_tool_calls:
                         choice["finish_reason"] = "tool_calls"
-        if ctx.return_token_ids:  # vLLM's: generated ids per choice, the prompt's on the response
+        if ctx.return_token_ids and not self._hide_tokens:
+            # vLLM's: generated ids per choice, the prompt's on the response
             for choice, r in zip(choices, results):
                 choice["token_ids"] = list(r.token_ids)
         response = fmt.chat_response(ctx.req_id, ctx.created, ctx.model, choices, usage)
@@ -139,15 +207,18 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     last = body.messages[-1]
     echo_text = last.content if (body.echo and last.role == "assistant"
                                  and isinstance(last.content, str)) else ""
-    tools = tool_mode(body.tools, body.tool_choice,
-                      request.app.state.server.config.tool_call_parser)
+    config = request.app.state.server.config
+    tools = tool_mode(body.tools, body.tool_choice, config.tool_call_parser)
     # The tools reach the chat template (whatever tool_choice says, as in vLLM), with
     # documents and reasoning_effort.
     template_kwargs = body.template_variables()
+    reasoning = reasoning_mode(config.reasoning_parser, template_kwargs,
+                               grammar=body.structured_outputs_spec() is not None,
+                               include=body.include_reasoning)
     return await serve_generation(
         request, body, id_prefix="chatcmpl", prompts=[chat_prompt(body)],
         max_tokens=body.effective_max_tokens(), logprobs=chat_logprobs_count(body),
-        renderer=functools.partial(ChatRenderer, tools=tools),
+        renderer=functools.partial(ChatRenderer, tools=tools, reasoning=reasoning),
         submit_kwargs={"add_generation_prompt": body.add_generation_prompt,
                        "chat_template": body.chat_template,
                        "continue_final_message": body.continue_final_message,

@@ -3,11 +3,14 @@
     body -> responses_mapping.chat_body -> serve_generation(..., ResponsesRenderer)
 
 The chat route's prompt, sampling, structured output and tool-call readers serve it; only the
-output format differs: a `response` object whose `output` holds a message item (one
-output_text part) and function_call items, or, streamed, named SSE events:
+output format differs: a `response` object whose `output` holds a reasoning item (with
+--reasoning-parser: one reasoning_text part, first), a message item (one output_text part)
+and function_call items, or, streamed, named SSE events:
 
     response.created, response.in_progress,
     per item: response.output_item.added,
+        reasoning:      response.content_part.added, response.reasoning_text.delta...,
+                        response.reasoning_text.done, response.content_part.done
         message:        response.content_part.added, response.output_text.delta...,
                         response.output_text.done, response.content_part.done
         function_call:  response.function_call_arguments.delta..., ...arguments.done
@@ -32,8 +35,10 @@ from cadence.server.errors import APIError
 from cadence.server.generation import CollectedGeneration
 from cadence.server.protocol_responses import ResponsesRequest
 from cadence.server.request_mapping import chat_prompt, reject_unsupported
-from cadence.server.responses_mapping import (RESPONSES_PARAM, append_tool_call, chat_body,
-                                              input_messages)
+from cadence.server.reasoning_parsers import ReasoningMode, reasoning_mode
+from cadence.server.reasoning_stream import Piece, ReasoningSplitter, split_pieces
+from cadence.server.responses_mapping import (RESPONSES_PARAM, append_tool_call,
+                                              attach_reasoning, chat_body, input_messages)
 from cadence.server.responses_store import ResponseStore
 from cadence.server.serving import ResponseContext, serve_generation
 from cadence.server.sse import sse_named_event
@@ -45,10 +50,23 @@ def _item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def usage_object(num_input: int, num_output: int, num_cached: int) -> dict[str, Any]:
+def usage_object(num_input: int, num_output: int, num_cached: int,
+                 num_reasoning: int = 0) -> dict[str, Any]:
     return {"input_tokens": num_input, "input_tokens_details": {"cached_tokens": num_cached},
-            "output_tokens": num_output, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": num_output,
+            "output_tokens_details": {"reasoning_tokens": num_reasoning},
             "total_tokens": num_input + num_output}
+
+
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """vLLM's reasoning output item: the model's reasoning as one reasoning_text part, no
+    summary."""
+    return {"id": item_id, "type": "reasoning", "summary": [],
+            "content": [reasoning_part(text)], "encrypted_content": None, "status": status}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
@@ -69,11 +87,17 @@ def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
 def output_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A response's output items as the chat turns a follow-up request continues from."""
     messages: list[dict[str, Any]] = []
+    reasoning = None
     for item in output:
+        if item["type"] == "reasoning":
+            reasoning = item["content"][0]["text"]
+            continue
         if item["type"] == "message":
             messages.append({"role": "assistant", "content": item["content"][0]["text"]})
-            continue
-        append_tool_call(messages, item["call_id"], item["name"], item["arguments"])
+        else:
+            append_tool_call(messages, item["call_id"], item["name"], item["arguments"])
+        attach_reasoning(messages, reasoning)
+        reasoning = None
     return messages
 
 
@@ -87,7 +111,7 @@ def request_echo(body: ResponsesRequest) -> dict[str, Any]:
         "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
         "tools": body.tools or [], "text": body.text or {"format": {"type": "text"}},
         "truncation": "disabled", "store": body.store is not False, "background": False,
-        "reasoning": None, "service_tier": body.service_tier, "user": body.user,
+        "reasoning": body.reasoning, "service_tier": body.service_tier, "user": body.user,
     }
 
 
@@ -98,7 +122,8 @@ class ResponsesRenderer:
     stream_end = ""  # the Responses stream ends with response.completed, no [DONE]
 
     def __init__(self, ctx: ResponseContext, echo: dict[str, Any], tools: ToolMode | None,
-                 conversation: list[dict[str, Any]], store: ResponseStore | None) -> None:
+                 conversation: list[dict[str, Any]], store: ResponseStore | None,
+                 reasoning: ReasoningMode | None = None) -> None:
         self.ctx = ctx
         # "resp-<hex>" (or "resp-<client request id>") -> OpenAI's "resp_..." spelling.
         self.response_id = ctx.req_id.replace("-", "_", 1)
@@ -110,6 +135,9 @@ class ResponsesRenderer:
         self._output: list[dict[str, Any]] = []  # items, as they stand
         self._open: dict[str, Any] | None = None  # the item receiving text, if any
         self._reader = tools.new_stream() if tools is not None else None
+        # With a reasoning parser: the reply's reasoning becomes a reasoning item, first.
+        self.reasoning = reasoning.format if reasoning is not None else None
+        self._splitter = ReasoningSplitter(self.reasoning) if self.reasoning else None
 
     def frame_event(self, event: dict[str, Any]) -> str:
         return sse_named_event(event)
@@ -139,8 +167,13 @@ class ResponsesRenderer:
                        usage: dict[str, Any]) -> dict[str, Any]:
         result = results[0]
         status = "incomplete" if result.finish_reason == "length" else "completed"
-        content, calls = (self.tools.whole(result.text) if self.tools is not None
-                          else (result.text, []))
+        reasoning, reply, num_reasoning = None, result.text, 0
+        if self.reasoning is not None:
+            reasoning, reply, num_reasoning = split_pieces(self.reasoning, result.pieces)
+            if reasoning is not None:
+                self._output.append(reasoning_item(_item_id("rs"), reasoning, status))
+        content, calls = (self.tools.whole(reply) if self.tools is not None and reply
+                          else (reply, []))
         if content or not calls:
             self._output.append(message_item(_item_id("msg"), content or "", status))
         self._output += [function_call_item(_item_id("fc"), new_call_id(), c.name,
@@ -148,7 +181,7 @@ class ResponsesRenderer:
         details = usage.get("prompt_tokens_details") or {}
         return self._finish(result.finish_reason, usage_object(
             usage["prompt_tokens"], usage["completion_tokens"],
-            details.get("cached_tokens", 0)))[1]
+            details.get("cached_tokens", 0), num_reasoning))[1]
 
     # -- stream ----------------------------------------------------------------------------
 
@@ -162,7 +195,7 @@ class ResponsesRenderer:
                               response=self.response_object("in_progress", None)),
                   self._event("response.in_progress",
                               response=self.response_object("in_progress", None))]
-        if self.tools is None:  # plain text: the message opens at once
+        if self.tools is None and self.reasoning is None:  # plain text: the message opens
             events += self._open_message()
         return events
 
@@ -176,6 +209,17 @@ class ResponsesRenderer:
                             item=dict(item, content=[])),
                 self._event("response.content_part.added", **where, content_index=0,
                             part=text_part(""))]
+
+    def _open_reasoning(self) -> list[dict[str, Any]]:
+        item = reasoning_item(_item_id("rs"), "", "in_progress")
+        item["content"] = []
+        self._output.append(item)
+        self._open = item
+        where = {"item_id": item["id"], "output_index": len(self._output) - 1}
+        return [self._event("response.output_item.added", output_index=where["output_index"],
+                            item=dict(item, content=[])),
+                self._event("response.content_part.added", **where, content_index=0,
+                            part=reasoning_part(""))]
 
     def _open_call(self, name: str, call_id: str) -> list[dict[str, Any]]:
         item = function_call_item(_item_id("fc"), call_id or new_call_id(), name, "",
@@ -200,6 +244,13 @@ class ResponsesRenderer:
                                    text=text, logprobs=[]),
                        self._event("response.content_part.done", **where, content_index=0,
                                    part=text_part(text))]
+        elif item["type"] == "reasoning":
+            text = item.pop("_text", "")
+            item["content"] = [reasoning_part(text)]
+            events += [self._event("response.reasoning_text.done", **where, content_index=0,
+                                   text=text),
+                       self._event("response.content_part.done", **where, content_index=0,
+                                   part=reasoning_part(text))]
         else:
             events.append(self._event("response.function_call_arguments.done", **where,
                                       name=item["name"], arguments=item["arguments"]))
@@ -220,13 +271,33 @@ class ResponsesRenderer:
                                   delta=text, logprobs=[]))
         return events
 
+    def _reasoning_text(self, text: str) -> list[dict[str, Any]]:
+        events = []
+        if self._open is None or self._open["type"] != "reasoning":
+            events += self._close_open("completed") + self._open_reasoning()
+        item = self._open
+        item["_text"] = item.get("_text", "") + text
+        events.append(self._event("response.reasoning_text.delta", item_id=item["id"],
+                                  output_index=self._output.index(item), content_index=0,
+                                  delta=text))
+        return events
+
+    def _split(self, out: RequestOutput) -> Piece:
+        if self._splitter is None:
+            return Piece("", out.new_text)
+        piece = self._splitter.feed(out.new_text, len(out.new_token_ids))
+        return piece + self._splitter.finish() if out.finished else piece
+
     def output_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
+        piece = self._split(out)
+        if piece.reasoning:
+            events += self._reasoning_text(piece.reasoning)
         if self._reader is None:
-            if out.new_text:
-                events += self._text(out.new_text)
+            if piece.content:
+                events += self._text(piece.content)
         else:
-            pieces = self._reader.feed(out.new_text) if out.new_text else []
+            pieces = self._reader.feed(piece.content) if piece.content else []
             if out.finished:
                 pieces += self._reader.finish()
             for piece in pieces:
@@ -243,12 +314,14 @@ class ResponsesRenderer:
                                               delta=piece.text))
         if out.finished:
             item_status = "incomplete" if out.finish_reason == "length" else "completed"
-            if not self._output:  # nothing came: an empty message, as OpenAI answers
-                events += self._open_message()
+            if all(item["type"] == "reasoning" for item in self._output):
+                # no answer came: an empty message, as OpenAI answers
+                events += self._close_open(item_status) + self._open_message()
             events += self._close_open(item_status)
+            num_reasoning = self._splitter.reasoning_tokens if self._splitter else 0
             _, response = self._finish(out.finish_reason, usage_object(
                 out.num_prompt_tokens, out.num_output_tokens,
-                min(out.num_cached_tokens, out.num_prompt_tokens)))
+                min(out.num_cached_tokens, out.num_prompt_tokens), num_reasoning))
             # response.completed even when cut (its status says incomplete), as vLLM sends it:
             # the SDK's stream helper takes its final response from that event only.
             events.append(self._event("response.completed", response=response))
@@ -273,18 +346,22 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     # The input mapped once: the chat request and the conversation stored with the response.
     turn = input_messages(body.input)
     chat = chat_body(body, history, turn)
-    tools = tool_mode(chat.tools, chat.tool_choice,
-                      request.app.state.server.config.tool_call_parser)
+    config = request.app.state.server.config
+    tools = tool_mode(chat.tools, chat.tool_choice, config.tool_call_parser)
+    template_kwargs = chat.template_variables()
+    reasoning = reasoning_mode(config.reasoning_parser, template_kwargs,
+                               grammar=chat.structured_outputs_spec() is not None)
     conversation = history + turn
     renderer = functools.partial(ResponsesRenderer, echo=request_echo(body), tools=tools,
                                  conversation=conversation,
-                                 store=store if body.store is not False else None)
+                                 store=store if body.store is not False else None,
+                                 reasoning=reasoning)
     try:
         return await serve_generation(
             request, chat, id_prefix="resp", prompts=[chat_prompt(chat)],
             max_tokens=chat.effective_max_tokens(), logprobs=None, renderer=renderer,
             submit_kwargs={"add_generation_prompt": True,
-                           "chat_template_kwargs": chat.template_variables(),
+                           "chat_template_kwargs": template_kwargs,
                            "add_special_tokens": False})
     except APIError as exc:
         # The chat path names its own fields; the client sent the Responses API's.
