@@ -16,7 +16,9 @@ template's markers), answers and system prompts default to the RAG chat of
 docs/performance.md#replicas-and-routing. Printed per point: cache-aware / round-robin hit
 ratio (min and median over seeds, in how many seeds it is >= 2, and what routing alone gives:
 routing_only_ratio), each policy's median hit and TTFT p50, how many seeds have cache-aware's
-p50 below round-robin's, p99s, the most preemptions and the longest run (the benchmark runs the three policies one after another,
+p50 below round-robin's, p99s, the share of prompt tokens cached when routed but evicted
+before admission (lost_before_admission: a queued request's prefix taken by the running ones'
+allocations), the most preemptions and the longest run (the benchmark runs the three policies one after another,
 so these bound its time). A scan takes 2-6 s of CPU per point and seed.
 """
 
@@ -55,6 +57,13 @@ def routing_only_ratio(workload: ConversationWorkload, block_size: int = 16) -> 
             round_robin += (whole + system) / 2 if k else system
             history += turn.new_tokens + turn.output_tokens
     return cache_aware / round_robin if round_robin else float("inf")
+
+
+def lost_before_admission(sim) -> float:
+    """Prompt tokens the replica held cached when the request was routed to it but no longer
+    when it was admitted, over all prompt tokens."""
+    lost = sum(max(0, r.expected_cached_tokens - r.cached_tokens) for r in sim.requests)
+    return lost / max(1, sum(r.prompt_tokens for r in sim.requests))
 
 
 def main() -> int:
@@ -118,6 +127,9 @@ def main() -> int:
               f"{sum(c.ttft_p50 < r.ttft_p50 for c, r in zip(ca, rr))}/{args.seeds})"
               f" | p99 ca {statistics.median(s.ttft_percentile(0.99) for s in ca):.1f}"
               f" rr {statistics.median(s.ttft_percentile(0.99) for s in rr):.1f} s"
+              f" | lost before admission ca"
+              f" {statistics.median(lost_before_admission(s) for s in ca):.3f}"
+              f" rr {statistics.median(lost_before_admission(s) for s in rr):.3f}"
               f" | preemptions max ca {max(s.preemptions for s in ca)}"
               f" rr {max(s.preemptions for s in rr)}"
               f" | longest run ca {wall['cache-aware']:.0f} ll {wall['least-loaded']:.0f}"
