@@ -131,3 +131,18 @@ def test_responses_reasoning_field(client, model):
         client.responses.create(model=model, input="Hi", max_output_tokens=2,
                                 reasoning={"summary": "auto"})
     assert err.value.body["param"] == "reasoning.summary"
+
+
+def test_responses_logprobs_leave_out_the_reasoning(client, model):
+    """The output_text's logprobs are its own tokens': a reply that is all reasoning has an
+    empty message and no logprobs, whole or streamed (vLLM streams none for reasoning)."""
+    kwargs = dict(model=model, input=ASK[0]["content"], max_output_tokens=6, temperature=0,
+                  include=["message.output_text.logprobs"], top_logprobs=2)
+    resp = client.responses.create(**kwargs)
+    assert [item.type for item in resp.output] == ["reasoning", "message"]
+    assert resp.output_text == "" and resp.output[1].content[0].logprobs == []
+    events = list(client.responses.create(stream=True, **kwargs))
+    assert not [e for e in events if e.type == "response.output_text.delta" and e.logprobs]
+    final = events[-1].response
+    assert final.output[0].content[0].text == resp.output[0].content[0].text
+    assert final.output[1].content[0].logprobs == []

@@ -187,6 +187,75 @@ def test_named_function_call(client, model):
     assert again.output_text == chat.message.content
 
 
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+def _chat_logprobs(client, model, text, max_tokens, top):
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": text}], max_tokens=max_tokens,
+        temperature=0, logprobs=True, top_logprobs=top)
+    return chat.choices[0]
+
+
+def test_output_text_logprobs_match_chat(client, model):
+    resp = client.responses.create(model=model, input="Tell a story.", max_output_tokens=12,
+                                   temperature=0, include=LOGPROBS, top_logprobs=3)
+    choice = _chat_logprobs(client, model, "Tell a story.", 12, 3)
+    part = resp.output[0].content[0]
+    assert part.text == choice.message.content
+    assert "".join(e.token for e in part.logprobs) == part.text
+    assert resp.top_logprobs == 3
+    chat_entries = choice.logprobs.content
+    if choice.finish_reason == "stop":  # the EOS token's entry: its text is not output text
+        chat_entries = chat_entries[:-1]
+    assert [e.token for e in part.logprobs] == [e.token for e in chat_entries]
+    for mine, theirs in zip(part.logprobs, chat_entries):
+        assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-5)
+        assert mine.bytes == list(mine.token.encode())
+        assert len(mine.top_logprobs) == 3
+        assert [t.token for t in mine.top_logprobs] == [t.token for t in theirs.top_logprobs]
+        assert [t.logprob for t in mine.top_logprobs] == pytest.approx(
+            [t.logprob for t in theirs.top_logprobs], abs=1e-5)
+        # greedy: the sampled token is the likeliest
+        assert mine.logprob == pytest.approx(mine.top_logprobs[0].logprob, abs=1e-5)
+
+
+def test_output_text_logprobs_streamed(client, model):
+    whole = client.responses.create(model=model, input="Tell a story.", max_output_tokens=12,
+                                    temperature=0, include=LOGPROBS, top_logprobs=2)
+    events = list(client.responses.create(model=model, input="Tell a story.",
+                                          max_output_tokens=12, temperature=0, stream=True,
+                                          include=LOGPROBS, top_logprobs=2))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    streamed = [lp for d in deltas for lp in d.logprobs]
+    expected = whole.output[0].content[0].logprobs
+    assert "".join(d.delta for d in deltas) == whole.output_text
+    assert [e.token for e in streamed] == [e.token for e in expected]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in expected])
+    assert all(len(e.top_logprobs) == 2 for e in streamed)
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [e.token for e in done.logprobs] == [e.token for e in expected]
+    final = events[-1].response.output[0].content[0]
+    assert [e.token for e in final.logprobs] == [e.token for e in expected]
+
+
+def test_logprobs_need_the_include(client, model):
+    """top_logprobs alone computes none (vLLM's); include alone lists tokens without
+    alternatives; reasoning.encrypted_content is accepted (nothing is encrypted)."""
+    plain = client.responses.create(model=model, input="Hi", max_output_tokens=4,
+                                    temperature=0, top_logprobs=5)
+    assert plain.output[0].content[0].logprobs == [] and plain.top_logprobs is None
+    bare = client.responses.create(model=model, input="Hi", max_output_tokens=4,
+                                   temperature=0, include=LOGPROBS + [
+                                       "reasoning.encrypted_content"])
+    entries = bare.output[0].content[0].logprobs
+    assert "".join(e.token for e in entries) == bare.output_text
+    assert entries and all(e.top_logprobs == [] for e in entries)
+    events = list(client.responses.create(model=model, input="Hi", max_output_tokens=4,
+                                          temperature=0, stream=True, top_logprobs=5))
+    assert all(e.logprobs == [] for e in events if e.type == "response.output_text.delta")
+
+
 def test_previous_response_id_continues_the_conversation(client, model, http):
     first = client.responses.create(model=model, input="Name a color.", max_output_tokens=6,
                                     temperature=0)
@@ -238,7 +307,16 @@ HOSTILE = [
     ({"input": "hi", "background": True}, "background"),
     ({"input": "hi", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"input": "hi", "reasoning": {"summary": "auto"}}, "reasoning.summary"),
-    ({"input": "hi", "include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": "hi", "include": ["file_search_call.results"]}, "include"),
+    ({"input": "hi", "include": ["message.input_image.image_url"]}, "include"),
+    ({"input": "hi", "include": ["web_search_call.action.sources"]}, "include"),
+    ({"input": "hi", "include": ["code_interpreter_call.outputs"]}, "include"),
+    ({"input": "hi", "include": ["everything"]}, "include"),
+    ({"input": "hi", "include": "message.output_text.logprobs"}, "include"),
+    ({"input": "hi", "include": [7]}, "include"),
+    ({"input": "hi", "top_logprobs": 21}, "top_logprobs"),
+    ({"input": "hi", "top_logprobs": -1}, "top_logprobs"),
+    ({"input": "hi", "top_logprobs": "3"}, "top_logprobs"),
     ({"input": "hi", "truncation": "auto"}, "truncation"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "hi", "max_output_tokens": 10 ** 9}, "max_output_tokens"),

@@ -13,9 +13,20 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from cadence.server.protocol import APIRequest, ReasoningEffort
+from cadence.server.protocol import MAX_LOGPROBS, APIRequest, ReasoningEffort
 
 _EFFORTS = ReasoningEffort.__args__
+
+# include values (OpenAI's ResponseIncludable). Honoured: the output text's token logprobs;
+# reasoning.encrypted_content is accepted as vLLM accepts it: nothing is encrypted here, the
+# reasoning item carries its text in `content` (encrypted_content null), which a follow-up
+# request may send back as input. The rest name outputs of built-in tools or image inputs,
+# which cadence never has: a 400 naming include.
+OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
+INCLUDE_ACCEPTED = (OUTPUT_TEXT_LOGPROBS, "reasoning.encrypted_content")
+INCLUDE_UNSUPPORTED = ("file_search_call.results", "web_search_call.results",
+                       "web_search_call.action.sources", "message.input_image.image_url",
+                       "computer_call_output.output.image_url", "code_interpreter_call.outputs")
 
 # Fields of OpenAI's Responses schema that cadence lacks: anything but a neutral value is a
 # 400 naming the field. field -> (neutral values, what to say)
@@ -25,11 +36,7 @@ UNSUPPORTED_RESPONSES_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "conversation": ((None,), "conversations are not supported (send the items in input)"),
     "prompt": ((None,), "stored prompt templates are not supported (send instructions and "
                "input)"),
-    "include": ((None, []), "include is not supported (no encrypted reasoning, search or "
-                "image outputs are produced)"),
     "truncation": ((None, "disabled"), "truncation 'auto' is not supported"),
-    "top_logprobs": ((None, 0), "top_logprobs is not supported on /v1/responses (use "
-                     "/v1/chat/completions with logprobs)"),
     "max_tool_calls": ((None,), "max_tool_calls is not supported"),
     "stream_options": ((None,), "stream_options is not supported on /v1/responses"),
     "context_management": ((None,), "context_management is not supported"),
@@ -83,6 +90,18 @@ class ResponsesRequest(APIRequest):
     user: str | None = None
     parallel_tool_calls: bool | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    # Output data to add (INCLUDE_ACCEPTED); "message.output_text.logprobs" puts the output
+    # text's token logprobs on its output_text part and output_text.delta events.
+    include: list[str] | None = None
+    # Alternatives per token with those logprobs (without the include: none computed, as
+    # vLLM does).
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def output_logprobs(self) -> int | None:
+        """Alternatives per output token to compute (None: no logprobs asked for)."""
+        if OUTPUT_TEXT_LOGPROBS not in (self.include or ()):
+            return None
+        return self.top_logprobs or 0
 
     def unsupported_features(self) -> list[tuple[str, str]]:
         """(param, message) of each Responses feature in the body that cadence lacks."""
@@ -91,6 +110,14 @@ class ResponsesRequest(APIRequest):
             spec = UNSUPPORTED_RESPONSES_FIELDS.get(name)
             if spec is not None and value not in spec[0]:
                 problems.append((name, spec[1]))
+        for value in self.include or ():
+            if value in INCLUDE_UNSUPPORTED:
+                problems.append(("include", f"include {value!r} is not supported: cadence runs "
+                                 "no built-in tools and takes no image inputs (supported: "
+                                 + ", ".join(INCLUDE_ACCEPTED) + ")"))
+            elif value not in INCLUDE_ACCEPTED:
+                problems.append(("include", f"include {value!r} is not a known value "
+                                 "(supported: " + ", ".join(INCLUDE_ACCEPTED) + ")"))
         for key, value in (self.reasoning or {}).items():
             if key == "effort" and value is not None and value not in _EFFORTS:
                 problems.append(("reasoning.effort", "reasoning.effort must be one of "

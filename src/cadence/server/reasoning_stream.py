@@ -56,6 +56,16 @@ class ReasoningSplitter:
         self.had_reasoning = False  # the reply entered its reasoning (it may be empty)
         self.reasoning_tokens = 0
 
+    @property
+    def in_content(self) -> bool:
+        """The reply reached its content: every later character is content."""
+        return self.phase == _CONTENT
+
+    @property
+    def deciding(self) -> bool:
+        """The reply's opening is still undecided (reasoning or content)."""
+        return self.phase == _OPENING
+
     def _untagged_phase(self) -> str:
         return _REASONING if self.fmt.untagged == REASONING else _CONTENT
 

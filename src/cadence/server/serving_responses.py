@@ -17,6 +17,10 @@ and function_call items, or, streamed, named SSE events:
     response.output_item.done; then response.completed (its status "incomplete" when
     max_output_tokens cut the reply), each with a rising sequence_number; no [DONE].
 
+With include ["message.output_text.logprobs"] the output_text part and its delta / done
+events carry the output text's token logprobs (responses_logprobs.py: only the text's tokens,
+never the reasoning's or a function call's).
+
 Responses are kept in memory (responses_store.py) unless store is false, so a later request
 can continue one with previous_response_id; GET /v1/responses/{id} returns one.
 """
@@ -31,6 +35,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from cadence.engine.outputs import RequestOutput
+from cadence.engine.wire import TokenLogprob
 from cadence.server.errors import APIError
 from cadence.server.generation import CollectedGeneration
 from cadence.server.protocol_responses import ResponsesRequest
@@ -39,9 +44,12 @@ from cadence.server.reasoning_parsers import ReasoningMode, reasoning_mode
 from cadence.server.reasoning_stream import Piece, ReasoningSplitter, split_pieces
 from cadence.server.responses_mapping import (RESPONSES_PARAM, append_tool_call,
                                               attach_reasoning, chat_body, input_messages)
+from cadence.server.responses_logprobs import (ContentTokens, event_logprobs, part_logprobs,
+                                               text_prefix_tokens, without_stop_token)
 from cadence.server.responses_store import ResponseStore
 from cadence.server.serving import ResponseContext, serve_generation
 from cadence.server.sse import sse_named_event
+from cadence.server.token_ids import logprobs_as_token_ids
 from cadence.server.tool_choice import ToolMode, tool_mode
 from cadence.server.tool_streaming import ARGS, CONTENT, START, new_call_id
 
@@ -69,13 +77,16 @@ def reasoning_part(text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
-def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+def message_item(item_id: str, text: str, status: str,
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-            "content": [text_part(text)]}
+            "content": [text_part(text, logprobs)]}
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An output_text part; `logprobs`: its tokens' (responses_logprobs.part_logprobs), with
+    include ["message.output_text.logprobs"]."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
@@ -112,6 +123,8 @@ def request_echo(body: ResponsesRequest) -> dict[str, Any]:
         "tools": body.tools or [], "text": body.text or {"format": {"type": "text"}},
         "truncation": "disabled", "store": body.store is not False, "background": False,
         "reasoning": body.reasoning, "service_tier": body.service_tier, "user": body.user,
+        # vLLM's: the alternatives computed per token (None without the logprobs include)
+        "top_logprobs": body.output_logprobs(),
     }
 
 
@@ -138,6 +151,15 @@ class ResponsesRenderer:
         # With a reasoning parser: the reply's reasoning becomes a reasoning item, first.
         self.reasoning = reasoning.format if reasoning is not None else None
         self._splitter = ReasoningSplitter(self.reasoning) if self.reasoning else None
+        # With the logprobs include: which generated tokens are output text, and those not
+        # sent yet (the splitter and the tool reader hold text back, so a token's entry rides
+        # on the next output_text.delta; tokens a function call took are dropped).
+        self._content_tokens = ContentTokens(self.reasoning) if ctx.want_logprobs else None
+        self._pending: list[TokenLogprob] = []
+        self._called = False  # a function call started: later tokens are not output text
+
+    def _logprob_entries(self, entries: list[TokenLogprob]) -> list[TokenLogprob]:
+        return logprobs_as_token_ids(entries) if self.ctx.tokens_as_ids else entries
 
     def frame_event(self, event: dict[str, Any]) -> str:
         return sse_named_event(event)
@@ -174,8 +196,16 @@ class ResponsesRenderer:
                 self._output.append(reasoning_item(_item_id("rs"), reasoning, status))
         content, calls = (self.tools.whole(reply) if self.tools is not None and reply
                           else (reply, []))
+        logprobs = None
+        if self._content_tokens is not None:
+            generated = without_stop_token(result.logprobs, result.finish_reason,
+                                           result.stop_reason)
+            tokens = self._content_tokens.feed(generated) + self._content_tokens.finish()
+            if calls:
+                tokens = text_prefix_tokens(tokens, content or "")
+            logprobs = part_logprobs(self._logprob_entries(tokens))
         if content or not calls:
-            self._output.append(message_item(_item_id("msg"), content or "", status))
+            self._output.append(message_item(_item_id("msg"), content or "", status, logprobs))
         self._output += [function_call_item(_item_id("fc"), new_call_id(), c.name,
                                             c.arguments, "completed") for c in calls]
         details = usage.get("prompt_tokens_details") or {}
@@ -239,11 +269,12 @@ class ResponsesRenderer:
         events = []
         if item["type"] == "message":
             text = item.pop("_text", "")
-            item["content"] = [text_part(text)]
+            tokens = self._logprob_entries(item.pop("_tokens", []))
+            item["content"] = [text_part(text, part_logprobs(tokens))]
             events += [self._event("response.output_text.done", **where, content_index=0,
-                                   text=text, logprobs=[]),
+                                   text=text, logprobs=event_logprobs(tokens)),
                        self._event("response.content_part.done", **where, content_index=0,
-                                   part=text_part(text))]
+                                   part=text_part(text, part_logprobs(tokens)))]
         elif item["type"] == "reasoning":
             text = item.pop("_text", "")
             item["content"] = [reasoning_part(text)]
@@ -266,9 +297,12 @@ class ResponsesRenderer:
             events += self._close_open("completed") + self._open_message()
         item = self._open
         item["_text"] = item.get("_text", "") + text
+        tokens, self._pending = self._pending, []
+        item.setdefault("_tokens", []).extend(tokens)
         events.append(self._event("response.output_text.delta", item_id=item["id"],
                                   output_index=self._output.index(item), content_index=0,
-                                  delta=text, logprobs=[]))
+                                  delta=text,
+                                  logprobs=event_logprobs(self._logprob_entries(tokens))))
         return events
 
     def _reasoning_text(self, text: str) -> list[dict[str, Any]]:
@@ -288,8 +322,21 @@ class ResponsesRenderer:
         piece = self._splitter.feed(out.new_text, len(out.new_token_ids))
         return piece + self._splitter.finish() if out.finished else piece
 
+    def _take_tokens(self, out: RequestOutput) -> None:
+        """This output's output-text tokens join those waiting for a text delta."""
+        found = self._content_tokens
+        if found is None:
+            return
+        generated = out.logprobs or ()
+        if out.finished:
+            generated = without_stop_token(generated, out.finish_reason, out.stop_reason)
+        tokens = found.feed(generated) + (found.finish() if out.finished else [])
+        if not self._called:
+            self._pending += tokens
+
     def output_chunks(self, out: RequestOutput, index: int) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
+        self._take_tokens(out)
         piece = self._split(out)
         if piece.reasoning:
             events += self._reasoning_text(piece.reasoning)
@@ -304,6 +351,8 @@ class ResponsesRenderer:
                 if piece.kind == CONTENT and piece.text:
                     events += self._text(piece.text)
                 elif piece.kind == START:
+                    # what waits is the call's own text: not output text, nor what follows
+                    self._called, self._pending = True, []
                     events += self._close_open("completed") + self._open_call(piece.name,
                                                                               piece.call_id)
                 elif piece.kind == ARGS and self._open is not None:
@@ -313,6 +362,8 @@ class ResponsesRenderer:
                                               output_index=self._output.index(self._open),
                                               delta=piece.text))
         if out.finished:
+            if self._pending and self._open is not None and self._open["type"] == "message":
+                events += self._text("")  # tokens of no text (a stop token's): the last delta
             item_status = "incomplete" if out.finish_reason == "length" else "completed"
             if all(item["type"] == "reasoning" for item in self._output):
                 # no answer came: an empty message, as OpenAI answers
@@ -359,7 +410,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     try:
         return await serve_generation(
             request, chat, id_prefix="resp", prompts=[chat_prompt(chat)],
-            max_tokens=chat.effective_max_tokens(), logprobs=None, renderer=renderer,
+            max_tokens=chat.effective_max_tokens(), logprobs=body.output_logprobs(),
+            renderer=renderer,
             submit_kwargs={"add_generation_prompt": True,
                            "chat_template_kwargs": template_kwargs,
                            "add_special_tokens": False})
