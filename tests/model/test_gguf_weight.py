@@ -239,8 +239,8 @@ def test_k_quant_integer_sums_exact_at_the_extremes(qtype, scale_byte):
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
 def test_k_quant_decode_row_same_bits_as_in_a_batch(qtype):
-    """A decode row (M = 1) runs repacked octets eight (AVX-512 Q4_K), six (AVX2 Q4_K), four (AVX-512
-    and AVX2 Q6_K), two or one at a time,
+    """A decode row (M = 1) runs repacked octets eight (Q4_K, both widths), four (AVX-512 and AVX2
+    Q6_K), two or one at a time,
     a batch in row tiles: a column's result is the same bits in every case (15 octets: an eight,
     a quad, a pair, a lone one; and column ranges that put each octet in another group)."""
     weight = GGUFWeight.from_data(qtype, (120, 512), random_blocks(qtype, 120, 512, seed=23))

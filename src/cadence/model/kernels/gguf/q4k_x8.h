@@ -413,8 +413,10 @@ inline void q4k_x8_rows_avx2(const avx2::QuantizedRows& xq, int64_t m0, int64_t 
 // as int_gemm_columns). One row (a decode step) takes the octets eight at a time on the AVX-512
 // tiers (four pairs: eight memory streams and dot-product chains in flight; a 734 MB GEMV set on 2
 // Zen 4 threads streamed 38 GB/s against 29-33 with four octets), then four, two, one; on the AVX2
-// tier six at a time, then two, one (1B shape's decode step 42-43 -> 34-37 ms against two at a
-// time, paired in one run), prefetching 4 KiB ahead into L2 (prefetch_tile_line); more rows
+// tier eight at a time too, then two, one (two -> six: the 1B shape's decode step 42-43 -> 34-37 ms,
+// paired in one run; six -> eight: its 765 MB GEMV set 32.8-33.5 -> 35.5-35.9 GB/s and 28.2-29.1 ->
+// 30.0-31.1 on a slower hour, 2 Zen 4 threads, a standalone build of these headers; ten no better,
+// twelve and sixteen slower), prefetching 4 KiB ahead into L2 (prefetch_tile_line); more rows
 // share each octet's decode across 4 rows.
 inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8_t* packed, int64_t K, float* out,
                            int64_t ldo, int64_t o_begin, int64_t o_end) {
@@ -440,7 +442,7 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
 #else
   if (M == 1) {
     int64_t o = o_begin;
-    for (; o + 6 <= o_end; o += 6) q4k_x8_tile_avx2<1, 6>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    for (; o + 8 <= o_end; o += 8) q4k_x8_tile_avx2<1, 8>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     for (; o + 2 <= o_end; o += 2) q4k_x8_tile_avx2<1, 2>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q4k_x8_tile_avx2<1, 1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     return;
