@@ -108,7 +108,7 @@ def pair_tier(args, tier: str) -> dict[str, list[float]]:
                 executor_ms = sum(run["executor_s"]) * 1e3 / len(run["executor_s"])
                 print(f"[{tier}] round {r + 1} {key:<10} cadence {tok_s:6.2f} tok/s (step mean "
                       f"{statistics.fmean(steps_ms):6.1f} ms, median {statistics.median(steps_ms):6.1f}, "
-                      f"executor {executor_ms:6.1f}) vs llama.cpp {peer[key]:6.2f} tok/s: "
+                      f"executor {executor_ms:6.1f}, solo {run.get('solo_steps', 0)}) vs llama.cpp {peer[key]:6.2f} tok/s: "
                       f"{ratios[key][-1]:.3f}x; {load()}", flush=True)
     finally:
         child.close()

@@ -8,7 +8,9 @@ the fused GGUF decode stack for a plain-Llama GGUF) stays loaded between rounds.
 Protocol: one JSON object per line on stdin, {"n": 128, "depth": 0}; one JSON line back on the
 reply pipe (the process's original stdout; anything else printing goes to stderr):
     {"seconds": wall seconds of the n timed steps, "step_s": [each step's wall seconds],
-     "executor_s": [the executor's seconds inside each], "tokens": [the n tokens]}
+     "executor_s": [the executor's seconds inside each], "tokens": [the n tokens],
+     "solo_steps": how many ran the fused stack on one thread (team.h's SoloSchedule: after a
+     thread lost its core to another process, the next 64 steps run solo at ~half speed)}
 The workload is llama-bench's `-n N -d D`: with D = 0 a one-token prompt (its one-row prefill is
 llama.cpp's first decode at position 0) and N - 1 decode steps, N forward passes at positions
 0..N-1; with D > 0 a D-token prompt computed untimed (as llama-bench's depth run), then N timed
@@ -46,6 +48,7 @@ class TgRun:
     step_s: list[float] = field(default_factory=list)
     executor_s: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    solo_steps: int = 0
 
     @property
     def seconds(self) -> float:
@@ -63,6 +66,7 @@ def run_tg(llm: LLM, n: int, depth: int, req_id: str) -> TgRun:
     """llama-bench's `-n n -d depth` through the engine's step loop (module docstring)."""
     engine = llm.engine
     vocab = engine.model_config.vocab_size
+    team = getattr(getattr(engine.executor, "model", None), "decode_stack_team", lambda: None)
     prompt = depth_prompt(depth, vocab) if depth else [FIRST_TOKEN]
     params = SamplingParams(temperature=0.0, max_tokens=n + (1 if depth else 0), ignore_eos=True)
     run = TgRun()
@@ -79,6 +83,7 @@ def run_tg(llm: LLM, n: int, depth: int, req_id: str) -> TgRun:
         now = time.perf_counter()
         run.step_s.append(now - start)
         run.executor_s.append(engine.last_executed[1])
+        run.solo_steps += team() == 1 and torch.get_num_threads() > 1
         start = now
         for o in outs:
             if o.req_id == req_id:
@@ -108,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         ask = json.loads(line)
         run = run_tg(llm, int(ask["n"]), int(ask.get("depth", 0)), f"tg{i}")
         print(json.dumps({"seconds": run.seconds, "step_s": run.step_s, "executor_s": run.executor_s,
-                          "tokens": run.tokens}), file=reply, flush=True)
+                          "tokens": run.tokens, "solo_steps": run.solo_steps}), file=reply, flush=True)
     return 0
 
 

@@ -147,6 +147,12 @@ class ModelExecutor:
         that carry prompt_targets (req_id -> (first prompt index, entries))."""
         self._check_plan(plan)
         inputs = ModelInputs.from_plan(plan, self.config.vocab_size, self.num_blocks, self.device)
+        if not any(c.prompt_targets for c in plan.chunks):
+            # A decode step on the GGUF stack: its LM head and argmax in the same kernel call.
+            fused = self.model.forward_logits(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache,
+                                              inputs.sample_rows)
+            if fused is not None:
+                return *fused, inputs, {}
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache,
                             between_layers=between_layers)  # [T, H]
         logits, argmax = self.model.compute_logits_and_argmax(hidden[inputs.sample_rows])  # [S_sample, V]

@@ -45,7 +45,7 @@ def build_gguf_decode_stack(model: "LlamaForCausalLM", kernels: ModuleType):
         return None
     weights = [lin.gguf_weight for lin in linears]
     try:
-        return kernels.DecodeStackGGUF(
+        stack = kernels.DecodeStackGGUF(
             blocks=[w.kernel_blocks for w in weights],
             types=[int(w.ggml_type) for w in weights],
             packed=[w.packed for w in weights],
@@ -62,3 +62,10 @@ def build_gguf_decode_stack(model: "LlamaForCausalLM", kernels: ModuleType):
     except RuntimeError as exc:
         logger.info("GGUF decode stack not used for this model: %s", exc)
         return None
+    head = model.lm_head
+    if isinstance(head, GGUFLinear) and hasattr(stack, "attach_head"):
+        # The LM head too (LlamaForCausalLM.forward_logits: a decode step's logits in the stack's call).
+        w = head.gguf_weight
+        stack.attach_head(blocks=w.kernel_blocks, type=int(w.ggml_type), packed=w.packed, bias=head.bias,
+                          N=w.out_features)
+    return stack

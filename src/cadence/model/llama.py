@@ -656,13 +656,8 @@ class LlamaForCausalLM(nn.Module):
         other forward on this model and cache (an interjected short prompt): this forward's
         own state lives in its local tensors, and the other one writes other KV blocks.
         """
-        x = self.model.embed_tokens(input_ids)  # [T, H]
-        if self.config.embedding_multiplier is not None:
-            # HF Gemma: times sqrt(hidden) as a tensor of the hidden dtype (rounded to it).
-            x = x * torch.tensor(self.config.embedding_multiplier, dtype=x.dtype)
-        # The kernels read a cache in the compute dtype, or float16 / bf16 under float32.
-        kv_ok = kv.dtype == x.dtype or (x.dtype == torch.float32 and kv.dtype in (torch.float16, torch.bfloat16))
-        kernels = cpu_kernels_for(x) if use_kernels and kv_ok else None
+        x = self._embed(input_ids)  # [T, H]
+        kernels = self._kernels_for(x, kv) if use_kernels else None
         if kernels is not None:
             return self._forward_cpu(x, positions, meta, kv, kernels, between_layers)
         self._check_float_weights("the pure-torch forward")
@@ -672,6 +667,47 @@ class LlamaForCausalLM(nn.Module):
                 between_layers()
             x = layer(x, *tables[layer.rope_key], meta, kv)
         return self.model.norm(x)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] -> embeddings [T, H] in the model's dtype."""
+        x = self.model.embed_tokens(input_ids)  # [T, H]
+        if self.config.embedding_multiplier is not None:
+            # HF Gemma: times sqrt(hidden) as a tensor of the hidden dtype (rounded to it).
+            x = x * torch.tensor(self.config.embedding_multiplier, dtype=x.dtype)
+        return x
+
+    @staticmethod
+    def _kernels_for(x: torch.Tensor, kv: KVCache) -> ModuleType | None:
+        """The CPU kernels for embeddings x, or None: the kernels read a cache in the compute
+        dtype, or float16 / bf16 under float32."""
+        kv_ok = kv.dtype == x.dtype or (x.dtype == torch.float32 and kv.dtype in (torch.float16, torch.bfloat16))
+        return cpu_kernels_for(x) if kv_ok else None
+
+    def forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                       kv: KVCache, sample_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A decode step whose every row is sampled, through the GGUF stack with the LM head in its
+        parallel region: (logits [T, V] float32, their argmax [T] int64), the values forward then
+        compute_logits_and_argmax give (the same kernels and bits: gguf_stack.py), without the
+        head's own parallel region (a second wake-up of the threads), its Python and the separate
+        argmax. None where that does not apply (then the caller runs forward and
+        compute_logits_and_argmax): not a GGUF-native stack with its head, not every row a sample
+        row (a prompt chunk), or a step the stack does not take."""
+        stack = self._decode_stack
+        T = input_ids.shape[0]
+        if (not stack or not getattr(stack, "head_size", 0) or sample_rows.shape[0] != T
+                or self.config.final_logit_softcapping is not None):
+            return None
+        # sample_rows are the chunks' last rows in order: T of them over T rows is every row, in order.
+        x = self._embed(input_ids)
+        kernels = self._kernels_for(x, kv)
+        if kernels is None or self._stack_for(kernels) is not stack or not takes_stack(x, meta):
+            return None
+        cos32, sin32 = self._rope_tables(positions, torch.float32)[GLOBAL_ROPE]
+        logits = torch.empty(T, stack.head_size, dtype=torch.float32)
+        argmax = torch.empty(T, dtype=torch.int64)
+        stack.forward(x.contiguous(), cos32, sin32, kv.storage, meta.slot_mapping, meta.block_tables,
+                      meta.row_seq_index, meta.row_ctx_lens, self.config.head_dim ** -0.5, logits, argmax)
+        return logits, argmax
 
     def _rope_tables(self, positions: torch.Tensor,
                      dtype: torch.dtype) -> dict[str | None, tuple[torch.Tensor | None, torch.Tensor | None]]:

@@ -74,7 +74,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &cadence_kernels::DecodeStack::forward, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &cadence_kernels::DecodeStack::num_layers)
       .def("phase_seconds", &cadence_kernels::DecodeStack::phase_seconds,
-           "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm)")
+           "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm, head)")
       .def_property_readonly("last_team", &cadence_kernels::DecodeStack::last_team);
   m.def("gguf_linear", &cadence_kernels::gguf_linear,
         "float32 x @ W.T (+ bias) on a GGUF weight's blocks as stored, ggml type by id",
@@ -105,7 +105,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("weight_format", &cadence_kernels::DecodeStackF32::weight_format)
       .def_property_readonly("weight_bytes", &cadence_kernels::DecodeStackF32::weight_bytes)
       .def("phase_seconds", &cadence_kernels::DecodeStackF32::phase_seconds,
-           "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm)")
+           "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm, head)")
       .def_property_readonly("last_team", &cadence_kernels::DecodeStackF32::last_team)
       .def("packed_layer", &cadence_kernels::DecodeStackF32::packed_layer,
            "layer l's packed [qkv data, scales, o ..., gate_up (halves interleaved by 16) ..., down ...]");
@@ -118,11 +118,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("blocks"), py::arg("types"), py::arg("packed"), py::arg("biases"), py::arg("input_norm"),
            py::arg("post_norm"), py::arg("final_norm"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("intermediate"), py::arg("eps"))
-      .def("forward", &cadence_kernels::DecodeStackGGUF::forward, py::call_guard<py::gil_scoped_release>())
+      .def("attach_head", &cadence_kernels::DecodeStackGGUF::attach_head, py::arg("blocks"), py::arg("type"),
+           py::arg("packed"), py::arg("bias"), py::arg("N"),
+           "the LM head [N, H] that forward's `logits` runs in the same parallel region")
+      .def_property_readonly("head_size", &cadence_kernels::DecodeStackGGUF::head_size)
+      .def("forward", &cadence_kernels::DecodeStackGGUF::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
+           py::arg("kv"), py::arg("slots"), py::arg("block_tables"), py::arg("row_seq"), py::arg("ctx_lens"),
+           py::arg("scale"), py::arg("logits") = py::none(), py::arg("argmax") = py::none(),
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &cadence_kernels::DecodeStackGGUF::num_layers)
       .def_property_readonly("weight_bytes", &cadence_kernels::DecodeStackGGUF::weight_bytes)
       .def("phase_seconds", &cadence_kernels::DecodeStackGGUF::phase_seconds,
-           "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm)")
+           "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm, head)")
       .def_property_readonly("last_team", &cadence_kernels::DecodeStackGGUF::last_team);
   m.def("has_avx512bf16", &cadence_kernels::has_avx512bf16, "whether linear_bf16 is compiled in");
 }

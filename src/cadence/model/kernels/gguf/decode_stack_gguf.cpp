@@ -9,6 +9,8 @@
 //   6. gate, up, then silu(gate) * up            16-column units of both, by bytes
 //   7. d = act @ Wdown                           groups by bytes
 //   8. residual += d; normed = norm(residual)    every thread on its own copy
+//   9. (with a head and `logits`) logits = normed @ Whead^T, groups by bytes; then each thread's
+//      1 / nth of every row's argmax, merged by thread 0
 // Each thread quantizes a GEMM's input rows itself (its own copy, as it norms its own copy of the
 // residual): a row of 2048-8192 k takes 1-4 us, less than a barrier would cost.
 #include "decode_stack_gguf.h"
@@ -23,6 +25,7 @@
 
 #include "../avx2/attention_f32.h"
 #include "../common.h"
+#include "../ops.h"
 #include "../rows.h"
 #include "../team.h"
 #include "blocks.h"
@@ -231,6 +234,16 @@ DecodeStackGGUF::DecodeStackGGUF(const std::vector<at::Tensor>& blocks, const st
 #endif
 }
 
+void DecodeStackGGUF::attach_head(const at::Tensor& blocks, int64_t type, const c10::optional<at::Tensor>& packed,
+                                  const c10::optional<at::Tensor>& bias, int64_t N) {
+#if CADENCE_HAVE_AVX2
+  TORCH_CHECK(!layers_.empty(), "DecodeStackGGUF: attach_head after construction");
+  head_ = matrix(blocks, type, packed, bias, N, hidden_, "head");
+#else
+  TORCH_CHECK(false, "DecodeStackGGUF: built without AVX2/FMA");
+#endif
+}
+
 int64_t DecodeStackGGUF::weight_bytes() const {
   int64_t total = 0;
   for (const Layer& l : layers_)
@@ -241,14 +254,34 @@ int64_t DecodeStackGGUF::weight_bytes() const {
 
 at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                                     const at::Tensor& slots, const at::Tensor& block_tables,
-                                    const at::Tensor& row_seq, const at::Tensor& ctx_lens, double scale) const {
+                                    const at::Tensor& row_seq, const at::Tensor& ctx_lens, double scale,
+                                    const c10::optional<at::Tensor>& logits,
+                                    const c10::optional<at::Tensor>& argmax) const {
 #if CADENCE_HAVE_AVX2
+  const int64_t T = x.dim() == 2 ? x.size(0) : 0;
+  float* lp = nullptr;
+  int64_t* ap = nullptr;
+  if (logits.has_value() && logits->defined()) {
+    TORCH_CHECK(head_.N > 0, "DecodeStackGGUF: logits need attach_head first");
+    check_cpu_contiguous(*logits, "logits");
+    TORCH_CHECK(logits->scalar_type() == at::kFloat && logits->dim() == 2 && logits->size(0) == T &&
+                    logits->size(1) == head_.N,
+                "DecodeStackGGUF: logits [T, ", head_.N, "] float32");
+    lp = logits->data_ptr<float>();
+  }
+  if (argmax.has_value() && argmax->defined()) {
+    TORCH_CHECK(lp != nullptr, "DecodeStackGGUF: argmax needs logits");
+    check_cpu_contiguous(*argmax, "argmax");
+    TORCH_CHECK(argmax->scalar_type() == at::kLong && argmax->numel() == T, "DecodeStackGGUF: argmax [T] int64");
+    ap = argmax->data_ptr<int64_t>();
+  }
   // The KV cache's storage type: float32, or float16 / bf16 (--kv-cache-dtype; attention_f32.h).
   switch (kv.scalar_type()) {
-    case at::kHalf: return forward_kv<c10::Half>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
+    case at::kHalf:
+      return forward_kv<c10::Half>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap);
     case at::kBFloat16:
-      return forward_kv<c10::BFloat16>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
-    default: return forward_kv<float>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
+      return forward_kv<c10::BFloat16>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap);
+    default: return forward_kv<float>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap);
   }
 #else
   TORCH_CHECK(false, "DecodeStackGGUF: built without AVX2/FMA");
@@ -259,7 +292,8 @@ at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, 
 template <typename KV>
 at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                        at::Tensor kv, const at::Tensor& slots, const at::Tensor& block_tables,
-                                       const at::Tensor& row_seq, const at::Tensor& ctx_lens, double scale) const {
+                                       const at::Tensor& row_seq, const at::Tensor& ctx_lens, double scale,
+                                       float* logits, int64_t* argmax) const {
 #if CADENCE_HAVE_AVX2
   const int64_t T = x.size(0), H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
   const int64_t I = intermediate_, L = num_layers(), G = Hq / Hkv;
@@ -306,6 +340,9 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
   const float eps = static_cast<float>(eps_);
   TeamBarrier barrier(team);
   std::atomic<int> actual_team{0};
+  const int64_t V = head_.N;
+  // Each thread's argmax of its 1 / nth of every row's logits: [team][T] indices into the row.
+  std::vector<int64_t> span_best(argmax != nullptr ? team * T : 0);
 
 #pragma omp parallel num_threads(team)
   {
@@ -411,6 +448,38 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
           rms_norm_row<float>(residual.data() + t * H, down_buf.data() + t * H, next_norm.data_ptr<float>(),
                               normed.data() + t * H, H, eps);
         lap(7);
+      }
+      if (logits != nullptr) {
+        // 9. The LM head on every thread's own copy of the final-norm rows (the same bits on each).
+        acts.prepare(normed.data(), T, H, {&head_});
+        gemm_share({&head_}, acts, normed.data(), T, logits, V, tid, nth);
+        sync();
+        if (argmax != nullptr) {
+          // torch.argmax per row: each thread the first NaN or the first maximum of its span, then
+          // thread 0 merges the spans in order (an earlier span's NaN, else the largest value, the
+          // earlier span on a tie).
+          const auto [c0, c1] = share(V, tid, nth);
+          for (int64_t t = 0; t < T; ++t)
+            span_best[tid * T + t] = c1 > c0 ? c0 + argmax_row(logits + t * V + c0, c1 - c0) : -1;
+          sync();
+          if (tid == 0) {
+            for (int64_t t = 0; t < T; ++t) {
+              const float* row = logits + t * V;
+              int64_t best = -1;
+              for (int i = 0; i < nth; ++i) {
+                const int64_t c = span_best[i * T + t];
+                if (c < 0) continue;
+                if (std::isnan(row[c])) {
+                  best = c;
+                  break;
+                }
+                if (best < 0 || row[c] > row[best]) best = c;
+              }
+              argmax[t] = best;
+            }
+          }
+        }
+        lap(8);
       }
       if (tid == 0) std::memcpy(out.data_ptr<float>(), normed.data(), sizeof(float) * T * H);
       if (team > 1 && clock.descheduled(0.75)) lost_core.store(true, std::memory_order_relaxed);

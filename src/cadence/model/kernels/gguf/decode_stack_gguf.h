@@ -36,17 +36,29 @@ class DecodeStackGGUF {
                   const std::vector<at::Tensor>& post_norm, at::Tensor final_norm, int64_t num_heads,
                   int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps);
 
+  // The model's LM head [N = vocab, H] (its blocks, type, repacked octets and bias as for a
+  // projection above), for forward's `logits`: referenced, not copied.
+  void attach_head(const at::Tensor& blocks, int64_t type, const c10::optional<at::Tensor>& packed,
+                   const c10::optional<at::Tensor>& bias, int64_t N);
+  // The attached head's N (the vocabulary), 0 without one.
+  int64_t head_size() const { return head_.N; }
+
   // As DecodeStackF32::forward: x [T, H] float32 embeddings; cos, sin [T, D]; kv [layers, 2,
   // blocks, block_size, Hkv, D] float32, float16 or bf16; slots, block_tables, row_seq, ctx_lens. Writes this
   // step's K/V; returns the final-norm hidden states [T, H] float32.
+  // logits ([T, vocab] float32, with a head attached): filled with the LM head's output on those
+  // hidden states in the same parallel region (a decode step's largest GEMM without a second
+  // region's wake-up), the bits gguf_linear gives; argmax ([T] int64, with logits): each row's
+  // torch.argmax of them (the first index of the maximum, a NaN's first index if any).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                      const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
-                     const at::Tensor& ctx_lens, double scale) const;
+                     const at::Tensor& ctx_lens, double scale, const c10::optional<at::Tensor>& logits,
+                     const c10::optional<at::Tensor>& argmax) const;
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   // Bytes the GEMMs read per step (the packed copies and the row-wise blocks they use).
   int64_t weight_bytes() const;
-  static constexpr int NUM_PHASES = 8;
+  static constexpr int NUM_PHASES = 9;  // the 8 of DecodeStackF32, then the LM head (and argmax)
   std::vector<double> phase_seconds() const;
   int last_team() const;
 
@@ -62,13 +74,14 @@ class DecodeStackGGUF {
   template <typename KV>
   at::Tensor forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                         const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
-                        const at::Tensor& ctx_lens, double scale) const;
+                        const at::Tensor& ctx_lens, double scale, float* logits, int64_t* argmax) const;
   struct Layer {
     Matrix q, k, v, o, gate, up, down;
     at::Tensor input_norm, post_norm;  // float32 [H]
   };
   std::vector<Layer> layers_;
   at::Tensor final_norm_;
+  Matrix head_;  // N = 0 until attach_head
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   double eps_;
   mutable SoloSchedule solo_;
