@@ -61,14 +61,35 @@ inline __m256 load8(const c10::Half* p) {
 // Query heads of one KV head computed together: 3 x 4 accumulators (+ 3 query or weight
 // vectors + 1 K/V vector) fill the 16 ymm registers.
 constexpr int HEADS_PER_PASS = 3;
+// A decode row's passes (attend_span_f32: 4 keys per score group, 32 dims per value group) with
+// AVX-512VL's 32 registers: 4 x 4 accumulators + 4 + 1, so a GQA group of 4 query heads (Llama
+// 3.2 1B, 3.1 8B) reads and widens each K / V vector once instead of in a pass of 3 and one of 1
+// (1B, batch 32 at context 512, float16 KV: see docs/performance.md). Which heads share a pass
+// never changes a score's or a value sum's operations: the same bits.
+#if defined(__AVX512VL__)
+constexpr int DECODE_HEADS_PER_PASS = 4;
+#else
+constexpr int DECODE_HEADS_PER_PASS = HEADS_PER_PASS;
+#endif
 
-template <typename F>
+template <int MAX = HEADS_PER_PASS, typename F>
 inline void dispatch_heads(int heads, F&& f) {
   switch (heads) {
     case 1: f(std::integral_constant<int, 1>{}); break;
     case 2: f(std::integral_constant<int, 2>{}); break;
-    default: f(std::integral_constant<int, 3>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, MAX>{}); break;
   }
+}
+
+// Prefetch into L2 the `bytes` at each of the rows[0 .. n) (plus off elements): the V rows a
+// decode row's value pass reads, fetched while its score pass computes (their memory latency
+// hidden behind the dot products instead of exposed in the copy that follows).
+template <typename KV>
+inline void prefetch_rows(const KV* const* rows, int64_t off, int n, int64_t bytes) {
+  for (int j = 0; j < n; ++j)
+    for (int64_t b = 0; b < bytes; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(rows[j] + off) + b, _MM_HINT_T1);
 }
 
 // Lane i of the result: the horizontal sum of v[i].
@@ -81,13 +102,15 @@ inline __m128 transpose_sum4(const __m256 v[4]) {
 
 // scores[h][i] = scale * q_h . k_i for HC query heads (q [HC, D]) over the span's K rows (at
 // element koff of each row).
+// vrow (may be null): the span's V rows, their elements at koff prefetched (prefetch_rows).
 template <int D, int HC, typename KV>
 inline void scores_pass(const float* q, const KV* const* krow, int64_t koff, int64_t span, float scale,
-                        float* scores) {
+                        float* scores, const KV* const* vrow = nullptr) {
   constexpr int DC = D / 8;
   const __m128 vscale = _mm_set1_ps(scale);
   for (int64_t i0 = 0; i0 < span; i0 += 4) {
     const int count = static_cast<int>(std::min<int64_t>(4, span - i0));
+    if (vrow != nullptr) prefetch_rows(vrow + i0, koff, count, D * static_cast<int64_t>(sizeof(KV)));
     const KV* k4[4];
     for (int j = 0; j < 4; ++j) k4[j] = krow[i0 + std::min(j, count - 1)] + koff;
     __m256 acc[HC][4];
@@ -216,14 +239,16 @@ void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const KV* kc, const
     }
   };
   gather(krow);
-  // Pass 1: scores[h, i] = scale * q_h . k_(p0 + i), per KV head for up to 3 of its query
-  // heads at once (each K load feeds all of them), 4 positions at a time.
+  // Pass 1: scores[h, i] = scale * q_h . k_(p0 + i), per KV head for up to
+  // DECODE_HEADS_PER_PASS of its query heads at once (each K load feeds all of them), 4
+  // positions at a time; the first pass of each KV head prefetches its V elements.
   for (int64_t kh = 0; kh < Hkv; ++kh)
-    for (int64_t g0 = 0; g0 < G; g0 += HEADS_PER_PASS) {
+    for (int64_t g0 = 0; g0 < G; g0 += DECODE_HEADS_PER_PASS) {
       const int64_t h0 = kh * G + g0;
-      const int heads = static_cast<int>(std::min<int64_t>(HEADS_PER_PASS, G - g0));
-      dispatch_heads(heads, [&](auto hc) {
-        scores_pass<D, decltype(hc)::value, KV>(q + h0 * D, krow, kh * D, span, scale, scores + h0 * ATTN_SPAN);
+      const int heads = static_cast<int>(std::min<int64_t>(DECODE_HEADS_PER_PASS, G - g0));
+      dispatch_heads<DECODE_HEADS_PER_PASS>(heads, [&](auto hc) {
+        scores_pass<D, decltype(hc)::value, KV>(q + h0 * D, krow, kh * D, span, scale, scores + h0 * ATTN_SPAN,
+                                                g0 == 0 ? vrow : nullptr);
       });
     }
   // Pass 2: p = exp(s - max) in place, per head.
@@ -233,13 +258,13 @@ void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const KV* kc, const
     sum_out[h] = total;
   }
   gather(vrow);
-  // Pass 3: acc[h] = sum_i p[h, i] * v_(p0 + i), per KV head for up to 3 of its query heads at
-  // once and 32 dims at a time (each V load feeds all of them).
+  // Pass 3: acc[h] = sum_i p[h, i] * v_(p0 + i), per KV head for up to DECODE_HEADS_PER_PASS
+  // of its query heads at once and 32 dims at a time (each V load feeds all of them).
   for (int64_t kh = 0; kh < Hkv; ++kh)
-    for (int64_t g0 = 0; g0 < G; g0 += HEADS_PER_PASS) {
+    for (int64_t g0 = 0; g0 < G; g0 += DECODE_HEADS_PER_PASS) {
       const int64_t h0 = kh * G + g0;
-      const int heads = static_cast<int>(std::min<int64_t>(HEADS_PER_PASS, G - g0));
-      dispatch_heads(heads, [&](auto hc) {
+      const int heads = static_cast<int>(std::min<int64_t>(DECODE_HEADS_PER_PASS, G - g0));
+      dispatch_heads<DECODE_HEADS_PER_PASS>(heads, [&](auto hc) {
         values_pass<D, decltype(hc)::value, KV>(scores + h0 * ATTN_SPAN, vrow, kh * D, span, acc_out + h0 * D);
       });
     }
