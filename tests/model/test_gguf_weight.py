@@ -85,6 +85,8 @@ def test_dequantize_and_embedding_are_gguf_exact(qtype, random):
     assert torch.equal(weight.dequantize(), reference)
     ids = torch.tensor([5, 0, 36, 5])
     assert torch.equal(weight.embedding(ids), reference[ids])
+    # Every row (Q4_K, Q6_K, Q8_0 decode them in the kernels: gguf-py's float32 roundings, no FMA).
+    assert torch.equal(weight.embedding(torch.arange(N_ROWS)), reference)
     assert weight.blocks.numel() == N_ROWS * weight.blocks.shape[1]
     if weight.packed is None:
         assert weight.nbytes == weight.blocks.numel()

@@ -63,6 +63,9 @@ SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (
 # Repacked at construction with 8 columns interleaved (kernels/gguf/q4k_x8.h, q6k_x8.h).
 _REPACKED_TYPES = (Q.Q4_K, Q.Q6_K)
 _FLOAT_DTYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+# Types whose embedding rows the kernels decode (kernels.gguf_embedding: gguf-py's values, ~0.2 ms
+# less per decode step than gguf-py's own per-call work on one row).
+_EMBEDDING_KERNEL_TYPES = frozenset({Q.Q4_K, Q.Q6_K, Q.Q8_0})
 # Float32 values dequantized at once on the torch path (64 MiB).
 _SLAB_VALUES = 1 << 24
 
@@ -255,6 +258,9 @@ class GGUFWeight:
             raise IndexError(f"embedding: ids outside [0, {self.shape[0]})")
         if self.row_order is not None:
             ids = self.row_order[ids]
+        kernels = load_cpu_kernels() if self.ggml_type in _EMBEDDING_KERNEL_TYPES else None
+        if kernels is not None and hasattr(kernels, "gguf_embedding") and self.blocks.device.type == "cpu":
+            return kernels.gguf_embedding(self.blocks, int(self.ggml_type), ids.contiguous(), self.shape[1])
         return self._dequantize_rows(self.blocks.index_select(0, ids)).reshape(-1, self.shape[1]).clone()
 
     def take_rows(self, index: torch.Tensor) -> GGUFWeight:

@@ -84,6 +84,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "float32 x @ [W_0; W_1; ...].T (+ biases): several GGUF weights of one input, outputs side by side",
         py::arg("x"), py::arg("blocks"), py::arg("types"), py::arg("Ns"), py::arg("K"), py::arg("biases"),
         py::arg("packed"), py::call_guard<py::gil_scoped_release>());
+  m.def("gguf_embedding", &cadence_kernels::gguf_embedding,
+        "rows ids of a Q4_K / Q6_K / Q8_0 weight's blocks as float32, gguf-py's dequantized values",
+        py::arg("blocks"), py::arg("type"), py::arg("ids"), py::arg("K"), py::call_guard<py::gil_scoped_release>());
   m.def("gguf_repack", &cadence_kernels::gguf_repack,
         "a Q4_K / Q6_K weight's whole octets of columns, 8 columns interleaved (lossless), for gguf_linear's packed",
         py::arg("blocks"), py::arg("type"), py::arg("N"), py::arg("K"), py::call_guard<py::gil_scoped_release>());

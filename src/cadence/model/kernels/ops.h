@@ -57,6 +57,9 @@ at::Tensor gguf_repack(at::Tensor blocks, int64_t type, int64_t N, int64_t K);
 namespace avx2 { struct PackedWeight; }
 // A view of pack_weight_f32's output for the GEMM (checks shapes against format and N).
 avx2::PackedWeight packed_view(const at::Tensor& data, const at::Tensor& scales, int64_t format, int64_t N);
+// Rows `ids` ([T] int64) of a Q4_K, Q6_K or Q8_0 weight's blocks ([N, K / block * block bytes] uint8)
+// as float32 [T, K]: gguf-py's dequantized values bit for bit (gguf/embedding.cpp).
+at::Tensor gguf_embedding(at::Tensor blocks, int64_t type, at::Tensor ids, int64_t K);
 // torch.argmax of one float32 row of n > 0 values (argmax.cpp).
 int64_t argmax_row(const float* x, int64_t n);
 
