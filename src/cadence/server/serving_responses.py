@@ -230,18 +230,16 @@ class ResponsesRenderer:
         return events
 
     def _open_message(self) -> list[dict[str, Any]]:
-        item = message_item(_item_id("msg"), "", "in_progress")
-        item["content"] = []
-        self._output.append(item)
-        self._open = item
-        where = {"item_id": item["id"], "output_index": len(self._output) - 1}
-        return [self._event("response.output_item.added", output_index=where["output_index"],
-                            item=dict(item, content=[])),
-                self._event("response.content_part.added", **where, content_index=0,
-                            part=text_part(""))]
+        return self._open_text_item(message_item(_item_id("msg"), "", "in_progress"),
+                                    text_part(""))
 
     def _open_reasoning(self) -> list[dict[str, Any]]:
-        item = reasoning_item(_item_id("rs"), "", "in_progress")
+        return self._open_text_item(reasoning_item(_item_id("rs"), "", "in_progress"),
+                                    reasoning_part(""))
+
+    def _open_text_item(self, item: dict[str, Any], part: dict[str, Any]) -> list[dict[str, Any]]:
+        """Open an output item whose one content part streams text (a message's output_text,
+        a reasoning item's reasoning_text): its added events, the part still empty."""
         item["content"] = []
         self._output.append(item)
         self._open = item
@@ -249,7 +247,7 @@ class ResponsesRenderer:
         return [self._event("response.output_item.added", output_index=where["output_index"],
                             item=dict(item, content=[])),
                 self._event("response.content_part.added", **where, content_index=0,
-                            part=reasoning_part(""))]
+                            part=part)]
 
     def _open_call(self, name: str, call_id: str) -> list[dict[str, Any]]:
         item = function_call_item(_item_id("fc"), call_id or new_call_id(), name, "",
