@@ -9,7 +9,7 @@
 // spinning barrier that yields the core after a short spin, so a descheduled partner does not
 // stall the other for long. If a thread was off its core for over a quarter of the step (its CPU
 // time against its wall time: a neighbour process holds that core) in two steps in a row, the
-// next SOLO_STEPS steps run on one thread, then the team is tried again. (Barrier waiting alone
+// next solo period (8 steps, doubling to 64 while it recurs: team.h) runs on one thread, then the team is tried again. (Barrier waiting alone
 // is no such sign: a batch-1 step waits much of its short phases on uneven shares with both
 // cores free.)
 #pragma once

@@ -10,6 +10,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -98,14 +99,20 @@ inline int64_t peek_front(const std::atomic<uint64_t>& range) {
 }
 
 // How many threads a fused stack's next step runs on: all of them, unless recent steps had a
-// thread pushed off its core (a busy neighbour process): then one for SOLO_STEPS steps, and the
+// thread pushed off its core (a busy neighbour process): then one for a solo period, and the
 // team is tried again after. One such step alone may be a passing burst (the host's steal time, an
-// interrupt storm) that costs less than SOLO_STEPS steps at half speed would: it takes
-// LOST_STEPS_TO_SOLO in a row.
+// interrupt storm) that costs less than a solo period at half speed would: it takes
+// LOST_STEPS_TO_SOLO in a row. The period starts short (FIRST_SOLO_STEPS) and doubles each time
+// the team loses its core again soon after, up to MAX_SOLO_STEPS: a neighbour that stays busy is
+// met with long periods after a few short ones, while a false alarm (a burst right after start
+// that looked like a neighbour) costs 8 steps on one thread instead of 64. CLEAN_STEPS_TO_RESET
+// team steps in a row without a lost core make the next period short again.
 class SoloSchedule {
  public:
-  static constexpr int SOLO_STEPS = 64;
+  static constexpr int FIRST_SOLO_STEPS = 8;
+  static constexpr int MAX_SOLO_STEPS = 64;
   static constexpr int LOST_STEPS_TO_SOLO = 2;
+  static constexpr int CLEAN_STEPS_TO_RESET = 64;
 
   int team_for_step(int threads) {
     const int solo_left = solo_steps_left_.load(std::memory_order_relaxed);
@@ -118,14 +125,23 @@ class SoloSchedule {
   // After a step on `team` threads; lost_core: a thread was pushed off its core in it.
   void after_step(int team, bool lost_core) {
     if (team <= 1) return;
+    const int clean = lost_core ? 0 : clean_steps_.load(std::memory_order_relaxed) + 1;
+    clean_steps_.store(clean, std::memory_order_relaxed);
+    if (clean >= CLEAN_STEPS_TO_RESET) next_solo_steps_.store(FIRST_SOLO_STEPS, std::memory_order_relaxed);
     const int lost = lost_core ? lost_steps_.load(std::memory_order_relaxed) + 1 : 0;
     lost_steps_.store(lost >= LOST_STEPS_TO_SOLO ? 0 : lost, std::memory_order_relaxed);
-    if (lost >= LOST_STEPS_TO_SOLO) solo_steps_left_.store(SOLO_STEPS, std::memory_order_relaxed);
+    if (lost >= LOST_STEPS_TO_SOLO) {
+      const int period = next_solo_steps_.load(std::memory_order_relaxed);
+      solo_steps_left_.store(period, std::memory_order_relaxed);
+      next_solo_steps_.store(std::min(2 * period, MAX_SOLO_STEPS), std::memory_order_relaxed);
+    }
   }
 
  private:
   std::atomic<int> solo_steps_left_{0};
   std::atomic<int> lost_steps_{0};
+  std::atomic<int> clean_steps_{0};
+  std::atomic<int> next_solo_steps_{FIRST_SOLO_STEPS};
 };
 
 // Diagnostics of a stack's last forward: thread 0's nanoseconds per phase and the team size.

@@ -5,7 +5,7 @@
 // Same design as the bf16 DecodeStack (decode_stack.h): one OpenMP team stays awake for the whole
 // forward; GEMMs are split over threads by column blocks, attention by (row, span)
 // items (attention_f32.h); threads meet at a spinning barrier that yields; after two steps in a
-// row in which a thread was pushed off its core, SOLO_STEPS steps run on one thread. Activations
+// row in which a thread was pushed off its core, a solo period (team.h) runs on one thread. Activations
 // are float32; the KV cache float32, float16 or bf16.
 #pragma once
 
