@@ -35,6 +35,18 @@
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // The fused stacks' solo rule (team.h) over a scripted run, for tests: step i runs on the
+  // returned team size and reports lost[i] (a thread pushed off its core; ignored on 1 thread).
+  m.def("solo_schedule_teams", [](const std::vector<bool>& lost, int threads) {
+    cadence_kernels::SoloSchedule schedule;
+    std::vector<int> teams;
+    for (const bool lost_core : lost) {
+      const int team = schedule.team_for_step(threads);
+      schedule.after_step(team, lost_core);
+      teams.push_back(team);
+    }
+    return teams;
+  }, "team size per step of a SoloSchedule fed the given lost-core flags");
   m.def("paged_attention", &cadence_kernels::paged_attention, "paged attention over block tables (no gather)", py::call_guard<py::gil_scoped_release>());
   m.def("rope_write_kv", &cadence_kernels::rope_write_kv, "rotary embedding in place + cache write", py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &cadence_kernels::rms_norm, "RMS norm", py::call_guard<py::gil_scoped_release>());
