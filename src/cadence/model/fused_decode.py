@@ -50,10 +50,16 @@ WEIGHT_FORMATS = {"float32": 0, "bf16": 1, "int8": 2, "int4": 3}
 INTEGER_FORMATS = ("int8", "int4")
 
 
+def step_fits_stack(num_rows: int, meta: AttentionMetadata) -> bool:
+    """Whether a step of `num_rows` rows is small enough for the fused stack (its shape alone:
+    checkable before the embeddings exist)."""
+    return num_rows <= STACK_MAX_ROWS and meta.max_new_tokens <= STACK_MAX_CHUNK
+
+
 def takes_stack(x: torch.Tensor, meta: AttentionMetadata) -> bool:
     """Whether this step's rows (x: [T, H] embeddings) go through the fused stack."""
     return (x.dtype in (torch.bfloat16, torch.float32) and x.device.type == "cpu"
-            and x.shape[0] <= STACK_MAX_ROWS and meta.max_new_tokens <= STACK_MAX_CHUNK)
+            and step_fits_stack(x.shape[0], meta))
 
 
 def has_f32_stack(kernels: ModuleType) -> bool:

@@ -38,7 +38,7 @@ from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.config import ModelConfig
 from cadence.model.fused_decode import (INTEGER_FORMATS, WEIGHT_FORMATS, build_decode_stack, has_f32_stack,
                                         lm_head_format, resolve_weight_format, round_weights_to_format,
-                                        takes_stack)
+                                        step_fits_stack, takes_stack)
 from cadence.model.gguf_modules import linear_side_by_side
 from cadence.model.gguf_stack import build_gguf_decode_stack
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
@@ -695,8 +695,8 @@ class LlamaForCausalLM(nn.Module):
         stack = self._decode_stack
         T = input_ids.shape[0]
         if (not stack or not getattr(stack, "head_size", 0) or sample_rows.shape[0] != T
-                or self.config.final_logit_softcapping is not None):
-            return None
+                or self.config.final_logit_softcapping is not None or not step_fits_stack(T, meta)):
+            return None  # before embedding: the caller's forward embeds the rows itself
         # sample_rows are the chunks' last rows in order: T of them over T rows is every row, in order.
         x = self._embed(input_ids)
         kernels = self._kernels_for(x, kv)
