@@ -116,3 +116,26 @@ def test_native_load_holds_the_file_not_a_float_copy(tmp_path, qtype):
     assert grown < 1.1 * file_bytes + 48 * 2**20, (grown, file_bytes)
     if qtype not in (Q.F16, Q.BF16, Q.F32):
         assert grown < float_bytes / 2.5, (grown, float_bytes)
+
+
+def test_without_kernels_a_k_quant_file_is_dequantized_once_at_load(tmp_path, monkeypatch):
+    """No compiled kernels (ARM, old x86, CADENCE_CPU_KERNELS=0): `--quantization auto` dequantizes a
+    K-quant file's blocks once at load (slab-by-slab dequantization in every step decoded a
+    270M model at 0.7 tok/s), keeping the blocks only past the memory budget; the logits are
+    the float twin's."""
+    from cadence.model import loader
+
+    native_path = write_random_gguf(str(tmp_path / "native.gguf"), Q.Q4_K, float_twin=str(tmp_path / "twin.gguf"))
+    import cadence.model.kernels.cpu_ops as cpu_ops
+
+    monkeypatch.setattr(cpu_ops, "load_cpu_kernels", lambda: None)
+    assert loader.file_weight_format(native_path, torch.device("cpu")) is None
+    monkeypatch.setattr(loader, "host_available_bytes", lambda: 1024)
+    assert loader.file_weight_format(native_path, torch.device("cpu")) == "gguf"  # past the budget
+    monkeypatch.undo()
+    monkeypatch.setattr(cpu_ops, "load_cpu_kernels", lambda: None)
+    auto = load_model(native_path, dtype="float32", device="cpu")
+    assert not isinstance(auto.model.model.layers[0].self_attn.q_proj, GGUFLinear)
+    twin = load_model(str(tmp_path / "twin.gguf"), dtype="float32", device="cpu", quantization="none")
+    ids = [3, 17, 99, 4, 250, 8]
+    assert torch.allclose(_logits(auto, ids), _logits(twin, ids), atol=1e-4, rtol=1e-4)
