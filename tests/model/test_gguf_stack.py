@@ -10,6 +10,8 @@ result must not depend on the rows beside it or on the thread count.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -166,3 +168,37 @@ def test_gguf_stack_head_argmax_is_torch_argmax_across_thread_spans(tmp_path, mo
                               bias=None, N=V)
             logits, argmax = model.forward_logits(ids, meta.positions, meta, kv, torch.tensor([0]))
             assert int(argmax[0]) == want == int(torch.argmax(logits[0]))
+
+
+def test_gguf_stack_logits_pages_are_reused_only_once_dropped(tmp_path, monkeypatch):
+    """forward_logits writes its logits on the stack's kept pages (kernels/page_pool.h): a step's
+    logits still held (or a view of them) are never written by the next step, a dropped block is
+    taken again, and a tensor outlives the stack that made it."""
+    monkeypatch.setenv(ENV_SWITCH, "1")
+    loaded = _load(tmp_path, "q4_k_m")
+    model, config = loaded.model, loaded.config
+    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(7)
+    with torch.inference_mode():
+        meta = _decode_meta(STEPS[0])
+        model(torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen), meta.positions, meta, kv)
+        stack = model._decode_stack
+        meta = _decode_meta([(17, 1), (9, 1), (3, 1)])
+        first, _ = model.forward_logits(torch.tensor([5, 6, 7]), meta.positions, meta, kv, torch.arange(3))
+        kept = first.clone()
+        row = first[1]  # a view: holds the block as the tensor does
+        first_ptr = first.data_ptr()
+        del first
+        second, _ = model.forward_logits(torch.tensor([8, 9, 10]), meta.positions, meta, kv, torch.arange(3))
+        assert second.data_ptr() != first_ptr and torch.equal(row, kept[1])
+        assert not torch.equal(second, kept)  # other tokens: other logits (the test would see a reuse)
+        second_ptr = second.data_ptr()
+        del row, second
+        third = stack.new_logits(3)
+        assert third.shape == (3, config.vocab_size) and third.dtype == torch.float32
+        assert third.data_ptr() in (first_ptr, second_ptr)
+        third.fill_(2.0)
+        del stack
+        model._decode_stack = None
+        gc.collect()
+        assert float(third.sum()) == 2.0 * 3 * config.vocab_size  # still mapped after the stack went

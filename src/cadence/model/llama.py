@@ -703,7 +703,9 @@ class LlamaForCausalLM(nn.Module):
         if kernels is None or self._stack_for(kernels) is not stack or not takes_stack(x, meta):
             return None
         cos32, sin32 = self._rope_tables(positions, torch.float32)[GLOBAL_ROPE]
-        logits = torch.empty(T, stack.head_size, dtype=torch.float32)
+        # On pages the stack keeps mapped between steps (torch.empty's fresh 16 MB for 32 rows of a
+        # 128k vocabulary cost ~1000 page faults a step); reused only once this step's is dropped.
+        logits = stack.new_logits(T)
         argmax = torch.empty(T, dtype=torch.int64)
         stack.forward(x.contiguous(), cos32, sin32, kv.storage, meta.slot_mapping, meta.block_tables,
                       meta.row_seq_index, meta.row_ctx_lens, self.config.head_dim ** -0.5, logits, argmax)

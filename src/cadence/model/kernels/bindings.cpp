@@ -137,6 +137,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("packed"), py::arg("bias"), py::arg("N"),
            "the LM head [N, H] that forward's `logits` runs in the same parallel region")
       .def_property_readonly("head_size", &cadence_kernels::DecodeStackGGUF::head_size)
+      .def("new_logits", &cadence_kernels::DecodeStackGGUF::new_logits, py::arg("T"),
+           "an uninitialised [T, head_size] float32 tensor for forward's logits, on pages reused between steps")
       .def("forward", &cadence_kernels::DecodeStackGGUF::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
            py::arg("kv"), py::arg("slots"), py::arg("block_tables"), py::arg("row_seq"), py::arg("ctx_lens"),
            py::arg("scale"), py::arg("logits") = py::none(), py::arg("argmax") = py::none(),

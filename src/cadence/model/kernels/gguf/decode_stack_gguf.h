@@ -17,8 +17,10 @@
 #include <c10/util/Optional.h>
 
 #include <array>
+#include <memory>
 #include <vector>
 
+#include "../page_pool.h"
 #include "../team.h"
 
 namespace cadence_kernels {
@@ -42,6 +44,10 @@ class DecodeStackGGUF {
                    const c10::optional<at::Tensor>& bias, int64_t N);
   // The attached head's N (the vocabulary), 0 without one.
   int64_t head_size() const { return head_.N; }
+  // An uninitialised [T, head_size] float32 tensor for forward's `logits`, on pages kept mapped
+  // from one step's logits to the next (page_pool.h: fresh ones cost a 32-row step of a 128k
+  // vocabulary ~1000 page faults inside the head's GEMM).
+  at::Tensor new_logits(int64_t T) const { return PagePool::take(logits_pool_, T, head_.N); }
 
   // As DecodeStackF32::forward: x [T, H] float32 embeddings; cos, sin [T, D]; kv [layers, 2,
   // blocks, block_size, Hkv, D] float32, float16 or bf16; slots, block_tables, row_seq, ctx_lens. Writes this
@@ -82,6 +88,7 @@ class DecodeStackGGUF {
   std::vector<Layer> layers_;
   at::Tensor final_norm_;
   Matrix head_;  // N = 0 until attach_head
+  std::shared_ptr<PagePool> logits_pool_ = PagePool::create();
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   double eps_;
   mutable SoloSchedule solo_;
