@@ -1,7 +1,8 @@
 """The fused decode stack of GGUF-native models (kernels.DecodeStackGGUF, model/gguf_stack.py).
 
 Random llama GGUF files (random_gguf.py): a Q4_K_M-like mix (Q4_K, with Q6_K v and down: both
-repacked layouts, q/k read in place through their row order), row-wise types (Q8_0, Q5_K; a
+repacked layouts, q/k read in place through their row order), a Q5_K_M-like one (repacked Q5_K
+with Q6_K v and down), row-wise types (Q8_0; a
 Q3_K_M-like mix of Q3_K with Q2_K v, IQ4_XS down and Q4_K output) and float ones (F16, BF16),
 head_dim 64 and 128. The stack must give the per-op path's bits: the
 logits of decode and short-chunk steps over scattered blocks and the KV it writes; and a row's
@@ -40,7 +41,7 @@ MODELS = {
     "q4_k_m": (Q.Q4_K, Q4_K_M_MIX, 4, 2),
     "q4_k_m_d128": (Q.Q4_K, Q4_K_M_MIX, 2, 1),
     "q8_0": (Q.Q8_0, None, 4, 2),
-    "q5_k": (Q.Q5_K, None, 4, 2),
+    "q5_k_m": (Q.Q5_K, Q4_K_M_MIX, 4, 2),
     "q3_k_mix": (Q.Q3_K, LOW_BIT_MIX, 4, 2),
     "f16": (Q.F16, None, 4, 2),
     "bf16": (Q.BF16, None, 4, 2),

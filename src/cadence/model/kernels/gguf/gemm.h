@@ -33,7 +33,7 @@ bool gemm_blocks32_columns(const GemmArgs& g, int64_t n_begin, int64_t n_end);
 bool gemm_kquant_columns(const GemmArgs& g, int64_t n_begin, int64_t n_end);
 bool gemm_float_columns(const GemmArgs& g, int64_t n_begin, int64_t n_end);
 
-// Q4_K and Q6_K with 8 columns interleaved (q4k_x8.h, q6k_x8.h; gemm_x8.cpp): bytes per
+// Q4_K, Q5_K and Q6_K with 8 columns interleaved (q4k_x8.h, q5k_x8.h, q6k_x8.h; gemm_x8.cpp): bytes per
 // octet and 256-block (0: the type has no such layout), the repack of the whole octets (N / 8
 // of them) into `out` (N / 8 * K / 256 * x8_block_bytes), and the GEMM of octets [o_begin, o_end).
 void x8_repack(int type, const uint8_t* w, int64_t N, int64_t K, uint8_t* out);

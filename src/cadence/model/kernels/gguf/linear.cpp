@@ -92,7 +92,7 @@ void run_groups(const Part& p, int64_t begin, int64_t end) {
 
 at::Tensor gguf_repack(at::Tensor blocks, int64_t type, int64_t N, int64_t K) {
   const int64_t octet_block = gguf::x8_block_bytes(static_cast<int>(type));
-  TORCH_CHECK(octet_block > 0, "gguf_repack: only Q4_K and Q6_K have a repacked layout, got ggml type ", type);
+  TORCH_CHECK(octet_block > 0, "gguf_repack: only Q4_K, Q5_K and Q6_K have a repacked layout, got ggml type ", type);
   TORCH_CHECK(K % 256 == 0 && N >= 8, "gguf_repack: [N >= 8, K a multiple of 256]");
   TORCH_CHECK(blocks.device().is_cpu() && blocks.is_contiguous() && blocks.scalar_type() == at::kByte &&
                   blocks.numel() == N * (K / 256 * gguf::block_size(static_cast<int>(type)).bytes),
