@@ -144,7 +144,8 @@ def _write_arch_keys(writer: gguf.GGUFWriter, arch: str, cfg: dict) -> None:
         writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
         writer.add_key_length(cfg["head_dim"])
         writer.add_value_length(cfg["head_dim"])
-        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        if cfg.get("attn_logit_softcapping"):  # the converter writes it; a test model may have none
+            writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
         writer.add_sliding_window(cfg["sliding_window"])
     elif arch == "gemma3":  # Gemma3Model.set_gguf_parameters after TextModel's

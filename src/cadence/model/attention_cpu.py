@@ -30,26 +30,32 @@ import torch
 import torch.nn.functional as F
 
 from cadence.model.attention_metadata import AttentionMetadata
-from cadence.model.prefill_attention import F32_KERNEL_TIERS, KERNEL_HEAD_DIMS, blocked_over_context, takes_blocked
+from cadence.model.prefill_attention import F32_KERNEL_TIERS, blocked_over_context, takes_blocked
 
 # A continuing prefill chunk with at most this many new tokens runs through the kernel (one query
 # row each, over its own context) rather than gather + SDPA.
 KERNEL_MAX_CHUNK = 32
+# Head dims of the float32 paged kernel (avx2/attention_f32.h: f32_head_dim); Gemma 3's 256 too.
+F32_PAGED_HEAD_DIMS = (64, 128, 256)
 
 
 def paged_attention_cpu(kernels: ModuleType, q: torch.Tensor, k_new: torch.Tensor,
                         v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                        meta: AttentionMetadata, scale: float, window: int | None = None) -> torch.Tensor:
     """Causal attention of every new token over its sequence's context.
 
     q: [T, Hq, D] contiguous; k_new, v_new: [T, Hkv, D] (views of this step's new keys/values,
     already stored in the caches); caches: [num_blocks, block_size, Hkv, D], in q's dtype or,
     under float32 compute, float16 / bf16. Returns [T, Hq, D].
+    window: a sliding-window layer's window where it excludes keys of some row this step (a
+    query at position p sees keys > p - window); only where rows_share_decode_kernel.
     """
     if rows_share_decode_kernel(q, kernels):
-        # Every row over its own context [0, position]: one call for the whole step.
+        # Every row over its own context [0, position] (or its window of it): one call for the step.
         return kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.row_seq_index,
-                                       meta.row_ctx_lens, scale)
+                                       meta.row_ctx_lens, scale, window or 0)
+    if window is not None:
+        raise ValueError("a window that excludes keys needs the float32 paged kernel")
     out = torch.empty_like(q)
     if meta.prefill_seqs and k_cache.dtype != q.dtype:
         # A 16-bit cache under float32 compute: a chunk from position 0 attends over its own
@@ -91,9 +97,9 @@ def paged_attention_cpu(kernels: ModuleType, q: torch.Tensor, k_new: torch.Tenso
 
 
 def rows_share_decode_kernel(q: torch.Tensor, kernels: ModuleType) -> bool:
-    """Whether every row of q (float32 on an AVX2-or-better build, head_dim 64 or 128) goes
-    through the paged decode kernel, the fused float32 stack's attention (module docstring)."""
-    return (q.dtype == torch.float32 and q.shape[-1] in KERNEL_HEAD_DIMS
+    """Whether every row of q (float32 on an AVX2-or-better build, head_dim 64, 128 or 256) goes
+    through the paged decode kernel, the fused float32 stacks' attention (module docstring)."""
+    return (q.dtype == torch.float32 and q.shape[-1] in F32_PAGED_HEAD_DIMS
             and hasattr(kernels, "kernel_tier") and kernels.kernel_tier() in F32_KERNEL_TIERS)
 
 

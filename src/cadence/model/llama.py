@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.model.attention import cached_attention, paged_attention, write_kv
-from cadence.model.attention_cpu import paged_attention_cpu
+from cadence.model.attention_cpu import paged_attention_cpu, rows_share_decode_kernel
 from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.config import ModelConfig
 from cadence.model.fused_decode import (INTEGER_FORMATS, WEIGHT_FORMATS, build_decode_stack, has_f32_stack,
@@ -256,21 +256,26 @@ class LlamaAttention(_FusedProjections):
                                self.window, self.softcap)
         return self.o_proj(attn.reshape(x.shape[0], -1))
 
-    def _kernel_attends(self, meta: AttentionMetadata) -> bool:
-        """Whether the compiled attention kernels (no window, no soft-cap) compute this layer's
-        attention for this step exactly: no soft-cap, and no window or one that excludes no key
-        of any sequence (every context within it, the common case for Mistral's 4096 or
-        Gemma's 512-4096 windows: a query at position p < window sees every key)."""
+    def _kernel_window(self, q: torch.Tensor, meta: AttentionMetadata,
+                       kernels: ModuleType) -> tuple[bool, int | None]:
+        """(whether the compiled attention kernels compute this layer's attention for this step
+        exactly, the window they apply): never with a soft-cap; with no window or one that
+        excludes no key of any sequence (every context within it, the common case for Mistral's
+        4096 or Gemma's 512-4096 windows: a query at position p < window sees every key) any
+        kernel, without one; a window that excludes keys only in the float32 paged kernel (the
+        fused GGUF stack's attention: both give a row the same bits)."""
         if self.softcap is not None:
-            return False
-        return self.window is None or max(meta.seq_lens_host) <= self.window
+            return False, None
+        if self.window is None or max(meta.seq_lens_host) <= self.window:
+            return True, None
+        return rows_share_decode_kernel(q, kernels), self.window
 
     def forward_cpu(self, x: torch.Tensor, cos32: torch.Tensor | None, sin32: torch.Tensor | None,
                     meta: AttentionMetadata, kv: KVCache, kernels: ModuleType) -> torch.Tensor:
         """The compiled-kernel path: x [T, H]; cos32, sin32: [T, rotary_dim] float32 (None on a
         layer without rope) -> [T, H]. Pieces the kernels lack run in torch: q/k norms and
         partial rope (then the cache write too), and attention with soft-capping or a window
-        that excludes keys this step (_kernel_attends)."""
+        that excludes keys this step where the float32 paged kernel cannot take it (_kernel_window)."""
         num_tokens = x.shape[0]
         k_cache, v_cache = kv.k[self.layer_idx], kv.v[self.layer_idx]
         packed = self.packed if _uses_packed(self.packed, x) else None
@@ -294,11 +299,12 @@ class LlamaAttention(_FusedProjections):
             q, k_new, v_new = self._heads(qkv, cos, sin)
             q = q.contiguous()
             write_kv(k_cache, v_cache, k_new, v_new, meta.slot_mapping)
-        if not self._kernel_attends(meta):
+        kernel_attends, window = self._kernel_window(q, meta, kernels)
+        if not kernel_attends:
             attn = cached_attention(q, k_cache, v_cache, meta, self.scale, self.window, self.softcap)
         else:
             attn = paged_attention_cpu(kernels, q, k_new, v_new, k_cache, v_cache, meta,
-                                       self.scale)  # [T, Hq, D]
+                                       self.scale, window)  # [T, Hq, D]
         if packed is not None:
             return packed[1].linear(attn.reshape(num_tokens, -1), None, kernels)
         if not isinstance(self.o_proj, nn.Linear):  # GGUF-native: its own blocks
@@ -360,6 +366,9 @@ class LlamaMLP(_FusedProjections):
 
     def _activated(self, gate_up: torch.Tensor, kernels: ModuleType) -> torch.Tensor:
         """[gate | up] [T, 2I] -> act(gate) * up [T, I], contiguous."""
+        if self.gelu and gate_up.dtype == torch.float32 and hasattr(kernels, "gelu_tanh_mul"):
+            # float32 GeGLU: the GGUF stack's row function (the same bits on both paths).
+            return kernels.gelu_tanh_mul(gate_up.contiguous())
         if self.gelu:
             gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
             return (F.gelu(gate, approximate="tanh") * up).contiguous()
@@ -702,14 +711,24 @@ class LlamaForCausalLM(nn.Module):
         kernels = self._kernels_for(x, kv)
         if kernels is None or self._stack_for(kernels) is not stack or not takes_stack(x, meta):
             return None
-        cos32, sin32 = self._rope_tables(positions, torch.float32)[GLOBAL_ROPE]
         # On pages the stack keeps mapped between steps (torch.empty's fresh 16 MB for 32 rows of a
         # 128k vocabulary cost ~1000 page faults a step); reused only once this step's is dropped.
         logits = stack.new_logits(T)
         argmax = torch.empty(T, dtype=torch.int64)
-        stack.forward(x.contiguous(), cos32, sin32, kv.storage, meta.slot_mapping, meta.block_tables,
-                      meta.row_seq_index, meta.row_ctx_lens, self.config.head_dim ** -0.5, logits, argmax)
+        self._stack_forward(stack, x, self._rope_tables(positions, torch.float32), meta, kv,
+                            logits=logits, argmax=argmax)
         return logits, argmax
+
+    def _stack_forward(self, stack, x: torch.Tensor, tables: dict, meta: AttentionMetadata, kv: KVCache,
+                       **head) -> torch.Tensor:
+        """The fused stack's forward of the step's embeddings x [T, H] with the float32 rope
+        tables (the local one too where sliding layers have their own base: Gemma 3) and the
+        layers' attention scale; `head`: logits / argmax outputs (GGUF stack)."""
+        cos32, sin32 = tables[GLOBAL_ROPE]
+        if LOCAL_ROPE in tables:
+            head = dict(head, cos_local=tables[LOCAL_ROPE][0], sin_local=tables[LOCAL_ROPE][1])
+        return stack.forward(x.contiguous(), cos32, sin32, kv.storage, meta.slot_mapping, meta.block_tables,
+                             meta.row_seq_index, meta.row_ctx_lens, self.model.layers[0].self_attn.scale, **head)
 
     def _rope_tables(self, positions: torch.Tensor,
                      dtype: torch.dtype) -> dict[str | None, tuple[torch.Tensor | None, torch.Tensor | None]]:
@@ -726,10 +745,7 @@ class LlamaForCausalLM(nn.Module):
         # Built on the first step of any shape: an int8 model's per-op GEMMs use its weights.
         stack = self._stack_for(kernels)
         if stack and takes_stack(x, meta):
-            cos32, sin32 = tables[GLOBAL_ROPE]  # a plain Llama: one rope over whole heads
-            return stack.forward(x.contiguous(), cos32, sin32, kv.storage, meta.slot_mapping,
-                                 meta.block_tables, meta.row_seq_index, meta.row_ctx_lens,
-                                 self.config.head_dim ** -0.5)
+            return self._stack_forward(stack, x, tables, meta, kv)
         layers = self.model.layers
         residual = x.contiguous()  # [T, H], updated in place by every layer
         normed = kernels.rms_norm(residual, layers[0].input_layernorm.weight,

@@ -13,6 +13,7 @@
 //  add_rms_norm      residual += x (in the model dtype), out = rms_norm(residual) * weight.
 //  rms_norm          out = rms_norm(x) * weight.
 //  silu_mul          out = silu(gate) * up of a fused gate/up projection.
+//  gelu_tanh_mul     out = gelu_tanh(gate) * up (GeGLU: Gemma), float32.
 //  linear_bf16       y = x @ w.T for bf16 with few rows (decode), with AVX512-BF16 dot products;
 //                    torch's bf16 GEMM is several times slower than memory bandwidth there.
 //  prefill_attention causal bf16 flash attention of a prefill chunk over its context (packed
@@ -47,11 +48,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
     return teams;
   }, "team size per step of a SoloSchedule fed the given lost-core flags");
-  m.def("paged_attention", &cadence_kernels::paged_attention, "paged attention over block tables (no gather)", py::call_guard<py::gil_scoped_release>());
+  m.def("paged_attention", &cadence_kernels::paged_attention, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
+        py::arg("block_tables"), py::arg("row_seq"), py::arg("ctx_lens"), py::arg("scale"), py::arg("window") = 0,
+        "paged attention over block tables (no gather); window > 0: the keys of a sliding-window layer only",
+        py::call_guard<py::gil_scoped_release>());
   m.def("rope_write_kv", &cadence_kernels::rope_write_kv, "rotary embedding in place + cache write", py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &cadence_kernels::rms_norm, "RMS norm", py::call_guard<py::gil_scoped_release>());
   m.def("add_rms_norm", &cadence_kernels::add_rms_norm, "residual add + RMS norm", py::call_guard<py::gil_scoped_release>());
   m.def("silu_mul", &cadence_kernels::silu_mul, "silu(gate) * up", py::call_guard<py::gil_scoped_release>());
+  m.def("gelu_tanh_mul", &cadence_kernels::gelu_tanh_mul, "gelu_tanh(gate) * up (GeGLU)", py::call_guard<py::gil_scoped_release>());
   m.def("linear_bf16", &cadence_kernels::linear_bf16, "bf16 x @ w.T for few rows", py::call_guard<py::gil_scoped_release>());
   m.def("prefill_attention", &cadence_kernels::prefill_attention, "causal bf16 flash attention of a prefill chunk over its context", py::call_guard<py::gil_scoped_release>());
   m.def("prefill_attention_f32", &cadence_kernels::prefill_attention_f32,
@@ -142,7 +147,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &cadence_kernels::DecodeStackGGUF::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
            py::arg("kv"), py::arg("slots"), py::arg("block_tables"), py::arg("row_seq"), py::arg("ctx_lens"),
            py::arg("scale"), py::arg("logits") = py::none(), py::arg("argmax") = py::none(),
+           py::arg("cos_local") = py::none(), py::arg("sin_local") = py::none(),
            py::call_guard<py::gil_scoped_release>())
+      .def("attach_sandwich_norms", &cadence_kernels::DecodeStackGGUF::attach_sandwich_norms, py::arg("attn_out"),
+           py::arg("mlp_out"), "per-layer norms [H] of the attention and MLP outputs (Gemma's sandwich norms)")
+      .def("use_gelu_tanh", &cadence_kernels::DecodeStackGGUF::use_gelu_tanh, "GeGLU (gelu_tanh) MLPs instead of SwiGLU")
+      .def("set_layer_attention", &cadence_kernels::DecodeStackGGUF::set_layer_attention, py::arg("windows"),
+           py::arg("local_rope"), "per-layer attention window (0 = full) and whether it rotates with cos_local")
       .def_property_readonly("num_layers", &cadence_kernels::DecodeStackGGUF::num_layers)
       .def_property_readonly("weight_bytes", &cadence_kernels::DecodeStackGGUF::weight_bytes)
       .def("phase_seconds", &cadence_kernels::DecodeStackGGUF::phase_seconds,

@@ -82,4 +82,20 @@ at::Tensor silu_mul(at::Tensor gate_up) {
   return out;
 }
 
+// gelu_tanh_mul: gate_up [T, 2 I] float32 (gate then up) -> [T, I] = gelu_tanh(gate) * up
+// (gelu_tanh_mul_row, the GGUF decode stack's function).
+at::Tensor gelu_tanh_mul(at::Tensor gate_up) {
+  check_cpu_contiguous(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0 && gate_up.scalar_type() == at::kFloat,
+              "gelu_tanh_mul: gate_up [T, 2 I] float32");
+  const int64_t rows = gate_up.size(0), I = gate_up.size(1) / 2;
+  auto out = at::empty({rows, I}, gate_up.options());
+  const float* gu = gate_up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, rows, row_grain(rows, 2 * I), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) gelu_tanh_mul_row(gu + r * 2 * I, gu + r * 2 * I + I, o + r * I, I);
+  });
+  return out;
+}
+
 }  // namespace cadence_kernels

@@ -11,13 +11,14 @@ namespace cadence_kernels {
 
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                               at::Tensor block_tables, at::Tensor row_seq,
-                              at::Tensor ctx_lens, double scale);
+                              at::Tensor ctx_lens, double scale, int64_t window);
 void rope_write_kv(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t num_heads,
                    int64_t num_kv_heads, at::Tensor k_cache, at::Tensor v_cache,
                    at::Tensor slots);
 at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps);
 at::Tensor add_rms_norm(at::Tensor residual, at::Tensor x, at::Tensor w, double eps);
 at::Tensor silu_mul(at::Tensor gate_up);
+at::Tensor gelu_tanh_mul(at::Tensor gate_up);
 bool has_avx512bf16();
 // The instruction-set tier this build was compiled for (isa.py names).
 std::string kernel_tier();

@@ -251,7 +251,7 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
 template <typename KV>
 void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                               const at::Tensor& block_tables, const at::Tensor& row_seq,
-                              const at::Tensor& ctx_lens, double scale, at::Tensor& out) {
+                              const at::Tensor& ctx_lens, double scale, int64_t window, at::Tensor& out) {
   const int64_t N = q.size(0), Hq = q.size(1), D = q.size(2);
   const int64_t block_size = k_cache.size(1), Hkv = k_cache.size(2), G = Hq / Hkv;
   const int64_t max_blocks = block_tables.size(1);
@@ -262,20 +262,24 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
   const int32_t* bt = block_tables.data_ptr<int32_t>();
   const int64_t* seq = row_seq.data_ptr<int64_t>();
   const int64_t* lens = ctx_lens.data_ptr<int64_t>();
-  avx2::SpanItems plan(lens, seq, N, Hq, D);
+  avx2::SpanItems plan(lens, seq, N, Hq, D, window);
   const int64_t total_positions = std::accumulate(lens, lens + N, int64_t{0});
   // Small batches run on the calling thread (waking the sleeping OpenMP team costs more).
   const bool parallel = total_positions * Hkv >= PARALLEL_MIN_POSITIONS;
   const float fscale = static_cast<float>(scale);
   // Tiles: runs of up to ROW_TILE rows of one sequence at consecutive positions (prompt chunks),
   // each computed span by span with attend_rows_span_f32; a tile of one row (a decode) runs
-  // attend_span_f32. Both give every (row, span) item the same partials (attention_f32.h).
-  std::vector<int64_t> tile_row, tile_spans, work_tile, work_span;
+  // attend_span_f32. Both give every (row, span) item the same partials (attention_f32.h). A row
+  // whose window starts after position 0 (its spans start where its keys do) is a tile of its own.
+  std::vector<int64_t> tile_row, tile_first, tile_spans, work_tile, work_span;
   int64_t max_spans = 0;
   for (int64_t n = 0; n < N;) {
     int64_t c = 1;
-    while (n + c < N && c < avx2::ROW_TILE && seq[n + c] == seq[n] && lens[n + c] == lens[n + c - 1] + 1) ++c;
+    while (n + c < N && c < avx2::ROW_TILE && seq[n + c] == seq[n] && lens[n + c] == lens[n + c - 1] + 1 &&
+           plan.first_pos[n] == 0 && plan.first_pos[n + c] == 0)
+      ++c;
     tile_row.push_back(n);
+    tile_first.push_back(plan.first_span(n));
     tile_spans.push_back(avx2::num_spans(lens[n + c - 1]));
     max_spans = std::max(max_spans, tile_spans.back());
     n += c;
@@ -286,7 +290,7 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
   // memory) again for every tile of a long prompt.
   for (int64_t s = 0; s < max_spans; ++s)
     for (int64_t t = static_cast<int64_t>(tile_spans.size()) - 1; t >= 0; --t)
-      if (tile_spans[t] > s) {
+      if (tile_first[t] <= s && tile_spans[t] > s) {
         work_tile.push_back(t);
         work_span.push_back(s);
       }
@@ -304,14 +308,13 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
       while (lens[first] <= p0) ++first;  // rows whose context ends before this span
       const int32_t* table = bt + seq[first] * max_blocks;
       if (last - first == 1 && tile_row[t + 1] - tile_row[t] == 1) {
-        const int64_t i = plan.base[first] + s;
+        const int64_t i = plan.base[first] + s - plan.first_span(first);
         const auto [q0, q1] = plan.positions(i, lens[first]);
-        auto run = [&](auto attend) {
-          attend(qp + first * Hq * D, G, Hkv, kp, vp, table, block_size, q0, q1, fscale, scores.data(),
-                 plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[first]);
-        };
-        if (D == 64) run(avx2::attend_span_f32<64, KV>);
-        else run(avx2::attend_span_f32<128, KV>);
+        avx2::dispatch_f32_head_dim(D, [&](auto dim) {
+          avx2::attend_span_f32<decltype(dim)::value, KV>(qp + first * Hq * D, G, Hkv, kp, vp, table, block_size, q0,
+                                                          q1, fscale, scores.data(), plan.max_of(i), plan.sum_of(i),
+                                                          plan.acc_of(i), plan.copy[first]);
+        });
         return;
       }
       const int rows = static_cast<int>(last - first);
@@ -324,12 +327,11 @@ void paged_attention_f32_avx2(const at::Tensor& q, const at::Tensor& k_cache, co
         sm[r] = plan.sum_of(i);
         acc[r] = plan.acc_of(i);
       }
-      auto run = [&](auto attend) {
-        attend(qp + first * Hq * D, Hq * D, rows, G, Hkv, kp, vp, table, block_size, p0, lens + first, fscale,
-               scores.data(), mx, sm, acc);
-      };
-      if (D == 64) run(avx2::attend_rows_span_f32<64, KV>);
-      else run(avx2::attend_rows_span_f32<128, KV>);
+      avx2::dispatch_f32_head_dim(D, [&](auto dim) {
+        avx2::attend_rows_span_f32<decltype(dim)::value, KV>(qp + first * Hq * D, Hq * D, rows, G, Hkv, kp, vp, table,
+                                                             block_size, p0, lens + first, fscale, scores.data(), mx,
+                                                             sm, acc);
+      });
     }
   });
   at::parallel_for(0, N * Hq, parallel ? 1 : N * Hq + 1, [&](int64_t begin, int64_t end) {
@@ -384,7 +386,7 @@ void paged_attention_bf16(const at::Tensor& q, const at::Tensor& k_cache, const 
 
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                               at::Tensor block_tables, at::Tensor row_seq,
-                              at::Tensor ctx_lens, double scale) {
+                              at::Tensor ctx_lens, double scale, int64_t window) {
   check_cpu_contiguous(q, "q");
   check_cpu_contiguous(k_cache, "k_cache");
   check_cpu_contiguous(v_cache, "v_cache");
@@ -428,17 +430,19 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
     auto by_cache = [&](auto kv_tag) {
       using KV = decltype(kv_tag);
 #if CADENCE_HAVE_AVX2
-      if (q.size(2) == 64 || q.size(2) == 128) {
-        paged_attention_f32_avx2<KV>(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
+      if (avx2::f32_head_dim(q.size(2))) {
+        paged_attention_f32_avx2<KV>(q, k_cache, v_cache, block_tables, seq, lens, scale, window, out);
         return;
       }
 #endif
+      TORCH_CHECK(window == 0, "paged_attention: a window needs float32 on an AVX2 build, head_dim 64 / 128 / 256");
       paged_attention_impl<float, KV>(q, k_cache, v_cache, block_tables, seq, lens, scale, out);
     };
     if (cache_type == at::kHalf) by_cache(c10::Half{});
     else if (cache_type == at::kBFloat16) by_cache(c10::BFloat16{});
     else by_cache(float{});
   } else if (q.scalar_type() == at::kBFloat16) {
+    TORCH_CHECK(window == 0, "paged_attention: a window needs float32 on an AVX2 build");
 #if CADENCE_HAVE_AVX512BF16
     if (decode_attention_supports(q.size(2))) {
       paged_attention_bf16(q, k_cache, v_cache, block_tables, seq, lens, scale, out);

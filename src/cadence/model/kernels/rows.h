@@ -91,6 +91,38 @@ inline void silu_mul_row(const T* g, const T* u, T* y, int64_t I) {
   }
 }
 
+// One float32 row of gelu_tanh(gate) * up (GeGLU: Gemma's MLP): gelu_tanh(a) = 0.5 a (1 + tanh(z)),
+// z = sqrt(2 / pi) (a + 0.044715 a^3), computed as a / (1 + exp(-2 z)) (0.5 (1 + tanh(z)) is
+// sigmoid(2 z)): one exp per value, as silu_mul_row. The per-op path (gelu_tanh_mul) and the GGUF
+// stack call this function, so both give a row the same bits; torch's gelu differs in the last ulps.
+inline void gelu_tanh_mul_row(const float* g, const float* u, float* y, int64_t I) {
+  constexpr float K = -1.5957691216057308f;  // -2 sqrt(2 / pi)
+  constexpr float C = 0.044715f;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= I; i += 16) {
+    const __m512 a = _mm512_loadu_ps(g + i);
+    const __m512 z = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(K), a),
+                                   _mm512_fmadd_ps(_mm512_set1_ps(C), _mm512_mul_ps(a, a), _mm512_set1_ps(1.f)));
+    const __m512 act = _mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(z)));
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(act, _mm512_loadu_ps(u + i)));
+  }
+#elif CADENCE_HAVE_AVX2
+  for (; i + 8 <= I; i += 8) {
+    const __m256 a = _mm256_loadu_ps(g + i);
+    const __m256 z = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(K), a),
+                                   _mm256_fmadd_ps(_mm256_set1_ps(C), _mm256_mul_ps(a, a), _mm256_set1_ps(1.f)));
+    const __m256 act = _mm256_div_ps(a, _mm256_add_ps(_mm256_set1_ps(1.f), avx2::exp8(z)));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(act, _mm256_loadu_ps(u + i)));
+  }
+#endif
+  for (; i < I; ++i) {
+    const float a = g[i];
+    const float z = (K * a) * std::fma(C, a * a, 1.f);
+    y[i] = (a / (1.f + std::exp(z))) * u[i];
+  }
+}
+
 // n values of a K or V row into a cache slot of storage type C: a copy where C is the row's
 // type, else rounded to nearest even (float32 rows into a float16 or bf16 cache) exactly as
 // torch's cast rounds them, so the torch write path (attention.write_kv) stores the same bits.

@@ -350,24 +350,30 @@ void attend_rows_span_f32(const float* q, int64_t q_stride, int rows, int64_t G,
 }
 
 // The (row, span) items of a batch of rows with context lengths lens[0..N), row-major, and their
-// partials: max [items][Hq], sum [items][Hq], acc [items][Hq][D].
+// partials: max [items][Hq], sum [items][Hq], acc [items][Hq][D]. With a window (a sliding-window
+// layer, HF semantics: the query at position len - 1 sees keys at positions > len - 1 - window),
+// a row's keys start at first_pos[n] = max(0, len - window): its items are the spans from the
+// one holding that position, the first cut there, so the spans' bounds still fall at multiples
+// of ATTN_SPAN and depend only on the row's own length and the window.
 struct SpanItems {
   std::vector<int64_t> base;  // base[n]: row n's first item; base[N]: the item count
   std::vector<int64_t> row;   // row[i]: item i's row
+  std::vector<int64_t> first_pos;   // first_pos[n]: row n's first key position (0 without a window)
   std::vector<float> max, sum, acc;
   // copy[n]: row n's sequence has no other row in the batch (its items copy their rows first).
   std::vector<char> copy;
   int64_t Hq, D;
 
-  SpanItems(const int64_t* lens, const int64_t* row_seq, int64_t N, int64_t Hq_, int64_t D_)
-      : base(N + 1, 0), copy(N, 1), Hq(Hq_), D(D_) {
+  SpanItems(const int64_t* lens, const int64_t* row_seq, int64_t N, int64_t Hq_, int64_t D_, int64_t window = 0)
+      : base(N + 1, 0), first_pos(N, 0), copy(N, 1), Hq(Hq_), D(D_) {
     std::vector<int64_t> sorted(row_seq, row_seq + N);
     std::sort(sorted.begin(), sorted.end());
     for (int64_t n = 0; n < N; ++n) {
       const auto [lo, hi] = std::equal_range(sorted.begin(), sorted.end(), row_seq[n]);
       copy[n] = (hi - lo) == 1;
+      if (window > 0) first_pos[n] = std::max<int64_t>(0, lens[n] - window);
     }
-    for (int64_t n = 0; n < N; ++n) base[n + 1] = base[n] + num_spans(lens[n]);
+    for (int64_t n = 0; n < N; ++n) base[n + 1] = base[n] + num_spans(lens[n]) - first_span(n);
     row.resize(base[N]);
     for (int64_t n = 0; n < N; ++n)
       for (int64_t i = base[n]; i < base[n + 1]; ++i) row[i] = n;
@@ -376,10 +382,12 @@ struct SpanItems {
     acc.resize(base[N] * Hq * D);
   }
   int64_t items() const { return base.back(); }
+  // The index (span of ATTN_SPAN positions) of row n's first item.
+  int64_t first_span(int64_t n) const { return first_pos[n] / ATTN_SPAN; }
   // Item i's positions [p0, p1) of its row (context length len).
   std::pair<int64_t, int64_t> positions(int64_t i, int64_t len) const {
-    const int64_t p0 = (i - base[row[i]]) * ATTN_SPAN;
-    return {p0, std::min(len, p0 + ATTN_SPAN)};
+    const int64_t n = row[i], start = (i - base[n] + first_span(n)) * ATTN_SPAN;
+    return {std::max(start, first_pos[n]), std::min(len, start + ATTN_SPAN)};
   }
   float* max_of(int64_t i) { return max.data() + i * Hq; }
   float* sum_of(int64_t i) { return sum.data() + i * Hq; }
@@ -420,6 +428,19 @@ inline void merge_partials(const float* max, const float* sum, const float* acc,
   }
   const __m256 inv = _mm256_set1_ps(1.f / total);
   for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inv));
+}
+
+// Head dims the float32 attention kernels take (a multiple of 32; Gemma 3's 256 too).
+inline bool f32_head_dim(int64_t D) { return D == 64 || D == 128 || D == 256; }
+
+// f(std::integral_constant<int, D>) for a head dim f32_head_dim accepts.
+template <typename F>
+inline void dispatch_f32_head_dim(int64_t D, F&& f) {
+  switch (D) {
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    default: f(std::integral_constant<int, 256>{}); break;
+  }
 }
 
 #endif  // CADENCE_HAVE_AVX2

@@ -9,6 +9,9 @@
 //   6. gate, up, then silu(gate) * up            16-column units of both, by bytes
 //   7. d = act @ Wdown                           groups by bytes
 //   8. residual += d; normed = norm(residual)    every thread on its own copy
+// Gemma's layers (set after construction): sandwich norms (5 and 8 norm o and d first, on every
+// thread's own copy, as the per-op path's rms_norm then add_rms_norm), gelu_tanh for silu,
+// sliding-window layers (their own span plan) on their own rope table.
 //   9. (with a head and `logits`) logits = normed @ Whead^T, groups by bytes; then each thread's
 //      1 / nth of every row's argmax, merged by thread 0
 // Each thread quantizes a GEMM's input rows itself (its own copy, as it norms its own copy of the
@@ -208,7 +211,7 @@ DecodeStackGGUF::DecodeStackGGUF(const std::vector<at::Tensor>& blocks, const st
               "DecodeStackGGUF: 7 weights (q, k, v, o, gate, up, down) and 2 norms per layer");
   TORCH_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
               "DecodeStackGGUF: num_heads must be a multiple of num_kv_heads");
-  TORCH_CHECK(head_dim == 64 || head_dim == 128, "DecodeStackGGUF: head_dim 64 or 128 only, got ", head_dim);
+  TORCH_CHECK(avx2::f32_head_dim(head_dim), "DecodeStackGGUF: head_dim 64, 128 or 256 only, got ", head_dim);
   hidden_ = final_norm.numel();
   final_norm_ = float_vector(final_norm, hidden_, "final_norm");
   const int64_t H = hidden_, Q = num_heads * head_dim, KV = num_kv_heads * head_dim, I = intermediate;
@@ -244,6 +247,26 @@ void DecodeStackGGUF::attach_head(const at::Tensor& blocks, int64_t type, const 
 #endif
 }
 
+void DecodeStackGGUF::attach_sandwich_norms(const std::vector<at::Tensor>& attn_out,
+                                            const std::vector<at::Tensor>& mlp_out) {
+  TORCH_CHECK(attn_out.size() == layers_.size() && mlp_out.size() == layers_.size(),
+              "DecodeStackGGUF: one attention-output and one MLP-output norm per layer");
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    layers_[l].attn_out_norm = float_vector(attn_out[l], hidden_, "attn_out_norm");
+    layers_[l].mlp_out_norm = float_vector(mlp_out[l], hidden_, "mlp_out_norm");
+  }
+}
+
+void DecodeStackGGUF::set_layer_attention(const std::vector<int64_t>& windows, const std::vector<bool>& local_rope) {
+  TORCH_CHECK(windows.size() == layers_.size() && local_rope.size() == layers_.size(),
+              "DecodeStackGGUF: one window and one local-rope flag per layer");
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    TORCH_CHECK(windows[l] >= 0, "DecodeStackGGUF: a window is positive, or 0 for full attention");
+    layers_[l].window = windows[l];
+    layers_[l].local_rope = local_rope[l];
+  }
+}
+
 int64_t DecodeStackGGUF::weight_bytes() const {
   int64_t total = 0;
   for (const Layer& l : layers_)
@@ -256,9 +279,25 @@ at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, 
                                     const at::Tensor& slots, const at::Tensor& block_tables,
                                     const at::Tensor& row_seq, const at::Tensor& ctx_lens, double scale,
                                     const c10::optional<at::Tensor>& logits,
-                                    const c10::optional<at::Tensor>& argmax) const {
+                                    const c10::optional<at::Tensor>& argmax,
+                                    const c10::optional<at::Tensor>& cos_local,
+                                    const c10::optional<at::Tensor>& sin_local) const {
 #if CADENCE_HAVE_AVX2
   const int64_t T = x.dim() == 2 ? x.size(0) : 0;
+  bool any_local = false;
+  for (const Layer& l : layers_) any_local |= l.local_rope;
+  at::Tensor cl, sl_;
+  if (any_local) {
+    TORCH_CHECK(cos_local.has_value() && cos_local->defined() && sin_local.has_value() && sin_local->defined(),
+                "DecodeStackGGUF: layers with the local rope need cos_local and sin_local");
+    TORCH_CHECK(cos_local->scalar_type() == at::kFloat && sin_local->scalar_type() == at::kFloat &&
+                    cos_local->sizes() == cos.sizes() && sin_local->sizes() == cos.sizes(),
+                "DecodeStackGGUF: cos_local, sin_local [T, D] float32");
+    cl = cos_local->contiguous();
+    sl_ = sin_local->contiguous();
+  }
+  const float* clp = any_local ? cl.data_ptr<float>() : nullptr;
+  const float* slp_ = any_local ? sl_.data_ptr<float>() : nullptr;
   float* lp = nullptr;
   int64_t* ap = nullptr;
   if (logits.has_value() && logits->defined()) {
@@ -278,10 +317,10 @@ at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, 
   // The KV cache's storage type: float32, or float16 / bf16 (--kv-cache-dtype; attention_f32.h).
   switch (kv.scalar_type()) {
     case at::kHalf:
-      return forward_kv<c10::Half>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap);
+      return forward_kv<c10::Half>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap, clp, slp_);
     case at::kBFloat16:
-      return forward_kv<c10::BFloat16>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap);
-    default: return forward_kv<float>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap);
+      return forward_kv<c10::BFloat16>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap, clp, slp_);
+    default: return forward_kv<float>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap, clp, slp_);
   }
 #else
   TORCH_CHECK(false, "DecodeStackGGUF: built without AVX2/FMA");
@@ -293,7 +332,8 @@ template <typename KV>
 at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                        at::Tensor kv, const at::Tensor& slots, const at::Tensor& block_tables,
                                        const at::Tensor& row_seq, const at::Tensor& ctx_lens, double scale,
-                                       float* logits, int64_t* argmax) const {
+                                       float* logits, int64_t* argmax, const float* cos_local,
+                                       const float* sin_local) const {
 #if CADENCE_HAVE_AVX2
   const int64_t T = x.size(0), H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
   const int64_t I = intermediate_, L = num_layers(), G = Hq / Hkv;
@@ -325,8 +365,18 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
   const float* cp = c.data_ptr<float>();
   const float* sp = s.data_ptr<float>();
 
-  avx2::SpanItems plan(lenp, seqp, T, Hq, D);
-  const int64_t items = plan.items();
+  // One span plan per distinct attention window (0: full layers; Gemma's sliding layers share one).
+  std::vector<int64_t> plan_window{0};
+  std::vector<int64_t> layer_plan(L, 0);
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t win = layers_[l].window;
+    const auto it = std::find(plan_window.begin(), plan_window.end(), win);
+    layer_plan[l] = it - plan_window.begin();
+    if (it == plan_window.end()) plan_window.push_back(win);
+  }
+  std::vector<avx2::SpanItems> plans;
+  plans.reserve(plan_window.size());
+  for (const int64_t win : plan_window) plans.emplace_back(lenp, seqp, T, Hq, D, win);
 
   std::vector<float> qkv_buf(T * qkv_width), attn_buf(T * Hq * D), o_buf(T * H), act_buf(T * I), down_buf(T * H),
       gate_up_buf(T * 2 * I);
@@ -366,6 +416,16 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
         if (full_team && team > 1) barrier.wait();
       };
       std::vector<float> residual(T * H), normed(T * H), scores(Hq * avx2::ATTN_SPAN);
+      // A sandwich norm's output (the normed o or d rows), this thread's own copy.
+      std::vector<float> sublayer_out(layers_[0].attn_out_norm.defined() ? T * H : 0);
+      // Row t of a sublayer's output [T, H] as the residual adds it: itself, or with a sandwich
+      // norm that norm of it (rms_norm_row into this thread's copy, as the per-op path's rms_norm).
+      auto sublayer = [&](const float* out, const at::Tensor& norm, int64_t t) -> const float* {
+        if (!norm.defined()) return out + t * H;
+        rms_norm_row<float>(const_cast<float*>(out + t * H), nullptr, norm.data_ptr<float>(),
+                            sublayer_out.data() + t * H, H, eps);
+        return sublayer_out.data() + t * H;
+      };
       Activations acts;
       std::memcpy(residual.data(), x.data_ptr<float>(), sizeof(float) * T * H);
       for (int64_t t = 0; t < T; ++t)
@@ -375,6 +435,10 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
         const Layer& w = layers_[l];
         KV* kc = kvp + l * layer_stride;
         KV* vc = kc + layer_stride / 2;
+        avx2::SpanItems& plan = plans[layer_plan[l]];
+        const int64_t items = plan.items();
+        const float* lcp = w.local_rope ? cos_local : cp;
+        const float* lsp = w.local_rope ? sin_local : sp;
         // 1. q, k, v side by side.
         acts.prepare(normed.data(), T, H, {&w.q, &w.k, &w.v});
         gemm_share({&w.q, &w.k, &w.v}, acts, normed.data(), T, qkv_buf.data(), qkv_width, tid, nth);
@@ -384,7 +448,7 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
         {
           const auto [r0, r1] = share(T, tid, nth);
           for (int64_t t = r0; t < r1; ++t)
-            rope_write_row<float, KV>(qkv_buf.data() + t * qkv_width, cp + t * D, sp + t * D, Hq, Hkv, D,
+            rope_write_row<float, KV>(qkv_buf.data() + t * qkv_width, lcp + t * D, lsp + t * D, Hq, Hkv, D,
                                   kc + slp[t] * Hkv * D, vc + slp[t] * Hkv * D);
         }
         sync();
@@ -395,12 +459,11 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
           const auto [p0, p1] = plan.positions(i, lenp[t]);
           const float* q = qkv_buf.data() + t * qkv_width;
           const int32_t* table = btp + seqp[t] * max_blocks;
-          if (D == 64)
-            avx2::attend_span_f32<64, KV>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
-                                      plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
-          else
-            avx2::attend_span_f32<128, KV>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
-                                       plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
+          avx2::dispatch_f32_head_dim(D, [&](auto dim) {
+            avx2::attend_span_f32<decltype(dim)::value, KV>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale,
+                                                            scores.data(), plan.max_of(i), plan.sum_of(i),
+                                                            plan.acc_of(i), plan.copy[t]);
+          });
         }
         sync();
         {
@@ -417,8 +480,8 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
         sync();
         lap(3);
         for (int64_t t = 0; t < T; ++t)
-          rms_norm_row<float>(residual.data() + t * H, o_buf.data() + t * H, w.post_norm.data_ptr<float>(),
-                              normed.data() + t * H, H, eps);
+          rms_norm_row<float>(residual.data() + t * H, sublayer(o_buf.data(), w.attn_out_norm, t),
+                              w.post_norm.data_ptr<float>(), normed.data() + t * H, H, eps);
         lap(4);
         // 6. gate and up over this thread's 16-column units (the same columns of both), then silu * up
         // over them: gate_up_buf rows are [gate | up] as gguf_linear_many writes them.
@@ -432,8 +495,12 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
             run_groups(w.up, acts.args(w.up, normed.data(), T, gate_up_buf.data() + I, 2 * I), g0, g1);
             const int64_t c0 = u0 * PAIR_COLS, c1 = std::min(I, u1 * PAIR_COLS);
             for (int64_t t = 0; t < T; ++t)
-              silu_mul_row<float>(gate_up_buf.data() + t * 2 * I + c0, gate_up_buf.data() + t * 2 * I + I + c0,
+              if (gelu_)
+                gelu_tanh_mul_row(gate_up_buf.data() + t * 2 * I + c0, gate_up_buf.data() + t * 2 * I + I + c0,
                                   act_buf.data() + t * I + c0, c1 - c0);
+              else
+                silu_mul_row<float>(gate_up_buf.data() + t * 2 * I + c0, gate_up_buf.data() + t * 2 * I + I + c0,
+                                    act_buf.data() + t * I + c0, c1 - c0);
           }
         }
         sync();
@@ -445,8 +512,8 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
         lap(6);
         const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
         for (int64_t t = 0; t < T; ++t)
-          rms_norm_row<float>(residual.data() + t * H, down_buf.data() + t * H, next_norm.data_ptr<float>(),
-                              normed.data() + t * H, H, eps);
+          rms_norm_row<float>(residual.data() + t * H, sublayer(down_buf.data(), w.mlp_out_norm, t),
+                              next_norm.data_ptr<float>(), normed.data() + t * H, H, eps);
         lap(7);
       }
       if (logits != nullptr) {

@@ -42,6 +42,17 @@ class DecodeStackGGUF {
   // projection above), for forward's `logits`: referenced, not copied.
   void attach_head(const at::Tensor& blocks, int64_t type, const c10::optional<at::Tensor>& packed,
                    const c10::optional<at::Tensor>& bias, int64_t N);
+  // Gemma's pieces (set after construction; without them the layers are Llama ones):
+  // sandwich norms: per layer the norms [H] of the attention output (post_attention_layernorm)
+  // and of the MLP output (post_feedforward_layernorm), applied before each residual add; the
+  // constructor's post_norm is then the MLP's pre-norm (pre_feedforward_layernorm).
+  void attach_sandwich_norms(const std::vector<at::Tensor>& attn_out, const std::vector<at::Tensor>& mlp_out);
+  // The MLP's gate activation gelu_tanh (GeGLU: gelu_tanh_mul_row) instead of silu.
+  void use_gelu_tanh() { gelu_ = true; }
+  // Per layer: the attention window (0 = full attention; a query sees the keys at positions
+  // > its own - window) and whether the layer rotates with forward's cos_local / sin_local (a
+  // sliding layer's own rope base, Gemma 3) instead of cos / sin.
+  void set_layer_attention(const std::vector<int64_t>& windows, const std::vector<bool>& local_rope);
   // The attached head's N (the vocabulary), 0 without one.
   int64_t head_size() const { return head_.N; }
   // An uninitialised [T, head_size] float32 tensor for forward's `logits`, on pages kept mapped
@@ -56,10 +67,12 @@ class DecodeStackGGUF {
   // hidden states in the same parallel region (a decode step's largest GEMM without a second
   // region's wake-up), the bits gguf_linear gives; argmax ([T] int64, with logits): each row's
   // torch.argmax of them (the first index of the maximum, a NaN's first index if any).
+  // cos_local, sin_local ([T, D]): the rope of the layers set_layer_attention marks local.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                      const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
                      const at::Tensor& ctx_lens, double scale, const c10::optional<at::Tensor>& logits,
-                     const c10::optional<at::Tensor>& argmax) const;
+                     const c10::optional<at::Tensor>& argmax, const c10::optional<at::Tensor>& cos_local,
+                     const c10::optional<at::Tensor>& sin_local) const;
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   // Bytes the GEMMs read per step (the packed copies and the row-wise blocks they use).
@@ -80,10 +93,14 @@ class DecodeStackGGUF {
   template <typename KV>
   at::Tensor forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                         const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
-                        const at::Tensor& ctx_lens, double scale, float* logits, int64_t* argmax) const;
+                        const at::Tensor& ctx_lens, double scale, float* logits, int64_t* argmax,
+                        const float* cos_local, const float* sin_local) const;
   struct Layer {
     Matrix q, k, v, o, gate, up, down;
     at::Tensor input_norm, post_norm;  // float32 [H]
+    at::Tensor attn_out_norm, mlp_out_norm;  // float32 [H], undefined without sandwich norms
+    int64_t window = 0;       // attention window, 0 = full
+    bool local_rope = false;  // rotates with cos_local / sin_local
   };
   std::vector<Layer> layers_;
   at::Tensor final_norm_;
@@ -91,6 +108,7 @@ class DecodeStackGGUF {
   std::shared_ptr<PagePool> logits_pool_ = PagePool::create();
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   double eps_;
+  bool gelu_ = false;
   mutable SoloSchedule solo_;
   mutable StepStats<NUM_PHASES> stats_;
 };
