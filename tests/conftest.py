@@ -93,7 +93,7 @@ def _randomize(model) -> None:
 def build_tiny_checkpoint(out_dir: str, architecture: str, tie_word_embeddings: bool,
                           hidden_size: int = 64, intermediate_size: int = 128, num_heads: int = 4,
                           num_kv_heads: int = 2) -> str:
-    """A 2-layer random transformers model ('llama' | 'qwen2' | 'mistral') in out_dir."""
+    """A 2-layer random transformers model ('llama' | 'qwen2' | 'qwen3' | 'mistral') in out_dir."""
     import torch
     import transformers
 
@@ -111,6 +111,9 @@ def build_tiny_checkpoint(out_dir: str, architecture: str, tie_word_embeddings: 
     elif architecture == "qwen2":
         config = transformers.Qwen2Config(**common)
         model_cls = transformers.Qwen2ForCausalLM
+    elif architecture == "qwen3":  # per-head q/k norms, no window
+        config = transformers.Qwen3Config(**common, head_dim=hidden_size // num_heads)
+        model_cls = transformers.Qwen3ForCausalLM
     elif architecture == "mistral":
         config = transformers.MistralConfig(**common, sliding_window=None)
         model_cls = transformers.MistralForCausalLM
@@ -151,6 +154,13 @@ def tiny_llama_d64_dir(tmp_path_factory) -> str:
 def tiny_qwen2_d64_dir(tmp_path_factory) -> str:
     """A tiny random Qwen2 (q/k/v bias, tied head) with head_dim 64."""
     return build_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_qwen2_d64")), "qwen2", True,
+                                 **D64_SHAPE)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_d64_dir(tmp_path_factory) -> str:
+    """A tiny random Qwen3 (per-head q/k norms, tied head) with head_dim 64."""
+    return build_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_qwen3_d64")), "qwen3", True,
                                  **D64_SHAPE)
 
 

@@ -1,4 +1,5 @@
-"""Llama-architecture GGUF files whose matrices are random valid blocks of any ggml type.
+"""Llama-architecture GGUF files whose matrices are random valid blocks of any ggml type (or
+Qwen3 ones: the same layers plus per-head q/k norms).
 
 gguf-py cannot quantize the K-quants, and a model's equivalence does not need trained values:
 each matrix is random bytes with its float16 scales set to small finite numbers (so every block
@@ -59,11 +60,13 @@ def _byte_level_vocab(vocab: int) -> tuple[list[str], list[str]]:
     return tokens + [f"<unused{i}>" for i in range(vocab - len(tokens))], [f"{a} {b}" for a, b in pairs]
 
 
-def _tensors(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, vocab: int):
+def _tensors(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, vocab: int, qk_norm: bool):
     head_dim = hidden // heads
     out = [("token_embd.weight", (vocab, hidden))]
     for i in range(layers):
         p = f"blk.{i}."
+        if qk_norm:
+            out += [(p + "attn_q_norm.weight", (head_dim,)), (p + "attn_k_norm.weight", (head_dim,))]
         out += [(p + "attn_norm.weight", (hidden,)), (p + "attn_q.weight", (heads * head_dim, hidden)),
                 (p + "attn_k.weight", (kv_heads * head_dim, hidden)),
                 (p + "attn_v.weight", (kv_heads * head_dim, hidden)),
@@ -76,15 +79,18 @@ def _tensors(hidden: int, inter: int, layers: int, heads: int, kv_heads: int, vo
 
 def write_random_gguf(path: str, qtype: Q, *, hidden: int = 256, inter: int = 512, layers: int = 2,
                       heads: int = 4, kv_heads: int = 2, vocab: int = 512, seed: int = 0,
-                      float_twin: str | None = None, type_of: dict[str, Q] | None = None) -> str:
+                      float_twin: str | None = None, type_of: dict[str, Q] | None = None,
+                      arch: str = "llama") -> str:
     """A llama GGUF whose matrices are `qtype` blocks; with `float_twin`, also that path's file
     holding the same model with every matrix as float32 (its dequantized values). `type_of`
     gives some tensors another type, by the GGUF name's last part before ".weight" (e.g.
-    {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}, a Q4_K_M file's mix)."""
+    {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}, a Q4_K_M file's mix). arch "qwen3": a Qwen3 file
+    (per-head q/k norm weights in every layer, rope base 1e6)."""
+    assert arch in ("llama", "qwen3"), arch
     rng = np.random.default_rng(seed)
-    writers = [gguf.GGUFWriter(path, "llama")]
+    writers = [gguf.GGUFWriter(path, arch)]
     if float_twin:
-        writers.append(gguf.GGUFWriter(float_twin, "llama"))
+        writers.append(gguf.GGUFWriter(float_twin, arch))
     tokens, merges = _byte_level_vocab(vocab)
     for w in writers:
         w.add_block_count(layers)
@@ -95,6 +101,8 @@ def write_random_gguf(path: str, qtype: Q, *, hidden: int = 256, inter: int = 51
         w.add_head_count_kv(kv_heads)
         w.add_rope_dimension_count(hidden // heads)
         w.add_layer_norm_rms_eps(1e-5)
+        if arch == "qwen3":
+            w.add_rope_freq_base(1e6)
         w.add_vocab_size(vocab)
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("default")
@@ -103,7 +111,7 @@ def write_random_gguf(path: str, qtype: Q, *, hidden: int = 256, inter: int = 51
         w.add_token_merges(merges)
         w.add_bos_token_id(0)
         w.add_eos_token_id(1)
-    for name, shape in _tensors(hidden, inter, layers, heads, kv_heads, vocab):
+    for name, shape in _tensors(hidden, inter, layers, heads, kv_heads, vocab, arch == "qwen3"):
         if len(shape) == 1:
             values = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
             for w in writers:

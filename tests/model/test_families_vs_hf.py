@@ -163,13 +163,15 @@ def test_greedy_tokens_match_transformers_and_scheduling(family):
         assert got == reference, f"{name}: {policy} budget {budget} max_seqs {max_seqs} prefix {prefix}"
 
 
-def test_only_plain_llama_takes_the_fused_stack(family):
+def test_only_stack_shaped_families_take_the_fused_stack(family):
+    """Plain Llama (and Qwen3 without a window, whose q/k norms the float32 stack has:
+    test_fused_decode_f32.py) take the stack; every other family runs the per-op path."""
     name, _, ours, _ = family
     kernels = load_cpu_kernels()
     if kernels is None:
         pytest.skip("compiled CPU kernels unavailable")
     stack = ours.model._stack_for(kernels)
-    if not ours.config.is_plain_llama:
+    if not ours.config.stack_computes(qk_norm=True):
         assert stack is False, f"{name} must run the per-op path"
         if has_f32_stack(kernels):  # its GEMMs packed for the float32 kernels instead
             layer = ours.model.model.layers[0]

@@ -130,6 +130,45 @@ def test_rope_write_kv_matches_torch(dtype):
     assert torch.equal(v_cache.view(-1, kv_heads, dim)[slots], v.reshape(tokens, kv_heads, dim))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_write_kv_with_qk_norms_is_rms_norm_per_head_then_rope(dtype):
+    """Qwen3's per-head q/k norms inside rope_write_kv (the fused stacks' row function): each q and
+    k head gets rms_norm's bits with its weight, v none; the rest is rope_write_kv's rotation.
+    Close to the torch path (RMSNorm modules, then apply_rope)."""
+    from cadence.model.llama import RMSNorm
+
+    torch.manual_seed(1)
+    heads, kv_heads, dim, tokens, eps = 6, 2, 64, 7, 1e-6
+    qkv = (3 * torch.randn(tokens, (heads + 2 * kv_heads) * dim)).to(dtype)
+    q_w, k_w = (1 + 0.1 * torch.randn(dim)).to(dtype), (1 + 0.1 * torch.randn(dim)).to(dtype)
+    positions = torch.tensor([0, 1, 2, 30, 91, 500, 4000])
+    cos32, sin32 = rope_cos_sin(positions, dim, 1e6, torch.float32)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    normed = torch.cat([KERNELS.rms_norm(q.reshape(-1, dim).contiguous(), q_w, eps).reshape(tokens, -1),
+                        KERNELS.rms_norm(k.reshape(-1, dim).contiguous(), k_w, eps).reshape(tokens, -1), v], dim=-1)
+    caches = [torch.zeros(4, 4, kv_heads, dim, dtype=dtype) for _ in range(4)]
+    slots = torch.arange(tokens)
+    expected = normed.contiguous()
+    KERNELS.rope_write_kv(expected, cos32, sin32, heads, kv_heads, caches[0], caches[1], slots)
+    got = qkv.clone()
+    KERNELS.rope_write_kv(got, cos32, sin32, heads, kv_heads, caches[2], caches[3], slots, q_norm=q_w, k_norm=k_w,
+                          eps=eps)
+    assert torch.equal(got, expected) and torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+    q_norm, k_norm = RMSNorm(dim, eps).to(dtype), RMSNorm(dim, eps).to(dtype)
+    q_norm.weight.data.copy_(q_w)
+    k_norm.weight.data.copy_(k_w)
+    cos, sin = rope_cos_sin(positions, dim, 1e6, dtype)
+    with torch.no_grad():
+        q_ref = apply_rope(q_norm(q.reshape(tokens, heads, dim)), cos, sin)
+        k_ref = apply_rope(k_norm(k.reshape(tokens, kv_heads, dim)), cos, sin)
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(got[:, :heads * dim].reshape(tokens, heads, dim), q_ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(caches[2].view(-1, kv_heads, dim)[slots], k_ref, atol=atol, rtol=rtol)
+    with pytest.raises(RuntimeError, match="come together"):
+        KERNELS.rope_write_kv(qkv.clone(), cos32, sin32, heads, kv_heads, caches[2], caches[3], slots, q_norm=q_w,
+                              eps=eps)
+
+
 @pytest.mark.parametrize("dim", [64, 128])
 def test_rope_write_kv_bf16_rounds_every_op_like_eager(dim):
     # The bf16 kernel runs 16 dims at a time: bit-equal to rounding each product and sum to

@@ -1,7 +1,7 @@
 """The float32 fused decode stack (kernels.DecodeStackF32) and the compressed packed GEMM under it
 (every kernel tier with AVX2 + FMA: Zen 2/3, Zen 4, Intel since Haswell).
 
-Checked on tiny head_dim-64 Llama and Qwen2 (bias) checkpoints against the per-op float32 path
+Checked on tiny head_dim-64 Llama, Qwen2 (bias) and Qwen3 (q/k norms) checkpoints against the per-op float32 path
 over the same (rounded) weights and against the unrounded float32 reference, for each packed
 weight format: decodes and short chunks over scattered blocks, the KV it writes, batch and
 thread-count invariance, the fused argmax and bad input.
@@ -47,7 +47,7 @@ def run_steps(model, config, steps, stack: bool, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["float32", "bf16", "int8", "int4"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_f32_stack_matches_per_op_path_and_reference(request, arch, fmt, monkeypatch):
     path = request.getfixturevalue(f"tiny_{arch}_d64_dir")
     loaded = load_model(path, dtype=torch.float32, device="cpu")
@@ -55,6 +55,7 @@ def test_f32_stack_matches_per_op_path_and_reference(request, arch, fmt, monkeyp
     loaded.model.set_decode_weight_format(fmt)
     stack_logits, stack_kv, stack = run_steps(loaded.model, loaded.config, STEPS, True, monkeypatch)
     assert stack and stack.weight_format == WEIGHT_FORMATS[fmt]
+    assert stack.has_qk_norms == (arch == "qwen3")
     # The model's own weights now hold the packed copy's values: the per-op path computes with
     # the same weights (int8: on the same quantized activations), so only the summation order
     # differs.

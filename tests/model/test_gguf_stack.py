@@ -4,9 +4,10 @@ Random llama GGUF files (random_gguf.py): a Q4_K_M-like mix (Q4_K, with Q6_K v a
 repacked layouts, q/k read in place through their row order), a Q5_K_M-like one (repacked Q5_K
 with Q6_K v and down), row-wise types (Q8_0; a
 Q3_K_M-like mix of Q3_K with Q2_K v, IQ4_XS down and Q4_K output) and float ones (F16, BF16),
-head_dim 64 and 128. The stack must give the per-op path's bits: the
-logits of decode and short-chunk steps over scattered blocks and the KV it writes; and a row's
-result must not depend on the rows beside it or on the thread count.
+head_dim 64 and 128; and Qwen3 ones (per-head q/k norms before rope) in the Q4_K_M mix. The
+stack must give the per-op path's bits: the logits of decode and short-chunk steps over
+scattered blocks and the KV it writes; and a row's result must not depend on the rows beside it
+or on the thread count.
 """
 
 from __future__ import annotations
@@ -36,21 +37,24 @@ STEPS = [[(0, 17), (0, 9), (0, 3)], [(17, 1), (9, 1), (3, 1)], [(18, 1), (10, 5)
          [(19, STACK_MAX_CHUNK - 1), (15, 1), (5, 2)], [(50, 1), (16, 1), (7, 1)]]
 Q4_K_M_MIX = {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}
 LOW_BIT_MIX = {"attn_v": Q.Q2_K, "ffn_down": Q.IQ4_XS, "attn_output": Q.Q4_K}
-# name: (layer type, other tensors' types, attention heads, kv heads)
+# name: (layer type, other tensors' types, attention heads, kv heads, GGUF architecture)
 MODELS = {
-    "q4_k_m": (Q.Q4_K, Q4_K_M_MIX, 4, 2),
-    "q4_k_m_d128": (Q.Q4_K, Q4_K_M_MIX, 2, 1),
-    "q8_0": (Q.Q8_0, None, 4, 2),
-    "q5_k_m": (Q.Q5_K, Q4_K_M_MIX, 4, 2),
-    "q3_k_mix": (Q.Q3_K, LOW_BIT_MIX, 4, 2),
-    "f16": (Q.F16, None, 4, 2),
-    "bf16": (Q.BF16, None, 4, 2),
+    "q4_k_m": (Q.Q4_K, Q4_K_M_MIX, 4, 2, "llama"),
+    "q4_k_m_d128": (Q.Q4_K, Q4_K_M_MIX, 2, 1, "llama"),
+    "q8_0": (Q.Q8_0, None, 4, 2, "llama"),
+    "q5_k_m": (Q.Q5_K, Q4_K_M_MIX, 4, 2, "llama"),
+    "q3_k_mix": (Q.Q3_K, LOW_BIT_MIX, 4, 2, "llama"),
+    "f16": (Q.F16, None, 4, 2, "llama"),
+    "bf16": (Q.BF16, None, 4, 2, "llama"),
+    "qwen3_q4_k_m": (Q.Q4_K, Q4_K_M_MIX, 4, 2, "qwen3"),
+    "qwen3_q4_k_m_d128": (Q.Q4_K, Q4_K_M_MIX, 2, 1, "qwen3"),
 }
 
 
-def _load(tmp_path, name: str):
-    qtype, type_of, heads, kv_heads = MODELS[name]
-    path = write_random_gguf(str(tmp_path / f"{name}.gguf"), qtype, heads=heads, kv_heads=kv_heads, type_of=type_of)
+def _load(tmp_path, name: str, **twin):
+    qtype, type_of, heads, kv_heads, arch = MODELS[name]
+    path = write_random_gguf(str(tmp_path / f"{name}.gguf"), qtype, heads=heads, kv_heads=kv_heads, type_of=type_of,
+                             arch=arch, **twin)
     return load_model(path, dtype="float32", device="cpu", quantization="gguf")
 
 
@@ -75,6 +79,7 @@ def test_gguf_stack_gives_the_per_op_bits(tmp_path, monkeypatch, name):
     model, config = loaded.model, loaded.config
     stack_logits, stack_kv, stack = run_steps(model, config, STEPS, True, monkeypatch)
     assert isinstance(stack, KERNELS.DecodeStackGGUF) and stack.num_layers == config.num_layers
+    assert stack.has_qk_norms == config.qk_norm == name.startswith("qwen3")
     per_op_logits, per_op_kv, none = run_steps(model, config, STEPS, False, monkeypatch)
     assert none is None
     assert torch.isfinite(stack_logits).all() and stack_logits.abs().max() > 0
@@ -113,7 +118,7 @@ def _decode_meta(spans):
     return AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, TABLES)], BLOCK, POOL)
 
 
-@pytest.mark.parametrize("name", ["q4_k_m", "q3_k_mix", "bf16"])
+@pytest.mark.parametrize("name", ["q4_k_m", "q3_k_mix", "bf16", "qwen3_q4_k_m"])
 def test_gguf_stack_head_gives_the_logits_and_argmax_of_the_separate_head(tmp_path, monkeypatch, name):
     """forward_logits (the LM head and argmax in the stack's parallel region) gives the bits of
     forward then compute_logits and argmax_rows, and writes the same KV; it declines steps with a
@@ -203,3 +208,37 @@ def test_gguf_stack_logits_pages_are_reused_only_once_dropped(tmp_path, monkeypa
         model._decode_stack = None
         gc.collect()
         assert float(third.sum()) == 2.0 * 3 * config.vocab_size  # still mapped after the stack went
+
+
+def test_qwen3_stack_matches_float_twin_and_per_op_greedy_tokens(tmp_path, monkeypatch):
+    """A Qwen3 Q4_K_M file (q/k norms) decodes through the GGUF stack: its logits agree with the
+    float32 twin (the blocks' dequantized values, loaded the float way: the float32 stack with
+    the same q/k norms) within 8-bit activations' error, and the engine's greedy tokens are the
+    per-op path's (CADENCE_DECODE_STACK=0) whatever the batch."""
+    from cadence.core.sampling_params import SamplingParams
+    from cadence.engine.llm import LLM
+
+    twin_path = str(tmp_path / "twin.gguf")
+    native = _load(tmp_path, "qwen3_q4_k_m", float_twin=twin_path)
+    twin = load_model(twin_path, dtype="float32", device="cpu", quantization="none")
+    assert native.config.qk_norm and native.config.stack_computes(qk_norm=True)
+    steps = STEPS[:3]
+    ours, _, stack = run_steps(native.model, native.config, steps, True, monkeypatch)
+    ref, _, twin_stack = run_steps(twin.model, twin.config, steps, True, monkeypatch)
+    assert isinstance(stack, KERNELS.DecodeStackGGUF) and stack.has_qk_norms
+    assert isinstance(twin_stack, KERNELS.DecodeStackF32) and twin_stack.has_qk_norms
+    rel = ((ours - ref).norm() / ref.norm()).item()
+    assert rel < 0.06, rel
+
+    path = str(tmp_path / "qwen3_q4_k_m.gguf")
+    prompts = [[(5 * i + j) % 500 + 2 for j in range(9 + 7 * i)] for i in range(3)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv(ENV_SWITCH, switch)
+        llm = LLM(path, quantization="gguf", dtype="float32", max_num_batched_tokens=512, num_gpu_blocks_override=64)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        tokens[switch] = [list(o.outputs[0].token_ids) for o in outputs]
+        model = llm.engine.executor.model
+        assert bool(model._decode_stack) == (switch == "1")
+    assert tokens["1"] == tokens["0"]

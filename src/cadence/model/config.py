@@ -200,10 +200,20 @@ class ModelConfig:
 
     @property
     def is_plain_llama(self) -> bool:
-        """Whether every layer is the plain Llama shape the fused CPU decode stack computes:
-        SwiGLU, pre-norms only, full rope, default attention scale, no window, no capping, and
-        dense (mixture-of-experts layers run the per-op path)."""
-        return (not self.qk_norm and not self.sandwich_norms and self.hidden_act == "silu"
+        """Whether every layer is the plain Llama shape: SwiGLU, pre-norms only, no q/k norms,
+        full rope, default attention scale, no window, no capping, and dense."""
+        return not self.qk_norm and self._llama_but_qk_norm
+
+    def stack_computes(self, qk_norm: bool) -> bool:
+        """Whether a fused CPU decode stack computes every layer: the plain Llama shape, and also
+        with per-head q/k norms (Qwen3) where that stack has them (`qk_norm`: the float32 and
+        GGUF stacks do, the bf16 one does not). Other families (and mixture-of-experts layers)
+        run the per-op path, whose pieces read every family field."""
+        return self._llama_but_qk_norm and (qk_norm or not self.qk_norm)
+
+    @property
+    def _llama_but_qk_norm(self) -> bool:
+        return (not self.sandwich_norms and self.hidden_act == "silu"
                 and self.embedding_multiplier is None and self.query_pre_attn_scalar is None
                 and self.attn_logit_softcapping is None and self.final_logit_softcapping is None
                 and self.layer_types is None and self.rope_layers is None

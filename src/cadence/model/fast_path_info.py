@@ -39,7 +39,7 @@ def describe_fast_path(loaded: "LoadedModel", kv_tokens: int | None = None) -> t
         parts.append(f"device {loaded.device}, compute {dtype}")
     config = loaded.config
     if config.num_experts:
-        # The fused decode stacks are dense-only (ModelConfig.is_plain_llama): every step of a
+        # The fused decode stacks are dense-only (ModelConfig.stack_computes): every step of a
         # mixture-of-experts model runs layer by layer, each chosen expert once over its rows.
         parts.append(f"mixture of experts ({config.num_experts} experts, top {config.num_experts_per_tok}): "
                      "per-op path, no fused decode stack")

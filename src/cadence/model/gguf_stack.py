@@ -7,10 +7,12 @@ kernels and activation quantization: stack and per-op path give the same bits fo
 step's route never changes tokens (docs/ARCHITECTURE.md invariant 1). It takes the steps the
 float32 stack takes (fused_decode.takes_stack); CADENCE_DECODE_STACK=0 turns it off.
 
-Beyond plain Llama layers it computes Gemma 2/3's (gguf_stack_computes): sandwich norms, GeGLU,
-the query_pre_attn_scalar scale, sliding-window layers (the paged kernel's windowed span plan,
-which the per-op path runs too) on their own rope base; the embedding multiplier applies before
-the stack (LlamaForCausalLM._embed), and forward_logits leaves final soft-capping out.
+Beyond plain Llama layers it computes Qwen3's and Gemma 2/3's (gguf_stack_computes): per-head q/k
+RMS norms before rope (rows.h qk_norm_row, which the per-op path's rope_write_kv runs too),
+sandwich norms, GeGLU, the query_pre_attn_scalar scale, sliding-window layers (the paged kernel's
+windowed span plan, which the per-op path runs too) on their own rope base; the embedding
+multiplier applies before the stack (LlamaForCausalLM._embed), and forward_logits leaves final
+soft-capping out.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from cadence.model.config import ModelConfig
-from cadence.model.fused_decode import has_f32_stack, stack_enabled
+from cadence.model.fused_decode import attach_qk_norms, has_f32_stack, stack_enabled
 from cadence.model.gguf_modules import GGUFLinear
 
 if TYPE_CHECKING:
@@ -37,11 +39,11 @@ def _projections(layer) -> list[GGUFLinear]:
 
 def gguf_stack_computes(config: ModelConfig) -> bool:
     """Whether the GGUF stack computes every layer of `config` as the per-op path does: dense
-    SwiGLU or GeGLU layers with pre-norms (and Gemma's sandwich norms), any attention scale,
-    full layers and sliding-window ones, rope over whole heads on every layer (a global and a
-    local base). Not: q/k norms (Qwen3, Gemma 3), attention soft-capping (Gemma 2), partial or
-    per-layer rope, MLP biases, mixture-of-experts layers."""
-    return (not config.qk_norm and config.attn_logit_softcapping is None and config.rope_layers is None
+    SwiGLU or GeGLU layers with pre-norms (and Gemma's sandwich norms), per-head q/k norms
+    (Qwen3, Gemma 3), any attention scale, full layers and sliding-window ones, rope over whole
+    heads on every layer (a global and a local base). Not: attention soft-capping (Gemma 2),
+    partial or per-layer rope, MLP biases, mixture-of-experts layers."""
+    return (config.attn_logit_softcapping is None and config.rope_layers is None
             and config.partial_rotary_factor == 1.0 and not config.mlp_bias and config.num_experts == 0)
 
 
@@ -94,10 +96,13 @@ def _mlp_norm(layer):
 
 
 def _set_family_pieces(stack, model: "LlamaForCausalLM") -> None:
-    """Gemma's pieces on the stack: sandwich norms, GeGLU, windows and the local rope."""
+    """Qwen3's and Gemma's pieces on the stack: q/k norms, sandwich norms, GeGLU, windows and the
+    local rope."""
     from cadence.model.llama import LOCAL_ROPE  # llama imports this module
 
     config, layers = model.config, model.model.layers
+    if config.qk_norm:
+        attach_qk_norms(stack, layers)
     if config.sandwich_norms:
         stack.attach_sandwich_norms(attn_out=[layer.post_attention_layernorm.weight.detach() for layer in layers],
                                     mlp_out=[layer.post_feedforward_layernorm.weight.detach() for layer in layers])

@@ -107,7 +107,7 @@ class PackedInteger:
         return kernels.linear_packed_f32(x.contiguous(), self.data, self.scales, self.format, self.N, bias)
 
 
-# Families that do not take the fused stack (not config.is_plain_llama) pack their per-op GEMM
+# Families that do not take the fused stack (not config.stack_computes) pack their per-op GEMM
 # weights themselves on the float32 path (LlamaForCausalLM._pack_per_op): integer formats serve
 # every row count as above; float32 / bf16 storage serves steps up to the stack's row bound
 # (decode batches), where torch's float32 GEMM pays its near-fixed cost per call, and torch's
@@ -216,8 +216,8 @@ class LlamaAttention(_FusedProjections):
         # Qwen3, Gemma 3: RMS norm of each head's q and k (over head_dim) before rope.
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        # The kernel's fused rope + cache write rotates whole heads of the raw projections.
-        self.kernel_rope = not config.qk_norm and config.rotary_dim == config.head_dim
+        # The kernel's fused (q/k norm,) rope + cache write rotates whole heads of the projections.
+        self.kernel_rope = config.rotary_dim == config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.quantize_inputs = False  # set_decode_weight_format: int8 weights quantize GEMM inputs
         # (qkv, o) as PackedInteger while an int8 model's fused stack exists (attach_packed_int8).
@@ -273,8 +273,8 @@ class LlamaAttention(_FusedProjections):
     def forward_cpu(self, x: torch.Tensor, cos32: torch.Tensor | None, sin32: torch.Tensor | None,
                     meta: AttentionMetadata, kv: KVCache, kernels: ModuleType) -> torch.Tensor:
         """The compiled-kernel path: x [T, H]; cos32, sin32: [T, rotary_dim] float32 (None on a
-        layer without rope) -> [T, H]. Pieces the kernels lack run in torch: q/k norms and
-        partial rope (then the cache write too), and attention with soft-capping or a window
+        layer without rope) -> [T, H]. Pieces the kernels lack run in torch: partial rope (then
+        the q/k norms and the cache write too), and attention with soft-capping or a window
         that excludes keys this step where the float32 paged kernel cannot take it (_kernel_window)."""
         num_tokens = x.shape[0]
         k_cache, v_cache = kv.k[self.layer_idx], kv.v[self.layer_idx]
@@ -287,9 +287,14 @@ class LlamaAttention(_FusedProjections):
             if cos32 is None:  # no rope on this layer: the identity rotation
                 cos32 = torch.ones(num_tokens, self.head_dim)
                 sin32 = torch.zeros(num_tokens, self.head_dim)
-            # Rotates q and k in place and stores k, v at their slots.
+            # Norms each q and k head (with q/k norms: the fused stacks' row function), rotates q
+            # and k in place and stores k, v at their slots.
+            norms = {}
+            if self.q_norm is not None:
+                norms = dict(q_norm=self.q_norm.weight.detach(), k_norm=self.k_norm.weight.detach(),
+                             eps=self.q_norm.eps)
             kernels.rope_write_kv(qkv, cos32, sin32, self.num_heads, self.num_kv_heads,
-                                  k_cache, v_cache, meta.slot_mapping)
+                                  k_cache, v_cache, meta.slot_mapping, **norms)
             q = qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim).contiguous()
             kv_new = qkv[:, self.q_size:].view(num_tokens, 2, self.num_kv_heads, self.head_dim)
             k_new, v_new = kv_new[:, 0], kv_new[:, 1]

@@ -19,7 +19,7 @@ per expert instead, benchmarks/moe_bench.py's steps took 10-30% longer: docs/per
 dense SwiGLU MLP module (llama.LlamaMLP of width moe_intermediate_size), so it computes on
 whatever its weights are: float (torch or the packed float32 / int8 / int4 kernels) or the
 GGUF file's own blocks (GGUFLinear). The fused decode stacks are dense-only: a model with MoE
-layers always takes the per-op path (ModelConfig.is_plain_llama).
+layers always takes the per-op path (ModelConfig.stack_computes).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@
 //  paged_attention   one query row per token, attending over its own context [0, ctx_len) read
 //                    straight from the paged cache through its block table: no gather, no copy.
 //  rope_write_kv     rotate q and k of a fused qkv projection in place (HF rotate_half layout)
-//                    and store k, v at their cache slots.
+//                    and store k, v at their cache slots; with q_norm / k_norm weights, each
+//                    head's RMS norm first (Qwen3, Gemma 3).
 //  add_rms_norm      residual += x (in the model dtype), out = rms_norm(residual) * weight.
 //  rms_norm          out = rms_norm(x) * weight.
 //  silu_mul          out = silu(gate) * up of a fused gate/up projection.
@@ -52,7 +53,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("block_tables"), py::arg("row_seq"), py::arg("ctx_lens"), py::arg("scale"), py::arg("window") = 0,
         "paged attention over block tables (no gather); window > 0: the keys of a sliding-window layer only",
         py::call_guard<py::gil_scoped_release>());
-  m.def("rope_write_kv", &cadence_kernels::rope_write_kv, "rotary embedding in place + cache write", py::call_guard<py::gil_scoped_release>());
+  m.def("rope_write_kv", &cadence_kernels::rope_write_kv, py::arg("qkv"), py::arg("cos"), py::arg("sin"),
+        py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"),
+        py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(), py::arg("eps") = 0.0,
+        "(per-head q/k RMS norm, then) rotary embedding in place + cache write", py::call_guard<py::gil_scoped_release>());
   m.def("rms_norm", &cadence_kernels::rms_norm, "RMS norm", py::call_guard<py::gil_scoped_release>());
   m.def("add_rms_norm", &cadence_kernels::add_rms_norm, "residual add + RMS norm", py::call_guard<py::gil_scoped_release>());
   m.def("silu_mul", &cadence_kernels::silu_mul, "silu(gate) * up", py::call_guard<py::gil_scoped_release>());
@@ -122,6 +126,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("num_kv_heads"), py::arg("eps"), py::arg("format"))
       .def("forward", &cadence_kernels::DecodeStackF32::forward, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &cadence_kernels::DecodeStackF32::num_layers)
+      .def("attach_qk_norms", &cadence_kernels::DecodeStackF32::attach_qk_norms, py::arg("q_norm"),
+           py::arg("k_norm"), "per-layer q and k RMS norm weights [head_dim] (Qwen3), applied before rope")
+      .def_property_readonly("has_qk_norms", &cadence_kernels::DecodeStackF32::has_qk_norms)
       .def_property_readonly("weight_format", &cadence_kernels::DecodeStackF32::weight_format)
       .def_property_readonly("weight_bytes", &cadence_kernels::DecodeStackF32::weight_bytes)
       .def("phase_seconds", &cadence_kernels::DecodeStackF32::phase_seconds,
@@ -141,6 +148,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("attach_head", &cadence_kernels::DecodeStackGGUF::attach_head, py::arg("blocks"), py::arg("type"),
            py::arg("packed"), py::arg("bias"), py::arg("N"),
            "the LM head [N, H] that forward's `logits` runs in the same parallel region")
+      .def("attach_qk_norms", &cadence_kernels::DecodeStackGGUF::attach_qk_norms, py::arg("q_norm"),
+           py::arg("k_norm"), "per-layer q and k RMS norm weights [head_dim] (Qwen3), applied before rope")
+      .def_property_readonly("has_qk_norms", &cadence_kernels::DecodeStackGGUF::has_qk_norms)
       .def_property_readonly("head_size", &cadence_kernels::DecodeStackGGUF::head_size)
       .def("new_logits", &cadence_kernels::DecodeStackGGUF::new_logits, py::arg("T"),
            "an uninitialised [T, head_size] float32 tensor for forward's logits, on pages reused between steps")

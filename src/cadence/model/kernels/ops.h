@@ -14,7 +14,8 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                               at::Tensor ctx_lens, double scale, int64_t window);
 void rope_write_kv(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t num_heads,
                    int64_t num_kv_heads, at::Tensor k_cache, at::Tensor v_cache,
-                   at::Tensor slots);
+                   at::Tensor slots, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
+                   double eps);
 at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps);
 at::Tensor add_rms_norm(at::Tensor residual, at::Tensor x, at::Tensor w, double eps);
 at::Tensor silu_mul(at::Tensor gate_up);

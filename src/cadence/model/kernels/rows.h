@@ -63,6 +63,18 @@ inline void rms_norm_row(T* x, const T* a, const T* w, T* y, int64_t H, float ep
   for (; i < H; ++i) y[i] = from_float<T>(to_float(w[i]) * round_to<T>(to_float(x[i]) * inv));
 }
 
+// One token's per-head q/k RMS norm (Qwen3, Gemma 3), in place before rope: row = [q heads | k
+// heads | v heads] (each D wide); every q head times q_w [D], every k head times k_w [D]
+// (rms_norm_row over the head, the model's eps), v untouched. The per-op path (rope_write_kv with
+// norms) and the fused stacks call this same function, so they round alike.
+template <typename T>
+inline void qk_norm_row(T* row, const T* q_w, const T* k_w, int64_t Hq, int64_t Hkv, int64_t D, float eps) {
+  for (int64_t head = 0; head < Hq + Hkv; ++head) {
+    T* v = row + head * D;
+    rms_norm_row<T>(v, nullptr, head < Hq ? q_w : k_w, v, D, eps);
+  }
+}
+
 // One row of silu(gate) * up, rounded as eager torch: y[i] = T(T(silu(g[i])) * u[i]).
 template <typename T>
 inline void silu_mul_row(const T* g, const T* u, T* y, int64_t I) {

@@ -2,7 +2,7 @@
 // parallel region. Phases of a layer, with a team barrier after each one the next reads across
 // threads (as the bf16 stack, decode_stack.cpp):
 //   1. qkv = normed @ Wqkv (+ bias)            column blocks split over threads
-//   2. rope q, k in place; store k, v in cache  rows split over threads
+//   2. (q/k norms,) rope q, k; store k, v       rows split over threads
 //   3. attention partials; then their merge     (row, span) items, taken dynamically
 //   4. o = attn @ Wo                            column blocks
 //   5. residual += o; normed = norm(residual)   every thread on its own copy (no barrier)
@@ -79,6 +79,15 @@ DecodeStackF32::DecodeStackF32(const std::vector<at::Tensor>& qkv, const std::ve
 #else
   TORCH_CHECK(false, "DecodeStackF32: built without AVX2/FMA");
 #endif
+}
+
+void DecodeStackF32::attach_qk_norms(const std::vector<at::Tensor>& q_norm, const std::vector<at::Tensor>& k_norm) {
+  TORCH_CHECK(q_norm.size() == layers_.size() && k_norm.size() == layers_.size(),
+              "DecodeStackF32: one q_norm and one k_norm per layer");
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    layers_[l].q_norm = float_vector(q_norm[l], head_dim_, "q_norm");
+    layers_[l].k_norm = float_vector(k_norm[l], head_dim_, "k_norm");
+  }
 }
 
 int64_t DecodeStackF32::weight_bytes() const {
@@ -200,12 +209,16 @@ at::Tensor DecodeStackF32::forward_kv(const at::Tensor& x, const at::Tensor& cos
              qkv_buf.data());
         sync();
         lap(0);
-        // 2. rope + cache write.
+        // 2. (q/k norms,) rope + cache write: rope_write_kv's row functions.
         {
           const auto [r0, r1] = share(T, tid, nth);
-          for (int64_t t = r0; t < r1; ++t)
+          for (int64_t t = r0; t < r1; ++t) {
+            if (w.q_norm.defined())
+              qk_norm_row<float>(qkv_buf.data() + t * qkv_width, w.q_norm.data_ptr<float>(),
+                                 w.k_norm.data_ptr<float>(), Hq, Hkv, D, eps);
             rope_write_row<float, KV>(qkv_buf.data() + t * qkv_width, cp + t * D, sp + t * D, Hq, Hkv, D,
-                                  kc + slp[t] * Hkv * D, vc + slp[t] * Hkv * D);
+                                      kc + slp[t] * Hkv * D, vc + slp[t] * Hkv * D);
+          }
         }
         sync();
         lap(1);

@@ -39,6 +39,11 @@ class DecodeStackF32 {
                      const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
                      const at::Tensor& ctx_lens, double scale) const;
 
+  // Per-layer q and k RMS norm weights ([D] each; Qwen3), applied to each head of the projections
+  // before rope as rope_write_kv's q_norm / k_norm do (qk_norm_row, the model's eps).
+  void attach_qk_norms(const std::vector<at::Tensor>& q_norm, const std::vector<at::Tensor>& k_norm);
+  bool has_qk_norms() const { return !layers_.empty() && layers_[0].q_norm.defined(); }
+
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t weight_format() const { return format_; }
   // Bytes of packed weights (what one step streams from memory at batch 1).
@@ -63,6 +68,7 @@ class DecodeStackF32 {
   struct Layer {
     Packed qkv, o, gate_up, down;
     at::Tensor qkv_bias, input_norm, post_norm;  // float32
+    at::Tensor q_norm, k_norm;                   // float32 [D], undefined without q/k norms
   };
   std::vector<Layer> layers_;
   at::Tensor final_norm_;

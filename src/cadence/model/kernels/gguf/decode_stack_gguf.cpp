@@ -2,7 +2,7 @@
 // float32 batch in one parallel region, phase for phase as DecodeStackF32 (a team barrier after
 // each phase whose output the next one reads across threads):
 //   1. qkv = normed @ [Wq | Wk | Wv] (+ bias)   8-column groups split over threads by bytes
-//   2. rope q, k in place; store k, v in cache   rows split over threads
+//   2. (q/k norms,) rope q, k in place; store k, v in cache   rows split over threads
 //   3. attention partials; then their merge      (row, span) items, taken dynamically
 //   4. o = attn @ Wo                             groups by bytes
 //   5. residual += o; normed = norm(residual)    every thread on its own copy (no barrier)
@@ -267,6 +267,15 @@ void DecodeStackGGUF::set_layer_attention(const std::vector<int64_t>& windows, c
   }
 }
 
+void DecodeStackGGUF::attach_qk_norms(const std::vector<at::Tensor>& q_norm, const std::vector<at::Tensor>& k_norm) {
+  TORCH_CHECK(q_norm.size() == layers_.size() && k_norm.size() == layers_.size(),
+              "DecodeStackGGUF: one q_norm and one k_norm per layer");
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    layers_[l].q_norm = float_vector(q_norm[l], head_dim_, "q_norm");
+    layers_[l].k_norm = float_vector(k_norm[l], head_dim_, "k_norm");
+  }
+}
+
 int64_t DecodeStackGGUF::weight_bytes() const {
   int64_t total = 0;
   for (const Layer& l : layers_)
@@ -444,12 +453,16 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
         gemm_share({&w.q, &w.k, &w.v}, acts, normed.data(), T, qkv_buf.data(), qkv_width, tid, nth);
         sync();
         lap(0);
-        // 2. rope + cache write.
+        // 2. (q/k norms,) rope + cache write: rope_write_kv's row functions.
         {
           const auto [r0, r1] = share(T, tid, nth);
-          for (int64_t t = r0; t < r1; ++t)
+          for (int64_t t = r0; t < r1; ++t) {
+            if (w.q_norm.defined())
+              qk_norm_row<float>(qkv_buf.data() + t * qkv_width, w.q_norm.data_ptr<float>(),
+                                 w.k_norm.data_ptr<float>(), Hq, Hkv, D, eps);
             rope_write_row<float, KV>(qkv_buf.data() + t * qkv_width, lcp + t * D, lsp + t * D, Hq, Hkv, D,
-                                  kc + slp[t] * Hkv * D, vc + slp[t] * Hkv * D);
+                                      kc + slp[t] * Hkv * D, vc + slp[t] * Hkv * D);
+          }
         }
         sync();
         lap(1);

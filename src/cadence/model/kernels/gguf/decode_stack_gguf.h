@@ -6,7 +6,7 @@
 // file's memory-mapped blocks, or their repacked copies): nothing is copied or re-quantized.
 //
 // Every row gets the same arithmetic as on the per-op path (gguf_linear_many, rms_norm,
-// add_rms_norm, rope_write_kv, paged_attention, silu_mul): the same activation quantization
+// add_rms_norm, rope_write_kv with its optional q/k norms, paged_attention, silu_mul): the same activation quantization
 // (per 256 k for the K-quants, per 32 for the other quantized types), the same column kernels
 // (a column's bits never depend on the thread split or the rows beside it), the same per-row
 // norm, rope, silu and attention functions. So the stack and the per-op path give the same bits,
@@ -53,6 +53,11 @@ class DecodeStackGGUF {
   // > its own - window) and whether the layer rotates with forward's cos_local / sin_local (a
   // sliding layer's own rope base, Gemma 3) instead of cos / sin.
   void set_layer_attention(const std::vector<int64_t>& windows, const std::vector<bool>& local_rope);
+  // Per-layer q and k RMS norm weights (float32 [head_dim] each; Qwen3, Gemma 3), applied to each head of
+  // the projections before rope as rope_write_kv's q_norm / k_norm do (qk_norm_row, the model's
+  // eps): without them no q/k norms.
+  void attach_qk_norms(const std::vector<at::Tensor>& q_norm, const std::vector<at::Tensor>& k_norm);
+  bool has_qk_norms() const { return !layers_.empty() && layers_[0].q_norm.defined(); }
   // The attached head's N (the vocabulary), 0 without one.
   int64_t head_size() const { return head_.N; }
   // An uninitialised [T, head_size] float32 tensor for forward's `logits`, on pages kept mapped
@@ -101,6 +106,7 @@ class DecodeStackGGUF {
     at::Tensor attn_out_norm, mlp_out_norm;  // float32 [H], undefined without sandwich norms
     int64_t window = 0;       // attention window, 0 = full
     bool local_rope = false;  // rotates with cos_local / sin_local
+    at::Tensor q_norm, k_norm;               // float32 [D], undefined without q/k norms
   };
   std::vector<Layer> layers_;
   at::Tensor final_norm_;
