@@ -163,3 +163,19 @@ def test_gemma_stack_matches_transformers(gemma_dir, monkeypatch):
     assert isinstance(loaded.model._decode_stack, KERNELS.DecodeStackGGUF)
     diff = (got - expected).abs().max().item()
     assert diff < 1e-4, f"{family}: max abs diff {diff}"
+
+
+GEMMA3_FILE = "/work/cache/gemma/gemma-3-270m-q4_k_m.gguf"
+
+
+def test_real_gemma3_file_takes_the_stack_with_the_per_op_tokens(monkeypatch):
+    """Gemma 3 270M Q4_K_M (head_dim 256; Q8_0, Q5_0, Q4_K, Q6_K tensors; its 262144-row head in
+    the stack's call): greedy tokens through the stack equal the per-op path's."""
+    if not os.path.isfile(GEMMA3_FILE):
+        pytest.skip("the Gemma 3 file is only on the development machine")
+    loaded = load_model(GEMMA3_FILE, dtype="float32", device="cpu", quantization="gguf")
+    model, config = loaded.model, loaded.config
+    prompt = loaded.tokenizer.encode("The capital of France is")
+    with_stack = _greedy(model, config, prompt, 12, True, monkeypatch)
+    assert isinstance(model._decode_stack, KERNELS.DecodeStackGGUF) and model._decode_stack.head_size == 262144
+    assert with_stack == _greedy(model, config, prompt, 12, False, monkeypatch)
