@@ -2,12 +2,11 @@
 
 Random llama GGUF files (random_gguf.py): a Q4_K_M-like mix (Q4_K, with Q6_K v and down: both
 repacked layouts, q/k read in place through their row order), a Q5_K_M-like one (repacked Q5_K
-with Q6_K v and down), row-wise types (Q8_0; a
-Q3_K_M-like mix of Q3_K with Q2_K v, IQ4_XS down and Q4_K output) and float ones (F16, BF16),
-head_dim 64 and 128; and Qwen3 ones (per-head q/k norms before rope) in the Q4_K_M mix. The
-stack must give the per-op path's bits: the logits of decode and short-chunk steps over
-scattered blocks and the KV it writes; and a row's result must not depend on the rows beside it
-or on the thread count.
+with Q6_K v and down), a Q3_K_M-like one (repacked Q3_K with row-wise Q2_K v and IQ4_XS down,
+Q4_K output), a row-wise type (Q8_0) and float ones (F16, BF16), head_dim 64 and 128; and Qwen3
+ones (per-head q/k norms before rope) in the Q4_K_M mix. The stack must give the per-op path's
+bits: the logits of decode and short-chunk steps over scattered blocks and the KV it writes; and
+a row's result must not depend on the rows beside it or on the thread count.
 """
 
 from __future__ import annotations

@@ -173,9 +173,9 @@ def test_linear_many_is_each_linear_side_by_side(T):
 
 
 @pytest.mark.skipif(KERNELS is None, reason="the repack is a compiled kernel")
-@pytest.mark.parametrize(("qtype", "octet_block"), [(Q.Q4_K, 1216), (Q.Q5_K, 1472), (Q.Q6_K, 1696)])
+@pytest.mark.parametrize(("qtype", "octet_block"), [(Q.Q3_K, 928), (Q.Q4_K, 1216), (Q.Q5_K, 1472), (Q.Q6_K, 1696)])
 def test_k_quant_repacked_octets_match_row_wise_blocks(qtype, octet_block):
-    """Q4_K's, Q5_K's and Q6_K's octets of columns repacked (8 interleaved) compute what the
+    """Q3_K's, Q4_K's, Q5_K's and Q6_K's octets of columns repacked (8 interleaved) compute what the
     row-wise blocks give."""
     weight = make_weight(qtype, seed=11)
     N, K = weight.shape
@@ -187,7 +187,7 @@ def test_k_quant_repacked_octets_match_row_wise_blocks(qtype, octet_block):
         torch.testing.assert_close(weight.linear(x), row_wise, rtol=1e-5, atol=1e-5 * float(row_wise.abs().max()))
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K])
+@pytest.mark.parametrize("qtype", [Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K])
 def test_k_quant_octets_same_bits_alone_or_paired(qtype):
     """The AVX-512 tiers run repacked octets in pairs (16 columns per register), a lone octet on
     the 256-bit tile: a column's result is the same bits either way, for one row or several."""
@@ -202,8 +202,8 @@ def test_k_quant_octets_same_bits_alone_or_paired(qtype):
 
 
 def extreme_k_quant_blocks(qtype: GGMLQuantizationType, N: int, K: int, scale_byte: int) -> np.ndarray:
-    """[N, row bytes] of blocks whose every quant is the largest (Q4_K 15, Q5_K 31, Q6_K 63) and
-    every 6-bit / int8 scale byte `scale_byte`: the integer sums' worst case."""
+    """[N, row bytes] of blocks whose every quant is the largest (Q3_K 7, Q4_K 15, Q5_K 31, Q6_K 63)
+    and every 6-bit / int8 scale byte `scale_byte`: the integer sums' worst case."""
     block, size = GGML_QUANT_SIZES[qtype]
     data = np.full((N, K // block, size), 0xFF, dtype=np.uint8)
     half = np.array([0.01], dtype=np.float16).view(np.uint8)
@@ -211,17 +211,22 @@ def extreme_k_quant_blocks(qtype: GGMLQuantizationType, N: int, K: int, scale_by
         data[:, :, 0:2] = half
         data[:, :, 2:4] = half
         data[:, :, 4:16] = scale_byte
+    elif qtype == Q.Q3_K:  # 32 hmask, 64 qs, 12 bytes of 6-bit scales (0xFF: all 31, 0x00: all -32), d
+        data[:, :, 96:108] = scale_byte
+        data[:, :, 108:110] = half
     else:  # Q6_K: 128 ql, 64 qh, 16 int8 scales, d
         data[:, :, 192:208] = scale_byte
         data[:, :, 208:210] = half
     return data.reshape(N, -1)
 
 
-@pytest.mark.parametrize(("qtype", "scale_byte"), [(Q.Q4_K, 0xFF), (Q.Q5_K, 0xFF), (Q.Q6_K, 0x7F), (Q.Q6_K, 0x80)])
+@pytest.mark.parametrize(("qtype", "scale_byte"), [(Q.Q3_K, 0xFF), (Q.Q3_K, 0x00), (Q.Q4_K, 0xFF), (Q.Q5_K, 0xFF),
+                                                  (Q.Q6_K, 0x7F), (Q.Q6_K, 0x80)])
 def test_k_quant_integer_sums_exact_at_the_extremes(qtype, scale_byte):
     """The AVX2 tiles add maddubs' pair sums in int16 and apply the scales in integers: with every
     quant at its maximum, every scale at its extreme and every activation at +-127 (after
-    quantization) the sums reach their bounds (Q4_K 30480 per int16 lane, Q5_K 31496, Q6_K 32004) and must
+    quantization) the sums reach their bounds (Q3_K 14224 per 16 k, Q4_K 30480 per int16 lane, Q5_K 31496,
+    Q6_K 32004) and must
     not wrap: the result is the reference's, for one row and a tile of several."""
     N, K = 16, 512
     weight = GGUFWeight.from_data(qtype, (N, K), extreme_k_quant_blocks(qtype, N, K, scale_byte))
@@ -239,10 +244,10 @@ def test_k_quant_integer_sums_exact_at_the_extremes(qtype, scale_byte):
         torch.testing.assert_close(y, expected, rtol=0, atol=2e-6 * scale)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K])
+@pytest.mark.parametrize("qtype", [Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K])
 def test_k_quant_decode_row_same_bits_as_in_a_batch(qtype):
     """A decode row (M = 1) runs repacked octets eight (Q4_K, both widths; Q5_K on AVX-512), four
-    (AVX-512 and AVX2 Q6_K, AVX2 Q5_K), two or one at a time,
+    (Q3_K and Q6_K, AVX2 Q5_K), two or one at a time,
     a batch in row tiles: a column's result is the same bits in every case (15 octets: an eight,
     a quad, a pair, a lone one; and column ranges that put each octet in another group)."""
     weight = GGUFWeight.from_data(qtype, (120, 512), random_blocks(qtype, 120, 512, seed=23))

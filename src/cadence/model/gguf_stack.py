@@ -2,7 +2,7 @@
 small batch in one C++ call (kernels.DecodeStackGGUF, kernels/gguf/decode_stack_gguf.cpp).
 
 It computes on the GGUFWeights the model's GGUFLinear modules hold (the file's memory-mapped
-blocks, the repacked Q4_K / Q5_K / Q6_K octets), referenced, not copied, with the per-op path's GGUF
+blocks, the repacked K-quant octets), referenced, not copied, with the per-op path's GGUF
 kernels and activation quantization: stack and per-op path give the same bits for a row, so a
 step's route never changes tokens (docs/ARCHITECTURE.md invariant 1). It takes the steps the
 float32 stack takes (fused_decode.takes_stack); CADENCE_DECODE_STACK=0 turns it off.

@@ -5,11 +5,11 @@
 blocks side by side, as ggml lays out every type). Every type is read as stored by the
 kernels, which decode each block in registers (kernels/gguf/blocks.h): a tensor of a
 memory-mapped file is used in place (zero copy: the process holds what the page cache holds).
-Row-wise blocks cost a float convert, multiply and FMA per column and group of 32 weights; Q4_K,
-Q5_K and Q6_K (all of a Q4_K_M or Q5_K_M file's layers) are therefore also repacked once at
-construction, losslessly, with 8 columns interleaved (kernels/gguf/q4k_x8.h, q5k_x8.h, q6k_x8.h:
-1216, 1472 and 1696 bytes per 2048 weights against the file's 1152, 1408 and 1680), which shares
-that work between 8 columns and
+Row-wise blocks cost a float convert, multiply and FMA per column and group of 32 weights; Q3_K,
+Q4_K, Q5_K and Q6_K (all of a Q4_K_M, Q5_K_M or Q3_K_M file's layers) are therefore also repacked
+once at construction, losslessly, with 8 columns interleaved (kernels/gguf/q3k_x8.h .. q6k_x8.h:
+928, 1216, 1472 and 1696 bytes per 2048 weights against the file's 880, 1152, 1408 and 1680),
+which shares that work between 8 columns and
 makes a decode step several times cheaper: `packed`. A weight built from a GGUF file's memory
 map then hands the file's pages of its raw blocks back to the page cache (they are read again
 only by `dequantize` / `embedding`), so the process holds the packed copy, not both.
@@ -61,8 +61,8 @@ SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (
     Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
     Q.IQ4_NL, Q.IQ4_XS,
 )
-# Repacked at construction with 8 columns interleaved (kernels/gguf/q4k_x8.h, q5k_x8.h, q6k_x8.h).
-_REPACKED_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+# Repacked at construction with 8 columns interleaved (kernels/gguf/q3k_x8.h .. q6k_x8.h).
+_REPACKED_TYPES = (Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 _FLOAT_DTYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 # Types whose embedding rows the kernels decode (kernels.gguf_embedding: gguf-py's values, ~0.2 ms
 # less per decode step than gguf-py's own per-call work on one row).
@@ -127,8 +127,8 @@ class GGUFWeight:
     ggml_type: GGMLQuantizationType
     shape: tuple[int, int]  # (N, K): out_features, in_features
     blocks: torch.Tensor = field(repr=False)  # [N, row_bytes(ggml_type, K)] uint8, possibly a view of a memory map
-    # Q4_K / Q5_K / Q6_K with compiled kernels: the whole octets of columns repacked,
-    # [N // 8, K / 256 * (1216 | 1472 | 1696)] uint8 (made in __post_init__); None otherwise.
+    # Q3_K / Q4_K / Q5_K / Q6_K with compiled kernels: the whole octets of columns repacked,
+    # [N // 8, K / 256 * (928 | 1216 | 1472 | 1696)] uint8 (made in __post_init__); None otherwise.
     packed: torch.Tensor | None = field(default=None, repr=False)
     # [N] int64 or None: row i of the weight is row row_order[i] of `blocks` (rows a file stores in
     # another order or fused with others, read in place: from_reader_tensor(rows=...)). Only with
@@ -191,7 +191,7 @@ class GGUFWeight:
     def experts_from_reader_tensor(cls, tensor, parts: int = 1) -> list[list[GGUFWeight]]:
         """A 3-D expert tensor of a gguf.GGUFReader (ggml dims [K, parts * N, E]: each expert's
         rows one after the other) as E lists of `parts` [N, K] weights, each read in place from
-        the file's memory map (an expert's rows are contiguous blocks; Q4_K / Q5_K / Q6_K repacked as
+        the file's memory map (an expert's rows are contiguous blocks; the K-quants repacked as
         every weight is, and their file pages then released)."""
         if len(tensor.shape) != 3:
             raise ValueError(f"{tensor.name}: an expert tensor is 3-D, this one has shape {list(tensor.shape)}")

@@ -109,7 +109,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "rows ids of a Q4_K / Q6_K / Q8_0 weight's blocks as float32, gguf-py's dequantized values",
         py::arg("blocks"), py::arg("type"), py::arg("ids"), py::arg("K"), py::call_guard<py::gil_scoped_release>());
   m.def("gguf_repack", &cadence_kernels::gguf_repack,
-        "a Q4_K / Q5_K / Q6_K weight's whole octets of columns, 8 columns interleaved (lossless), for gguf_linear's packed",
+        "a Q3_K / Q4_K / Q5_K / Q6_K weight's whole octets of columns, 8 columns interleaved (lossless), for gguf_linear's packed",
         py::arg("blocks"), py::arg("type"), py::arg("N"), py::arg("K"), py::call_guard<py::gil_scoped_release>());
   m.def("kernel_tier", &cadence_kernels::kernel_tier, "the instruction-set tier of this build");
   m.def("int8_dot_peak", &cadence_kernels::int8_dot_peak,

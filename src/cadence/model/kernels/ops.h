@@ -44,7 +44,7 @@ at::Tensor linear_packed_f32(at::Tensor x, at::Tensor data, at::Tensor scales, i
                              c10::optional<at::Tensor> bias, c10::optional<at::Tensor> argmax_out);
 // y = x @ W^T (+ bias) on a GGUF weight's blocks as stored ([N, K / block * block bytes] uint8),
 // ggml `type` F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS (gguf/linear.cpp).
-// packed: gguf_repack's copy of a Q4_K / Q5_K / Q6_K weight (8 columns interleaved), used for the whole octets.
+// packed: gguf_repack's copy of a Q3_K / Q4_K / Q5_K / Q6_K weight (8 columns interleaved), used for the whole octets.
 at::Tensor gguf_linear(at::Tensor x, at::Tensor blocks, int64_t type, int64_t N, int64_t K,
                        c10::optional<at::Tensor> bias, c10::optional<at::Tensor> packed);
 // Several GGUF weights of the same input (each its own type, N, bias, packed) in one call: their
@@ -53,8 +53,8 @@ at::Tensor gguf_linear_many(at::Tensor x, const std::vector<at::Tensor>& blocks,
                             const std::vector<int64_t>& Ns, int64_t K,
                             const std::vector<c10::optional<at::Tensor>>& biases,
                             const std::vector<c10::optional<at::Tensor>>& packed);
-// A Q4_K, Q5_K or Q6_K weight's whole octets of columns repacked losslessly with 8 columns
-// interleaved ([N / 8, K / 256 * 1216, 1472 or 1696] uint8, gguf/q4k_x8.h, q5k_x8.h, q6k_x8.h).
+// A Q3_K, Q4_K, Q5_K or Q6_K weight's whole octets of columns repacked losslessly with 8 columns
+// interleaved ([N / 8, K / 256 * 928, 1216, 1472 or 1696] uint8, gguf/q3k_x8.h .. q6k_x8.h).
 at::Tensor gguf_repack(at::Tensor blocks, int64_t type, int64_t N, int64_t K);
 namespace avx2 { struct PackedWeight; }
 // A view of pack_weight_f32's output for the GEMM (checks shapes against format and N).

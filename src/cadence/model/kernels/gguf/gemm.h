@@ -25,7 +25,7 @@ struct GemmArgs {
   const uint16_t* x_bf16;            // x rounded to bf16 (BF16 weights on the avx512bf16 tier), else null
   const avx2::QuantizedRows* xq;     // the rows quantized per 32 k (the quantized types)
   float* out;
-  const int32_t* half_sums = nullptr;  // [M][K / 16] sums of xq's bytes per 16 k (repacked Q6_K, Q2_K)
+  const int32_t* half_sums = nullptr;  // [M][K / 16] sums of xq's bytes per 16 k (repacked Q6_K / Q3_K, Q2_K)
 };
 
 // Columns [n_begin, n_end) of y; false when `type` is not of the family.
@@ -33,7 +33,7 @@ bool gemm_blocks32_columns(const GemmArgs& g, int64_t n_begin, int64_t n_end);
 bool gemm_kquant_columns(const GemmArgs& g, int64_t n_begin, int64_t n_end);
 bool gemm_float_columns(const GemmArgs& g, int64_t n_begin, int64_t n_end);
 
-// Q4_K, Q5_K and Q6_K with 8 columns interleaved (q4k_x8.h, q5k_x8.h, q6k_x8.h; gemm_x8.cpp): bytes per
+// Q3_K, Q4_K, Q5_K and Q6_K with 8 columns interleaved (q3k_x8.h .. q6k_x8.h; gemm_x8.cpp): bytes per
 // octet and 256-block (0: the type has no such layout), the repack of the whole octets (N / 8
 // of them) into `out` (N / 8 * K / 256 * x8_block_bytes), and the GEMM of octets [o_begin, o_end).
 void x8_repack(int type, const uint8_t* w, int64_t N, int64_t K, uint8_t* out);

@@ -1,8 +1,9 @@
-// The K-quants repacked with 8 columns interleaved (Q4_K: q4k_x8.h, Q5_K: q5k_x8.h, Q6_K:
-// q6k_x8.h): the repack at load and the GEMM.
+// The K-quants repacked with 8 columns interleaved (Q3_K: q3k_x8.h, Q4_K: q4k_x8.h, Q5_K:
+// q5k_x8.h, Q6_K: q6k_x8.h): the repack at load and the GEMM.
 #include <ATen/Parallel.h>
 
 #include "gemm.h"
+#include "q3k_x8.h"
 #include "q4k_x8.h"
 #include "q5k_x8.h"
 #include "q6k_x8.h"
@@ -11,7 +12,13 @@ namespace cadence_kernels {
 namespace gguf {
 
 int64_t x8_block_bytes(int type) {
-  return type == Q4_K ? Q4K_X8_BYTES : type == Q5_K ? Q5K_X8_BYTES : type == Q6_K ? Q6K_X8_BYTES : 0;
+  switch (type) {
+    case Q3_K: return Q3K_X8_BYTES;
+    case Q4_K: return Q4K_X8_BYTES;
+    case Q5_K: return Q5K_X8_BYTES;
+    case Q6_K: return Q6K_X8_BYTES;
+    default: return 0;
+  }
 }
 
 #if CADENCE_HAVE_AVX2
@@ -22,6 +29,7 @@ void x8_repack(int type, const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
     for (int64_t o = begin; o < end; ++o) {
       if (type == Q4_K) repack_q4k_x8_octet(w, row_bytes, K, o, out + o * octet_bytes);
       else if (type == Q5_K) repack_q5k_x8_octet(w, row_bytes, K, o, out + o * octet_bytes);
+      else if (type == Q3_K) repack_q3k_x8_octet(w, row_bytes, K, o, out + o * octet_bytes);
       else repack_q6k_x8_octet(w, row_bytes, K, o, out + o * octet_bytes);
     }
   });
@@ -30,6 +38,7 @@ void x8_repack(int type, const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
 void x8_gemm_columns(const GemmArgs& g, const uint8_t* packed, int64_t o_begin, int64_t o_end) {
   if (g.type == Q4_K) q4k_x8_columns(*g.xq, g.M, packed, g.K, g.out, g.ldo, o_begin, o_end);
   else if (g.type == Q5_K) q5k_x8_columns(*g.xq, g.M, packed, g.K, g.out, g.ldo, o_begin, o_end);
+  else if (g.type == Q3_K) q3k_x8_columns(*g.xq, g.half_sums, g.M, packed, g.K, g.out, g.ldo, o_begin, o_end);
   else q6k_x8_columns(*g.xq, g.half_sums, g.M, packed, g.K, g.out, g.ldo, o_begin, o_end);
 }
 

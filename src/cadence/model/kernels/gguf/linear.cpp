@@ -92,7 +92,7 @@ void run_groups(const Part& p, int64_t begin, int64_t end) {
 
 at::Tensor gguf_repack(at::Tensor blocks, int64_t type, int64_t N, int64_t K) {
   const int64_t octet_block = gguf::x8_block_bytes(static_cast<int>(type));
-  TORCH_CHECK(octet_block > 0, "gguf_repack: only Q4_K, Q5_K and Q6_K have a repacked layout, got ggml type ", type);
+  TORCH_CHECK(octet_block > 0, "gguf_repack: only Q3_K, Q4_K, Q5_K and Q6_K have a repacked layout, got ggml type ", type);
   TORCH_CHECK(K % 256 == 0 && N >= 8, "gguf_repack: [N >= 8, K a multiple of 256]");
   TORCH_CHECK(blocks.device().is_cpu() && blocks.is_contiguous() && blocks.scalar_type() == at::kByte &&
                   blocks.numel() == N * (K / 256 * gguf::block_size(static_cast<int>(type)).bytes),
@@ -163,7 +163,7 @@ at::Tensor gguf_linear_many(at::Tensor x, const std::vector<at::Tensor>& blocks,
   avx2::QuantizedRows xq32, xq256;
   if (need_32) quantize_rows(xp, M, K, false, xq32);
   if (need_256) quantize_rows(xp, M, K, true, xq256);
-  // Repacked Q6_K subtracts 32 * (sum of a row's bytes) per 16 k, Q2_K its minimums times them:
+  // Repacked Q6_K (Q3_K) subtracts 32 (4) * (sum of a row's bytes) per 16 k, Q2_K its minimums times them:
   // once per row here, not per column.
   std::vector<int32_t> half_sums;
   if (need_half_sums) {

@@ -20,8 +20,8 @@ constexpr int64_t KQUANT_SPAN = 256;
 inline bool shares_scale_per_256(int type) { return block_size(type).elements == KQUANT_SPAN; }
 
 // Whether they also read the rows' exact byte sums per 16 k (GemmArgs::half_sums): repacked Q6_K
-// (its q - 32 offset per 16 k) and Q2_K (its minimums per 16 k).
-inline bool reads_half_sums(int type, bool packed) { return (type == Q6_K && packed) || type == Q2_K; }
+// and Q3_K (their q - 32 and q - 4 offsets per 16 k) and Q2_K (its minimums per 16 k).
+inline bool reads_half_sums(int type, bool packed) { return ((type == Q6_K || type == Q3_K) && packed) || type == Q2_K; }
 
 #if CADENCE_HAVE_AVX2
 
