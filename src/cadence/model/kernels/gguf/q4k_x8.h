@@ -330,7 +330,7 @@ inline void q4k_x16_rows(const avx2::QuantizedRows& xq, int64_t m0, int64_t rows
 // or columns beside it. The integer sums equal the AVX-512 tiers' and the float steps are theirs.
 template <int R, int O>
 inline void q4k_x8_tile_avx2(const avx2::QuantizedRows& xq, int64_t m0, const uint8_t* packed, int64_t octet_bytes,
-                             int64_t K, float* out, int64_t ldo, int64_t n0) {
+                             int64_t K, float* out, int64_t ldo, int64_t n0, GemvPrefetch pf = {}) {
   __m256 acc[R][O];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < O; ++i) acc[r][i] = _mm256_setzero_ps();
@@ -347,8 +347,15 @@ inline void q4k_x8_tile_avx2(const avx2::QuantizedRows& xq, int64_t m0, const ui
       const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
       for (int i = 0; i < O; ++i) {
         const uint8_t* q = packed + i * octet_bytes + blk * Q4K_X8_BYTES + Q4K_X8_HEADER + j * 128;
-        prefetch_tile_line<R>(q);
-        prefetch_tile_line<R>(q + 64);
+        if (R > 1 || pf.in_stream) {
+          prefetch_tile_line<R>(q);
+          prefetch_tile_line<R>(q + 64);
+        }
+        if (R == 1 && pf.next_tile) {  // the next tile's lines: 16 of q and the 3 of the header
+          prefetch_l2(q + pf.next_tile);
+          prefetch_l2(q + pf.next_tile + 64);
+          if (j < 3) prefetch_l2(packed + i * octet_bytes + blk * Q4K_X8_BYTES + pf.next_tile + 64 * j);
+        }
       }
       __m256i group_sum[R][O];
       for (int kk = 0; kk < 4; ++kk) {
@@ -416,8 +423,9 @@ inline void q4k_x8_rows_avx2(const avx2::QuantizedRows& xq, int64_t m0, int64_t 
 // tier eight at a time too, then two, one (two -> six: the 1B shape's decode step 42-43 -> 34-37 ms,
 // paired in one run; six -> eight: its 765 MB GEMV set 32.8-33.5 -> 35.5-35.9 GB/s and 28.2-29.1 ->
 // 30.0-31.1 on a slower hour, 2 Zen 4 threads, a standalone build of these headers; ten no better,
-// twelve and sixteen slower), prefetching 4 KiB ahead into L2 (prefetch_tile_line); more rows
-// share each octet's decode across 4 rows.
+// twelve and sixteen slower), each tile of eight prefetching the next one into L2 (GemvPrefetch:
+// that set's Q4_K 20-28 -> 25-33 GB/s, alternated in one binary); more rows share each octet's
+// decode across 4 rows.
 inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8_t* packed, int64_t K, float* out,
                            int64_t ldo, int64_t o_begin, int64_t o_end) {
   const int64_t octet_bytes = K / 256 * Q4K_X8_BYTES;
@@ -442,7 +450,11 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
 #else
   if (M == 1) {
     int64_t o = o_begin;
-    for (; o + 8 <= o_end; o += 8) q4k_x8_tile_avx2<1, 8>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    for (; o + 8 <= o_end; o += 8) {
+      const bool next = o + 16 <= o_end;
+      q4k_x8_tile_avx2<1, 8>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o,
+                             GemvPrefetch{next ? 8 * octet_bytes : 0, o == o_begin || !next});
+    }
     for (; o + 2 <= o_end; o += 2) q4k_x8_tile_avx2<1, 2>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q4k_x8_tile_avx2<1, 1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     return;

@@ -67,7 +67,7 @@ inline void repack_q6k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
 // (row, column) whatever R and O.
 template <int R, int O>
 inline void q6k_x8_tile_avx2(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, const uint8_t* packed,
-                             int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
+                             int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0, GemvPrefetch pf = {}) {
   __m256 acc[R][O];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < O; ++i) acc[r][i] = _mm256_setzero_ps();
@@ -83,9 +83,18 @@ inline void q6k_x8_tile_avx2(const avx2::QuantizedRows& xq, const int32_t* half_
     for (int j = 0; j < 8; ++j) {
       for (int i = 0; i < O; ++i) {
         const uint8_t* base = packed + i * octet_bytes + blk * Q6K_X8_BYTES;
-        prefetch_tile_line<R>(base + Q6K_X8_QL + j * 128);
-        prefetch_tile_line<R>(base + Q6K_X8_QL + j * 128 + 64);
-        prefetch_tile_line<R>(base + Q6K_X8_QH + j * 64);
+        if (R > 1 || pf.in_stream) {
+          prefetch_tile_line<R>(base + Q6K_X8_QL + j * 128);
+          prefetch_tile_line<R>(base + Q6K_X8_QL + j * 128 + 64);
+          prefetch_tile_line<R>(base + Q6K_X8_QH + j * 64);
+        }
+        if (R == 1 && pf.next_tile) {  // the next tile's lines: 24 of ql and qh, 2 of the header
+          const uint8_t* next = base + pf.next_tile;
+          prefetch_l2(next + Q6K_X8_QL + j * 128);
+          prefetch_l2(next + Q6K_X8_QL + j * 128 + 64);
+          prefetch_l2(next + Q6K_X8_QH + j * 64);
+          if (j < 2) prefetch_l2(next + 64 * j);
+        }
       }
       const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
       for (int p = 0; p < 2; ++p) {
@@ -347,8 +356,11 @@ inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_su
 #else
   if (M == 1) {  // four octets at a time where they are (as Q4_K's six: more streams in flight)
     int64_t o = o_begin;
-    for (; o + 4 <= o_end; o += 4)
-      q6k_x8_tile_avx2<1, 4>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
+    for (; o + 4 <= o_end; o += 4) {  // each tile prefetching the next (as q4k_x8_columns)
+      const bool next = o + 8 <= o_end;
+      q6k_x8_tile_avx2<1, 4>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o,
+                             GemvPrefetch{next ? 4 * octet_bytes : 0, o == o_begin || !next});
+    }
     for (; o + 2 <= o_end; o += 2)
       q6k_x8_tile_avx2<1, 2>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q6k_x8_tile_avx2<1, 1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);

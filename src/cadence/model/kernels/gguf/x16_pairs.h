@@ -105,5 +105,19 @@ inline void prefetch_tile_line(const uint8_t* p) {
 constexpr int AVX2_ROWS = 4;
 #endif
 
+// Where a one-row tile of the AVX2 tier's decode GEMV (R = 1: q4k_x8_tile_avx2, q6k_x8_tile_avx2)
+// prefetches into L2. A thread's octets are contiguous and its tiles read O of them side by side, so
+// the line a tile reads now lies `next_tile` bytes (O octets) before the same line of its next tile:
+// prefetching that line covers the next tile whole, its headers included, a tile ahead. Prefetched
+// 4 KiB ahead in each octet's own stream (in_stream, every tile before), the first 4 KiB of every
+// octet went unprefetched: 42% of a K = 2048 octet (9.7 KB), so the q/k/v/o, gate/up and head GEMVs
+// streamed slower than the K = 8192 down projection. The first tile of a thread's run (the next
+// tile has no predecessor to prefetch it) and the last (nothing after it) keep in_stream.
+struct GemvPrefetch {
+  int64_t next_tile = 0;   // bytes to the same line of the next tile; 0: none
+  bool in_stream = true;   // also 4 KiB ahead in the tile's own streams (prefetch_tile_line<1>)
+};
+inline void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+
 }  // namespace gguf
 }  // namespace cadence_kernels
