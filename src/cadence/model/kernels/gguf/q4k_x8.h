@@ -251,7 +251,7 @@ inline void q4k_x16_tile(const avx2::QuantizedRows& xq, int64_t m0, const uint8_
 // keeps going, not by its instructions).
 template <int P>
 inline void q4k_x16_gemv(const avx2::QuantizedRows& xq, const uint8_t* packed, int64_t octet_bytes, int64_t K,
-                         float* out) {
+                         float* out, GemvPrefetch pf = {}) {
   __m512 acc[P];
   for (int p = 0; p < P; ++p) acc[p] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -259,15 +259,24 @@ inline void q4k_x16_gemv(const avx2::QuantizedRows& xq, const uint8_t* packed, i
     const uint8_t* h[2 * P];
     for (int i = 0; i < 2 * P; ++i) {
       h[i] = packed + i * octet_bytes + blk * Q4K_X8_BYTES;
-      _mm_prefetch(reinterpret_cast<const char*>(h[i] + PREFETCH_AHEAD), PREFETCH_HINT);
+      if (pf.in_stream) _mm_prefetch(reinterpret_cast<const char*>(h[i] + PREFETCH_AHEAD), PREFETCH_HINT);
+      if (pf.next_tile)  // the next tile's header (3 lines)
+        for (int line = 0; line < 3; ++line) prefetch_l2(h[i] + pf.next_tile + 64 * line);
     }
     __m512i block_sum[P];
     for (int p = 0; p < P; ++p) block_sum[p] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       const int64_t k0 = (blk * 8 + j) * avx2::Q8_GROUP;
       for (int i = 0; i < 2 * P; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(h[i] + Q4K_X8_HEADER + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(h[i] + Q4K_X8_HEADER + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+        const uint8_t* q = h[i] + Q4K_X8_HEADER + j * 128;
+        if (pf.in_stream) {
+          _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_AHEAD), PREFETCH_HINT);
+          _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+        }
+        if (pf.next_tile) {
+          prefetch_l2(q + pf.next_tile);
+          prefetch_l2(q + pf.next_tile + 64);
+        }
       }
       __m512i lo_sum[P], hi_sum[P];
       for (int p = 0; p < P; ++p) lo_sum[p] = hi_sum[p] = _mm512_setzero_si512();
@@ -433,7 +442,11 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
   constexpr int ROWS = 4;  // the lone octet's tile rows
   if (M == 1) {
     int64_t o = o_begin;
-    for (; o + 8 <= o_end; o += 8) q4k_x16_gemv<4>(xq, packed + o * octet_bytes, octet_bytes, K, out + 8 * o);
+    for (; o + 8 <= o_end; o += 8) {  // each tile prefetching the next (GemvPrefetch), as the AVX2 tier's
+      const bool next = o + 16 <= o_end;
+      q4k_x16_gemv<4>(xq, packed + o * octet_bytes, octet_bytes, K, out + 8 * o,
+                      GemvPrefetch{next ? 8 * octet_bytes : 0, o == o_begin || !next});
+    }
     for (; o + 4 <= o_end; o += 4) q4k_x16_gemv<2>(xq, packed + o * octet_bytes, octet_bytes, K, out + 8 * o);
     for (; o + 2 <= o_end; o += 2) q4k_x16_tile<1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q4k_x8_tile<1>(xq, 0, packed + o * octet_bytes, K, out, ldo, 8 * o);

@@ -289,7 +289,7 @@ inline void q6k_x16_tile(const avx2::QuantizedRows& xq, const int32_t* half_sums
 // operations lane for lane, the float accumulators in registers.
 template <int P>
 inline void q6k_x16_gemv(const avx2::QuantizedRows& xq, const int32_t* half_sums, const uint8_t* packed,
-                         int64_t octet_bytes, int64_t K, float* out) {
+                         int64_t octet_bytes, int64_t K, float* out, GemvPrefetch pf = {}) {
   __m512 acc[P];
   for (int p = 0; p < P; ++p) acc[p] = _mm512_setzero_ps();
   for (int64_t blk = 0; blk < K / 256; ++blk) {
@@ -299,9 +299,18 @@ inline void q6k_x16_gemv(const avx2::QuantizedRows& xq, const int32_t* half_sums
     for (int p = 0; p < P; ++p) block_sum[p] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       for (int i = 0; i < 2 * P; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
-        _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
+        if (pf.in_stream) {
+          _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD), PREFETCH_HINT);
+          _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QL + j * 128 + PREFETCH_AHEAD + 64), PREFETCH_HINT);
+          _mm_prefetch(reinterpret_cast<const char*>(b[i] + Q6K_X8_QH + j * 64 + PREFETCH_AHEAD), PREFETCH_HINT);
+        }
+        if (pf.next_tile) {  // the next tile's lines (q6k_x8_tile_avx2's)
+          const uint8_t* next = b[i] + pf.next_tile;
+          prefetch_l2(next + Q6K_X8_QL + j * 128);
+          prefetch_l2(next + Q6K_X8_QL + j * 128 + 64);
+          prefetch_l2(next + Q6K_X8_QH + j * 64);
+          if (j < 2) prefetch_l2(next + 64 * j);
+        }
       }
       for (int hp = 0; hp < 2; ++hp) {
         const int8_t* x = xq.q_at(0, (blk * 8 + j) * avx2::Q8_GROUP + 16 * hp);
@@ -340,7 +349,11 @@ inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_su
   constexpr int ROWS = 4;  // the lone octet's tile rows (q6k_x8_tile_avx2: the same bits)
   if (M == 1) {
     int64_t o = o_begin;
-    for (; o + 4 <= o_end; o += 4) q6k_x16_gemv<2>(xq, half_sums, packed + o * octet_bytes, octet_bytes, K, out + 8 * o);
+    for (; o + 4 <= o_end; o += 4) {  // each tile prefetching the next (GemvPrefetch)
+      const bool next = o + 8 <= o_end;
+      q6k_x16_gemv<2>(xq, half_sums, packed + o * octet_bytes, octet_bytes, K, out + 8 * o,
+                      GemvPrefetch{next ? 4 * octet_bytes : 0, o == o_begin || !next});
+    }
     for (; o + 2 <= o_end; o += 2) q6k_x16_tile<1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q6k_x8_tile_avx2<1, 1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     return;
