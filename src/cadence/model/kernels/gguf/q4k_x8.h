@@ -442,11 +442,9 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
   constexpr int ROWS = 4;  // the lone octet's tile rows
   if (M == 1) {
     int64_t o = o_begin;
-    for (; o + 8 <= o_end; o += 8) {  // each tile prefetching the next (GemvPrefetch), as the AVX2 tier's
-      const bool next = o + 16 <= o_end;
+    for (; o + 8 <= o_end; o += 8)  // each tile prefetching the next (GemvPrefetch), as the AVX2 tier's
       q4k_x16_gemv<4>(xq, packed + o * octet_bytes, octet_bytes, K, out + 8 * o,
-                      GemvPrefetch{next ? 8 * octet_bytes : 0, o == o_begin || !next});
-    }
+                      gemv_prefetch(o, o_begin, o_end, 8, 8 * octet_bytes));
     for (; o + 4 <= o_end; o += 4) q4k_x16_gemv<2>(xq, packed + o * octet_bytes, octet_bytes, K, out + 8 * o);
     for (; o + 2 <= o_end; o += 2) q4k_x16_tile<1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q4k_x8_tile<1>(xq, 0, packed + o * octet_bytes, K, out, ldo, 8 * o);
@@ -463,11 +461,9 @@ inline void q4k_x8_columns(const avx2::QuantizedRows& xq, int64_t M, const uint8
 #else
   if (M == 1) {
     int64_t o = o_begin;
-    for (; o + 8 <= o_end; o += 8) {
-      const bool next = o + 16 <= o_end;
+    for (; o + 8 <= o_end; o += 8)
       q4k_x8_tile_avx2<1, 8>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o,
-                             GemvPrefetch{next ? 8 * octet_bytes : 0, o == o_begin || !next});
-    }
+                             gemv_prefetch(o, o_begin, o_end, 8, 8 * octet_bytes));
     for (; o + 2 <= o_end; o += 2) q4k_x8_tile_avx2<1, 2>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q4k_x8_tile_avx2<1, 1>(xq, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     return;

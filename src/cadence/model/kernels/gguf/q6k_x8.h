@@ -349,11 +349,9 @@ inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_su
   constexpr int ROWS = 4;  // the lone octet's tile rows (q6k_x8_tile_avx2: the same bits)
   if (M == 1) {
     int64_t o = o_begin;
-    for (; o + 4 <= o_end; o += 4) {  // each tile prefetching the next (GemvPrefetch)
-      const bool next = o + 8 <= o_end;
+    for (; o + 4 <= o_end; o += 4)  // each tile prefetching the next (GemvPrefetch)
       q6k_x16_gemv<2>(xq, half_sums, packed + o * octet_bytes, octet_bytes, K, out + 8 * o,
-                      GemvPrefetch{next ? 4 * octet_bytes : 0, o == o_begin || !next});
-    }
+                      gemv_prefetch(o, o_begin, o_end, 4, 4 * octet_bytes));
     for (; o + 2 <= o_end; o += 2) q6k_x16_tile<1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q6k_x8_tile_avx2<1, 1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     return;
@@ -369,11 +367,9 @@ inline void q6k_x8_columns(const avx2::QuantizedRows& xq, const int32_t* half_su
 #else
   if (M == 1) {  // four octets at a time where they are (as Q4_K's six: more streams in flight)
     int64_t o = o_begin;
-    for (; o + 4 <= o_end; o += 4) {  // each tile prefetching the next (as q4k_x8_columns)
-      const bool next = o + 8 <= o_end;
+    for (; o + 4 <= o_end; o += 4)  // each tile prefetching the next (as q4k_x8_columns)
       q6k_x8_tile_avx2<1, 4>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o,
-                             GemvPrefetch{next ? 4 * octet_bytes : 0, o == o_begin || !next});
-    }
+                             gemv_prefetch(o, o_begin, o_end, 4, 4 * octet_bytes));
     for (; o + 2 <= o_end; o += 2)
       q6k_x8_tile_avx2<1, 2>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);
     if (o < o_end) q6k_x8_tile_avx2<1, 1>(xq, half_sums, 0, packed + o * octet_bytes, octet_bytes, K, out, ldo, 8 * o);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -118,6 +119,25 @@ struct GemvPrefetch {
   bool in_stream = true;   // also 4 KiB ahead in the tile's own streams (prefetch_tile_line<1>)
 };
 inline void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+// The largest tile (O octets' bytes) that prefetches its successor: a third of this core's L2, so
+// the tile ahead and the one being read fit with room to spare (Zen 4's 1 MiB: 341 KiB, the 1B
+// shape's largest tile, Q4_K at K = 8192, is 311 KB; Zen 3's 512 KiB: 170 KiB). A larger tile (an
+// 8B shape's down projection at K = 14336: 545 KB of Q4_K) would evict what it prefetched before
+// reading it, and keeps the in-stream prefetch alone (there the first 4 KiB is ~6% of an octet).
+inline int64_t gemv_prefetch_span() {
+  static const int64_t span = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return static_cast<int64_t>(l2 > 0 ? l2 : 512 << 10) / 3;
+  }();
+  return span;
+}
+// A one-row run of tiles of `tile_bytes` each over octets [o_begin, o_end): how the tile at octet o
+// prefetches (GemvPrefetch).
+inline GemvPrefetch gemv_prefetch(int64_t o, int64_t o_begin, int64_t o_end, int64_t octets_per_tile,
+                                  int64_t tile_bytes) {
+  const bool next = o + 2 * octets_per_tile <= o_end && tile_bytes <= gemv_prefetch_span();
+  return GemvPrefetch{next ? tile_bytes : 0, o == o_begin || !next};
+}
 
 }  // namespace gguf
 }  // namespace cadence_kernels
