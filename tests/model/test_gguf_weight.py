@@ -260,13 +260,16 @@ def test_k_quant_decode_row_same_bits_as_in_a_batch(qtype):
         torch.testing.assert_close(row[:, index], weight.take_rows(index).linear(x[:1]), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("qtype", [Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_k_quant_decode_row_with_many_tiles_same_bits(qtype, threads):
     """A decode row over many octets per thread: each GEMV tile prefetches the thread's next one
-    (GemvPrefetch: first tile, middle tiles, last tile, then pairs and a lone octet and row-wise
-    columns); a column's result is the bits of the batch's row tiles and of the column alone."""
-    N = 8 * 53 + 3  # 53 octets (Q4_K: six tiles of eight, two pairs, a lone one) + 3 row-wise columns
+    (GemvPrefetch, every K-quant: first tile, middle tiles, last tile, then pairs and a lone octet
+    and row-wise columns); a column's result is the bits of the batch's row tiles and of the column
+    alone."""
+    # 53 octets (tiles of eight: six, then a quad or pairs, a lone one; tiles of four: thirteen, a
+    # lone one) + 3 row-wise columns
+    N = 8 * 53 + 3
     weight = GGUFWeight.from_data(qtype, (N, 512), random_blocks(qtype, N, 512, seed=31))
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(32))
     before = torch.get_num_threads()

@@ -1,8 +1,11 @@
 // The K-quants repacked with 8 columns interleaved (Q3_K: q3k_x8.h, Q4_K: q4k_x8.h, Q5_K:
-// q5k_x8.h, Q6_K: q6k_x8.h): the repack at load and the GEMM.
+// q5k_x8.h, Q6_K: q6k_x8.h): the repack at load and the GEMM (kquant_x8_columns.h: kquant_tiles.h's
+// tiles on the format's family steps, kquant_min_steps.h for Q4_K / Q5_K, kquant_offset_steps.h
+// for Q6_K / Q3_K).
 #include <ATen/Parallel.h>
 
 #include "gemm.h"
+#include "kquant_x8_columns.h"
 #include "q3k_x8.h"
 #include "q4k_x8.h"
 #include "q5k_x8.h"
@@ -36,10 +39,13 @@ void x8_repack(int type, const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
 }
 
 void x8_gemm_columns(const GemmArgs& g, const uint8_t* packed, int64_t o_begin, int64_t o_end) {
-  if (g.type == Q4_K) q4k_x8_columns(*g.xq, g.M, packed, g.K, g.out, g.ldo, o_begin, o_end);
-  else if (g.type == Q5_K) q5k_x8_columns(*g.xq, g.M, packed, g.K, g.out, g.ldo, o_begin, o_end);
-  else if (g.type == Q3_K) q3k_x8_columns(*g.xq, g.half_sums, g.M, packed, g.K, g.out, g.ldo, o_begin, o_end);
-  else q6k_x8_columns(*g.xq, g.half_sums, g.M, packed, g.K, g.out, g.ldo, o_begin, o_end);
+  const auto run = [&](auto steps) {
+    kquant_x8_columns<decltype(steps)>(*g.xq, g.half_sums, g.M, packed, g.K, g.out, g.ldo, o_begin, o_end);
+  };
+  if (g.type == Q4_K) run(MinSteps<Q4KUnpack>{});
+  else if (g.type == Q5_K) run(MinSteps<Q5KUnpack>{});
+  else if (g.type == Q3_K) run(OffsetSteps<Q3KUnpack>{});
+  else run(OffsetSteps<Q6KUnpack>{});
 }
 
 #endif  // CADENCE_HAVE_AVX2

@@ -1,4 +1,4 @@
-// Two octets of repacked K-quant columns (q4k_x8.h, q6k_x8.h) in one 512-bit register: on the
+// Two octets of repacked K-quant columns (q3k_x8.h .. q6k_x8.h) in one 512-bit register: on the
 // AVX-512 tiers a tile of 16 columns runs each decode, dot product and float step once for both
 // octets, half the instructions per weight of the 256-bit tiles (a prefill is bound by issuing
 // them: ~3.3 instructions per cycle). Lane for lane the same operations as the 256-bit tiles (the
@@ -25,8 +25,8 @@ namespace gguf {
 constexpr int64_t PREFETCH_AHEAD = 4096;
 constexpr auto PREFETCH_HINT = _MM_HINT_T1;
 
-// The lone octets' 256-bit tiles of the AVX2 tier's code (q6k_x8_tile_avx2) prefetch as the
-// 16-column tiles do on these tiers.
+// The lone octets' 256-bit tiles of the AVX2 tier's code (KQuantTiles::tile_avx2)
+// prefetch as the 16-column tiles do on these tiers.
 template <int R>
 inline void prefetch_tile_line(const uint8_t* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH_AHEAD), PREFETCH_HINT);
@@ -85,6 +85,10 @@ inline void store_pair(float* out, __m512 v) {
   _mm256_storeu_ps(out + 8, _mm512_extractf32x8_ps(v, 1));
 }
 
+// Rows per 16-column prefill tile: each decoded weight register serves 8 rows, whose block and
+// nibble sums (24 registers) fit beside it with the float accumulators in memory.
+constexpr int X16_ROWS = 8;
+
 #else
 constexpr int64_t PREFETCH_AHEAD = 2048;  // see above
 constexpr auto PREFETCH_HINT = _MM_HINT_T0;
@@ -99,15 +103,16 @@ inline void prefetch_tile_line(const uint8_t* p) {
   else _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH_AHEAD), PREFETCH_HINT);
 }
 
-// Rows per prefill tile of the AVX2 tier's octets (q4k_x8_tile_avx2, q6k_x8_tile_avx2): each
-// decoded weight register serves this many rows.
+#endif
+
+// Rows per prefill tile of the 256-bit tiles (tile_avx2: the AVX2 tier's octets, and a lone octet
+// on every tier): each decoded weight register serves this many rows.
 // 4: 4 rows' int16 and int32 sums fit the 16 registers beside the decoded weights (5 and 6 ran
 // within 3%, and 32-row decode batches split into whole tiles of 4).
 constexpr int AVX2_ROWS = 4;
-#endif
 
-// Where a one-row tile of the AVX2 tier's decode GEMV (R = 1: q4k_x8_tile_avx2, q6k_x8_tile_avx2)
-// prefetches into L2. A thread's octets are contiguous and its tiles read O of them side by side, so
+// Where a decode GEMV's tile (R = 1: tile_avx2<1, O> on the AVX2 tier, gemv_x16<P> on the AVX-512
+// ones) prefetches into L2. A thread's octets are contiguous and its tiles read O of them side by side, so
 // the line a tile reads now lies `next_tile` bytes (O octets) before the same line of its next tile:
 // prefetching that line covers the next tile whole, its headers included, a tile ahead. Prefetched
 // 4 KiB ahead in each octet's own stream (in_stream, every tile before), the first 4 KiB of every
@@ -137,6 +142,24 @@ inline GemvPrefetch gemv_prefetch(int64_t o, int64_t o_begin, int64_t o_end, int
                                   int64_t tile_bytes) {
   const bool next = o + 2 * octets_per_tile <= o_end && tile_bytes <= gemv_prefetch_span();
   return GemvPrefetch{next ? tile_bytes : 0, o == o_begin || !next};
+}
+
+// The cache lines of a repacked K-quant block's header (d and the scales: 160 or 192 bytes).
+constexpr int KQUANT_HEADER_LINES = 3;
+
+// A tile's prefetches for group j of the 256-block at `block`, the tile reading R rows: the lines
+// the format's policy U names (U::group_lines(j, f) calls f(offset in the block) per line of the
+// group's quants) and, at j < KQUANT_HEADER_LINES, line j of the block's header: 4 KiB
+// ahead in the octet's own stream (prefetch_tile_line), and in a decode GEMV the same lines of the
+// thread's next tile (GemvPrefetch). Every tile of every K-quant prefetches through this.
+template <class U, int R>
+inline void prefetch_group(const uint8_t* block, int j, GemvPrefetch pf) {
+  const auto each_line = [j](auto&& fetch) {
+    U::group_lines(j, fetch);
+    if (j < KQUANT_HEADER_LINES) fetch(64 * j);
+  };
+  if (R > 1 || pf.in_stream) each_line([block](int64_t at) { prefetch_tile_line<R>(block + at); });
+  if (R == 1 && pf.next_tile) each_line([block, pf](int64_t at) { prefetch_l2(block + pf.next_tile + at); });
 }
 
 }  // namespace gguf
