@@ -6,7 +6,7 @@
 // and differ only in how a group's k-octet unpacks into q bytes: the format's policy U, a template
 // parameter (its unpack inlines into every step), gives
 //   BYTES              an octet's bytes per 256-block
-//   group_lines(j, f)  f(offset) per cache line of group j's quants in a block (prefetch_group)
+//   LINES, line(j, l)  the cache lines of group j's quants: line l's offset in a block (prefetch_group)
 //   CHUNK              k-octets whose sums stay exact in int16 before the scale (Q4_K 4, Q5_K 2)
 //   AVX2_GEMV_OCTETS   octets per AVX2 decode tile (as many as the 16 registers hold)
 //   unpack_256(b, j, kk, lo, hi)       k-octet kk of group j of the block at b: per column's 4

@@ -6,7 +6,7 @@
 // and differ only in how the quants unpack into q bytes: the format's policy U, a template
 // parameter (its unpack inlines into every step), gives
 //   BYTES, OFFSET_SHIFT  an octet's bytes per 256-block; log2 of the offset
-//   group_lines(j, f)  f(offset) per cache line of group j's quants in a block (prefetch_group)
+//   LINES, line(j, l)  the cache lines of group j's quants: line l's offset in a block (prefetch_group)
 //   unpack_256(b, j, kk, lo, hi)  k-octet kk of group j of the block at b: per column's 4 bytes t,
 //                                 the q of position 8kk + t (lo) and 8kk + 4 + t (hi)
 //   decode_16k(b0, b1, j, p, w)   the 16 k of scale 2j + p in two octets' blocks (a register's

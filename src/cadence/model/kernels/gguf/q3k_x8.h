@@ -85,11 +85,8 @@ inline void repack_q3k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
 struct Q3KUnpack {
   static constexpr int64_t BYTES = Q3K_X8_BYTES;
   static constexpr int OFFSET_SHIFT = 2;  // q - 4
-  template <class F>
-  static void group_lines(int j, F&& f) {
-    f(Q3K_X8_HEADER + j * Q3K_X8_GROUP);
-    f(Q3K_X8_HEADER + j * Q3K_X8_GROUP + 64);
-  }
+  static constexpr int LINES = 2;
+  static int64_t line(int j, int l) { return Q3K_X8_HEADER + j * Q3K_X8_GROUP + 64 * l; }
   static void unpack_256(const uint8_t* b, int j, int kk, __m256i& lo, __m256i& hi) {
     const int sub = kk % 2;
     const uint8_t* g = b + Q3K_X8_HEADER + j * Q3K_X8_GROUP;

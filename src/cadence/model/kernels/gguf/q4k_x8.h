@@ -64,11 +64,8 @@ struct Q4KUnpack {
   static constexpr int64_t BYTES = Q4K_X8_BYTES;
   static constexpr int CHUNK = 4;  // a group's 16 products per lane, q <= 15 and |x| <= 127: <= 30480
   static constexpr int AVX2_GEMV_OCTETS = 8;
-  template <class F>
-  static void group_lines(int j, F&& f) {
-    f(Q4K_X8_HEADER + j * 128);
-    f(Q4K_X8_HEADER + j * 128 + 64);
-  }
+  static constexpr int LINES = 2;
+  static int64_t line(int j, int l) { return Q4K_X8_HEADER + j * 128 + 64 * l; }
   static void unpack_256(const uint8_t* b, int j, int kk, __m256i& lo, __m256i& hi) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + Q4K_X8_HEADER + j * 128 + kk * 32));
     lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));

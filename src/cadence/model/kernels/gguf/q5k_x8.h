@@ -82,10 +82,8 @@ struct Q5KUnpack {
   static constexpr int64_t BYTES = Q5K_X8_BYTES;
   static constexpr int CHUNK = 2;  // 8 products per lane of q5 <= 31 and |x| <= 127: <= 31496 (16 would not fit int16)
   static constexpr int AVX2_GEMV_OCTETS = 4;  // 16 registers: four octets' sums, nibbles and fifth bits
-  template <class F>
-  static void group_lines(int j, F&& f) {
-    for (int line = 0; line < 3; ++line) f(Q5K_X8_HEADER + j * Q5K_X8_GROUP + 64 * line);
-  }
+  static constexpr int LINES = 3;
+  static int64_t line(int j, int l) { return Q5K_X8_HEADER + j * Q5K_X8_GROUP + 64 * l; }
   static void unpack_256(const uint8_t* b, int j, int kk, __m256i& lo, __m256i& hi) {
     const uint8_t* g = b + Q5K_X8_HEADER + j * Q5K_X8_GROUP;
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + kk * 32));

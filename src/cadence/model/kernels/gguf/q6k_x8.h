@@ -63,12 +63,8 @@ inline void repack_q6k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
 struct Q6KUnpack {
   static constexpr int64_t BYTES = Q6K_X8_BYTES;
   static constexpr int OFFSET_SHIFT = 5;  // q - 32
-  template <class F>
-  static void group_lines(int j, F&& f) {
-    f(Q6K_X8_QL + j * 128);
-    f(Q6K_X8_QL + j * 128 + 64);
-    f(Q6K_X8_QH + j * 64);
-  }
+  static constexpr int LINES = 3;  // two of ql, one of qh
+  static int64_t line(int j, int l) { return l < 2 ? Q6K_X8_QL + j * 128 + 64 * l : Q6K_X8_QH + j * 64; }
   static void unpack_256(const uint8_t* b, int j, int kk, __m256i& lo, __m256i& hi) {
     const int sub = kk % 2;
     const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);

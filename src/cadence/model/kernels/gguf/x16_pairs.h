@@ -15,6 +15,16 @@
 namespace cadence_kernels {
 namespace gguf {
 
+// The prefetch helpers' inlining (prefetch_group says why).
+#define CADENCE_PREFETCH_INLINE __attribute__((always_inline)) inline
+
+// One software prefetch of the line at p into L1 (T0) or L2 (T1), as an asm statement the compiler
+// keeps: GCC 12 takes __builtin_prefetch (_mm_prefetch) for free of side effects, and its IPA
+// passes (mod-ref, pure-const, SRA) then deleted every prefetch of the shared K-quant tiles whose
+// address came through a helper (the Q6_K GEMV ran at half speed).
+CADENCE_PREFETCH_INLINE void prefetch_t0(const void* p) { asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p))); }
+CADENCE_PREFETCH_INLINE void prefetch_t1(const void* p) { asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p))); }
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define CADENCE_GGUF_X16 1
 
@@ -23,13 +33,12 @@ namespace gguf {
 // (a 320 MB Q4_K GEMV microbenchmark, 2 threads, Zen 4); the AVX2 tier keeps 2 KiB into L1 (its
 // prefill ran ~12% slower with the L2 hint in one scale_bench A/B).
 constexpr int64_t PREFETCH_AHEAD = 4096;
-constexpr auto PREFETCH_HINT = _MM_HINT_T1;
 
 // The lone octets' 256-bit tiles of the AVX2 tier's code (KQuantTiles::tile_avx2)
 // prefetch as the 16-column tiles do on these tiers.
 template <int R>
-inline void prefetch_tile_line(const uint8_t* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH_AHEAD), PREFETCH_HINT);
+CADENCE_PREFETCH_INLINE void prefetch_tile_line(const uint8_t* p) {
+  prefetch_t1(p + PREFETCH_AHEAD);
 }
 
 // 32 bytes at a (low half) and 32 at b (high half).
@@ -90,17 +99,16 @@ inline void store_pair(float* out, __m512 v) {
 constexpr int X16_ROWS = 8;
 
 #else
-constexpr int64_t PREFETCH_AHEAD = 2048;  // see above
-constexpr auto PREFETCH_HINT = _MM_HINT_T0;
+constexpr int64_t PREFETCH_AHEAD = 2048;  // see above (into L1)
 
 // The AVX2 tiles' prefetch of the line at p, `R` rows per tile: a prefill or batch tile (R > 1)
 // 2 KiB ahead into L1 as above; a decode GEMV (R = 1) 4 KiB ahead into L2, as the AVX-512 tiers:
 // the 1B shape's decode GEMVs (767 MB of Q4_K / Q6_K octets, 2 threads, Zen 4) streamed 26.9 ->
 // 32.4 GB/s with it (Q6_K 21.7 -> 32.6), while 4 KiB into L1 gained ~3%.
 template <int R>
-inline void prefetch_tile_line(const uint8_t* p) {
-  if constexpr (R == 1) _mm_prefetch(reinterpret_cast<const char*>(p + 4096), _MM_HINT_T1);
-  else _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH_AHEAD), PREFETCH_HINT);
+CADENCE_PREFETCH_INLINE void prefetch_tile_line(const uint8_t* p) {
+  if constexpr (R == 1) prefetch_t1(p + 4096);
+  else prefetch_t0(p + PREFETCH_AHEAD);
 }
 
 #endif
@@ -123,7 +131,7 @@ struct GemvPrefetch {
   int64_t next_tile = 0;   // bytes to the same line of the next tile; 0: none
   bool in_stream = true;   // also 4 KiB ahead in the tile's own streams (prefetch_tile_line<1>)
 };
-inline void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+CADENCE_PREFETCH_INLINE void prefetch_l2(const uint8_t* p) { prefetch_t1(p); }
 // The largest tile (O octets' bytes) that prefetches its successor: a third of this core's L2, so
 // the tile ahead and the one being read fit with room to spare (Zen 4's 1 MiB: 341 KiB, the 1B
 // shape's largest tile, Q4_K at K = 8192, is 311 KB; Zen 3's 512 KiB: 170 KiB). A larger tile (an
@@ -148,18 +156,21 @@ inline GemvPrefetch gemv_prefetch(int64_t o, int64_t o_begin, int64_t o_end, int
 constexpr int KQUANT_HEADER_LINES = 3;
 
 // A tile's prefetches for group j of the 256-block at `block`, the tile reading R rows: the lines
-// the format's policy U names (U::group_lines(j, f) calls f(offset in the block) per line of the
-// group's quants) and, at j < KQUANT_HEADER_LINES, line j of the block's header: 4 KiB
-// ahead in the octet's own stream (prefetch_tile_line), and in a decode GEMV the same lines of the
-// thread's next tile (GemvPrefetch). Every tile of every K-quant prefetches through this.
+// the format's policy U names (U::LINES of them, U::line(j, l): line l's offset in the block) and,
+// at j < KQUANT_HEADER_LINES, line j of the block's header: 4 KiB ahead in the octet's own stream
+// (prefetch_tile_line), and in a decode GEMV the same lines of the thread's next tile
+// (GemvPrefetch). Every tile of every K-quant prefetches through this (prefetch_t0 / t1 say why
+// an asm statement).
 template <class U, int R>
-inline void prefetch_group(const uint8_t* block, int j, GemvPrefetch pf) {
-  const auto each_line = [j](auto&& fetch) {
-    U::group_lines(j, fetch);
-    if (j < KQUANT_HEADER_LINES) fetch(64 * j);
-  };
-  if (R > 1 || pf.in_stream) each_line([block](int64_t at) { prefetch_tile_line<R>(block + at); });
-  if (R == 1 && pf.next_tile) each_line([block, pf](int64_t at) { prefetch_l2(block + pf.next_tile + at); });
+CADENCE_PREFETCH_INLINE void prefetch_group(const uint8_t* block, int j, GemvPrefetch pf) {
+  if (R > 1 || pf.in_stream) {
+    for (int l = 0; l < U::LINES; ++l) prefetch_tile_line<R>(block + U::line(j, l));
+    if (j < KQUANT_HEADER_LINES) prefetch_tile_line<R>(block + 64 * j);
+  }
+  if (R == 1 && pf.next_tile) {
+    for (int l = 0; l < U::LINES; ++l) prefetch_l2(block + pf.next_tile + U::line(j, l));
+    if (j < KQUANT_HEADER_LINES) prefetch_l2(block + pf.next_tile + 64 * j);
+  }
 }
 
 }  // namespace gguf
