@@ -164,14 +164,15 @@ def test_greedy_tokens_match_transformers_and_scheduling(family):
 
 
 def test_only_stack_shaped_families_take_the_fused_stack(family):
-    """Plain Llama (and Qwen3 without a window, whose q/k norms the float32 stack has:
-    test_fused_decode_f32.py) take the stack; every other family runs the per-op path."""
+    """Plain Llama (and Qwen3 without a window, whose q/k norms the stacks have:
+    test_fused_decode.py, test_fused_decode_f32.py) take the stack; every other family runs the
+    per-op path."""
     name, _, ours, _ = family
     kernels = load_cpu_kernels()
     if kernels is None:
         pytest.skip("compiled CPU kernels unavailable")
     stack = ours.model._stack_for(kernels)
-    if not ours.config.stack_computes(qk_norm=True):
+    if not ours.config.stack_computes():
         assert stack is False, f"{name} must run the per-op path"
         if has_f32_stack(kernels):  # its GEMMs packed for the float32 kernels instead
             layer = ours.model.model.layers[0]

@@ -1,9 +1,9 @@
 """The fused CPU decode stack (kernels.DecodeStack) and the packed bf16 GEMM under it.
 
 The stack runs every layer of a small bf16 step in one C++ call; here it is checked against the
-per-op fast path and the fp32 reference on tiny head_dim-64 Llama and Qwen2 (bias) checkpoints:
-decodes and short prefill chunks over scattered blocks, the KV it writes, batch and thread-count
-invariance, and bad input.
+per-op fast path and the fp32 reference on tiny head_dim-64 Llama, Qwen2 (bias) and Qwen3 (q/k
+norms) checkpoints: decodes and short prefill chunks over scattered blocks, the KV it writes (the
+first layer's with the per-op path's bits), batch and thread-count invariance, and bad input.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from cadence.model.fused_decode import ENV_SWITCH, STACK_MAX_CHUNK
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
 from cadence.model.kv_cache import KVCache
 from cadence.model.loader import load_model
+from .stack_helpers import on_one_thread, solo_and_batch_logits
 
 KERNELS = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None or not KERNELS.has_avx512bf16(),
@@ -48,14 +49,21 @@ STEPS = [[(0, 17), (0, 9), (0, 3)], [(17, 1), (9, 1), (3, 1)], [(18, 1), (10, 5)
          [(19, STACK_MAX_CHUNK - 1), (15, 1), (5, 2)], [(50, 1), (16, 1), (7, 1)]]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_stack_matches_per_op_path_and_fp32_reference(request, arch, monkeypatch):
     path = request.getfixturevalue(f"tiny_{arch}_d64_dir")
     bf16 = load_model(path, dtype=torch.bfloat16, device="cpu")
     fp32 = load_model(path, dtype=torch.float32, device="cpu")
     stack_logits, stack_kv, stack = run_steps(bf16, STEPS, True, monkeypatch)
-    assert stack, "the stack should serve this model"
+    assert isinstance(stack, KERNELS.DecodeStack), "the stack should serve this model"
+    assert stack.has_qk_norms == bf16.config.qk_norm == (arch == "qwen3")
     per_op_logits, per_op_kv, _ = run_steps(bf16, STEPS, False, monkeypatch)
+    # Without a qkv bias the first layer's K and V come from the same bf16 GEMM sums and row
+    # functions on both paths ((q/k norms: qk_norm_row,) rope_write_row): the same bits. (Qwen2's
+    # bias: the per-op path adds it to the bf16-rounded product, the stack before rounding.) Later
+    # layers read attention outputs, whose summation order differs between the paths.
+    if arch != "qwen2":
+        assert torch.equal(stack_kv[0], per_op_kv[0])
     ref_logits, ref_kv, _ = run_steps(fp32, STEPS, False, monkeypatch)
     # bf16 against fp32: the stack is as close as the per-op bf16 path (both round every op).
     stack_err = (stack_logits - ref_logits).abs().max().item()
@@ -75,29 +83,12 @@ def test_stack_rows_do_not_depend_on_batch_or_threads(tiny_llama_d64_dir, monkey
     packed GEMM sums each row in a fixed order and attention runs per row."""
     loaded = load_model(tiny_llama_d64_dir, dtype=torch.bfloat16, device="cpu")
     prefill = [[(0, 20), (0, 11), (0, 6)]]
-    alone = run_steps(loaded, prefill + [[(20, 1), (11, 1), (6, 1)]], True, monkeypatch)[0]
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one_thread = run_steps(loaded, prefill + [[(20, 1), (11, 1), (6, 1)]], True, monkeypatch)[0]
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(alone, one_thread)
+    steps = prefill + [[(20, 1), (11, 1), (6, 1)]]
+    alone = run_steps(loaded, steps, True, monkeypatch)[0]
+    assert torch.equal(alone, on_one_thread(lambda: run_steps(loaded, steps, True, monkeypatch)[0]))
     # The first sequence's decode in a step with two other rows vs a step of its own.
-    monkeypatch.setenv(ENV_SWITCH, "1")
-    model = loaded.model
-    kv = KVCache(loaded.config, POOL, BLOCK, loaded.dtype, "cpu")
-    gen = torch.Generator().manual_seed(5)
-    with torch.inference_mode():
-        meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(prefill[0], TABLES)], BLOCK, POOL)
-        model(torch.randint(0, loaded.config.vocab_size, (meta.num_tokens,), generator=gen), meta.positions, meta, kv)
-        token = torch.randint(0, loaded.config.vocab_size, (3,), generator=gen)
-        snapshot = kv.storage.clone()
-        meta1 = AttentionMetadata.build([(20, 1, TABLES[0])], BLOCK, POOL)
-        solo = model.compute_logits(model(token[:1], meta1.positions, meta1, kv))
-        kv.storage.copy_(snapshot)
-        meta3 = AttentionMetadata.build([(20, 1, TABLES[0]), (11, 1, TABLES[1]), (6, 1, TABLES[2])], BLOCK, POOL)
-        batch = model.compute_logits(model(token, meta3.positions, meta3, kv))
+    solo, batch = solo_and_batch_logits(loaded.model, loaded.config, loaded.dtype, prefill[0], TABLES, BLOCK, POOL,
+                                        monkeypatch)
     assert torch.equal(solo[0], batch[0])
 
 

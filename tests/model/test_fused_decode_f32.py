@@ -12,11 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.fused_decode import ENV_SWITCH, STACK_MAX_CHUNK, WEIGHT_FORMATS, stored_values
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
 from cadence.model.kv_cache import KVCache
 from cadence.model.loader import load_model
+from . import stack_helpers
+from .stack_helpers import on_one_thread, solo_and_batch_logits
 
 KERNELS = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None or not hasattr(KERNELS, "DecodeStackF32")
@@ -32,18 +33,8 @@ STEPS = [[(0, 17), (0, 9), (0, 3)], [(17, 1), (9, 1), (3, 1)], [(18, 1), (10, 5)
 
 
 def run_steps(model, config, steps, stack: bool, monkeypatch):
-    """Logits of every step and the final cache (float32 model)."""
-    monkeypatch.setenv(ENV_SWITCH, "1" if stack else "0")
-    model._decode_stack = None  # rebuilt under the switch; weights stay as they are
-    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
-    gen = torch.Generator().manual_seed(5)
-    logits = []
-    with torch.inference_mode():
-        for spans in steps:
-            meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, TABLES)], BLOCK, POOL)
-            ids = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
-            logits.append(model.compute_logits(model(ids, meta.positions, meta, kv)))
-    return torch.cat(logits), kv.storage.clone(), model._decode_stack
+    """Logits of every step, the final cache and the stack the model used (float32 model)."""
+    return stack_helpers.run_steps(model, config, steps, TABLES, BLOCK, POOL, stack, monkeypatch)
 
 
 @pytest.mark.parametrize("fmt", ["float32", "bf16", "int8", "int4"])
@@ -91,26 +82,10 @@ def test_f32_stack_rows_do_not_depend_on_batch_or_threads(tiny_llama_d64_dir, mo
     loaded.model.set_decode_weight_format(fmt)
     model, config = loaded.model, loaded.config
     prefill = [[(0, 20), (0, 11), (0, 6)]]
-    alone = run_steps(model, config, prefill + [[(20, 1), (11, 1), (6, 1)]], True, monkeypatch)[0]
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one_thread = run_steps(model, config, prefill + [[(20, 1), (11, 1), (6, 1)]], True, monkeypatch)[0]
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(alone, one_thread)
-    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
-    gen = torch.Generator().manual_seed(5)
-    with torch.inference_mode():
-        meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(prefill[0], TABLES)], BLOCK, POOL)
-        model(torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen), meta.positions, meta, kv)
-        token = torch.randint(0, config.vocab_size, (3,), generator=gen)
-        snapshot = kv.storage.clone()
-        meta1 = AttentionMetadata.build([(20, 1, TABLES[0])], BLOCK, POOL)
-        solo = model.compute_logits(model(token[:1], meta1.positions, meta1, kv))
-        kv.storage.copy_(snapshot)
-        meta3 = AttentionMetadata.build([(20, 1, TABLES[0]), (11, 1, TABLES[1]), (6, 1, TABLES[2])], BLOCK, POOL)
-        batch = model.compute_logits(model(token, meta3.positions, meta3, kv))
+    steps = prefill + [[(20, 1), (11, 1), (6, 1)]]
+    alone = run_steps(model, config, steps, True, monkeypatch)[0]
+    assert torch.equal(alone, on_one_thread(lambda: run_steps(model, config, steps, True, monkeypatch)[0]))
+    solo, batch = solo_and_batch_logits(model, config, torch.float32, prefill[0], TABLES, BLOCK, POOL, monkeypatch)
     assert torch.equal(solo[0], batch[0])
 
 

@@ -22,6 +22,8 @@ from cadence.model.kernels.cpu_ops import load_cpu_kernels
 from cadence.model.kv_cache import KVCache
 from cadence.model.loader import load_model
 from .random_gguf import Q, write_random_gguf
+from . import stack_helpers
+from .stack_helpers import on_one_thread, solo_and_batch_logits
 
 KERNELS = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None or not hasattr(KERNELS, "DecodeStackGGUF")
@@ -59,17 +61,7 @@ def _load(tmp_path, name: str, **twin):
 
 def run_steps(model, config, steps, stack: bool, monkeypatch):
     """Logits of every step, the final cache and the stack the model used (None: per-op)."""
-    monkeypatch.setenv(ENV_SWITCH, "1" if stack else "0")
-    model._decode_stack = None  # built again under the switch
-    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
-    gen = torch.Generator().manual_seed(5)
-    logits = []
-    with torch.inference_mode():
-        for spans in steps:
-            meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, TABLES)], BLOCK, POOL)
-            ids = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
-            logits.append(model.compute_logits(model(ids, meta.positions, meta, kv)))
-    return torch.cat(logits), kv.storage.clone(), model._decode_stack or None
+    return stack_helpers.run_steps(model, config, steps, TABLES, BLOCK, POOL, stack, monkeypatch)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -91,25 +83,8 @@ def test_gguf_stack_rows_do_not_depend_on_batch_or_threads(tmp_path, monkeypatch
     model, config = loaded.model, loaded.config
     steps = [[(0, 20), (0, 11), (0, 6)], [(20, 1), (11, 1), (6, 1)]]
     all_threads = run_steps(model, config, steps, True, monkeypatch)[0]
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one_thread = run_steps(model, config, steps, True, monkeypatch)[0]
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(all_threads, one_thread)
-    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
-    gen = torch.Generator().manual_seed(5)
-    with torch.inference_mode():
-        meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(steps[0], TABLES)], BLOCK, POOL)
-        model(torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen), meta.positions, meta, kv)
-        token = torch.randint(0, config.vocab_size, (3,), generator=gen)
-        snapshot = kv.storage.clone()
-        meta1 = AttentionMetadata.build([(20, 1, TABLES[0])], BLOCK, POOL)
-        solo = model.compute_logits(model(token[:1], meta1.positions, meta1, kv))
-        kv.storage.copy_(snapshot)
-        meta3 = AttentionMetadata.build([(20, 1, TABLES[0]), (11, 1, TABLES[1]), (6, 1, TABLES[2])], BLOCK, POOL)
-        batch = model.compute_logits(model(token, meta3.positions, meta3, kv))
+    assert torch.equal(all_threads, on_one_thread(lambda: run_steps(model, config, steps, True, monkeypatch)[0]))
+    solo, batch = solo_and_batch_logits(model, config, torch.float32, steps[0], TABLES, BLOCK, POOL, monkeypatch)
     assert torch.equal(solo[0], batch[0])
 
 
@@ -220,7 +195,7 @@ def test_qwen3_stack_matches_float_twin_and_per_op_greedy_tokens(tmp_path, monke
     twin_path = str(tmp_path / "twin.gguf")
     native = _load(tmp_path, "qwen3_q4_k_m", float_twin=twin_path)
     twin = load_model(twin_path, dtype="float32", device="cpu", quantization="none")
-    assert native.config.qk_norm and native.config.stack_computes(qk_norm=True)
+    assert native.config.qk_norm and native.config.stack_computes()
     steps = STEPS[:3]
     ours, _, stack = run_steps(native.model, native.config, steps, True, monkeypatch)
     ref, _, twin_stack = run_steps(twin.model, twin.config, steps, True, monkeypatch)

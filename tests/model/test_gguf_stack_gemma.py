@@ -26,6 +26,7 @@ from tests.model.family_checkpoints import save_random_checkpoint
 
 from .gguf_helpers import write_tiny_gguf
 from .paged_helpers import paged_logits, scattered_block_table
+from .stack_helpers import run_steps
 
 KERNELS = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None or not hasattr(KERNELS, "DecodeStackGGUF")
@@ -81,18 +82,8 @@ def _load(hf_dir: str, layer_type=None):
 
 
 def _run_steps(model, config, stack: bool, monkeypatch):
-    """Logits of every step, the final cache, and whether the decode steps took the stack."""
-    monkeypatch.setenv(ENV_SWITCH, "1" if stack else "0")
-    model._decode_stack = None  # built again under the switch
-    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
-    gen = torch.Generator().manual_seed(5)
-    logits = []
-    with torch.inference_mode():
-        for spans in STEPS:
-            meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, TABLES)], BLOCK, POOL)
-            ids = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
-            logits.append(model.compute_logits(model(ids, meta.positions, meta, kv)))
-    return torch.cat(logits), kv.storage.clone(), model._decode_stack or None
+    """Logits of every step, the final cache, and the stack the decode steps took (None: per-op)."""
+    return run_steps(model, config, STEPS, TABLES, BLOCK, POOL, stack, monkeypatch)
 
 
 def test_gemma_stack_gives_the_per_op_bits(gemma_dir, monkeypatch):

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from cadence.model.attention_metadata import AttentionMetadata
-from cadence.model.fused_decode import ENV_SWITCH
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
 from cadence.model.kv_cache import KVCache, kv_bytes_per_block, kv_cache_dtype
 from cadence.model.loader import load_model
 from cadence.model.prefill_attention import F32_KERNEL_TIERS
+from .stack_helpers import run_steps, solo_and_batch_logits
 
 HQ, HKV, BLOCK = 8, 2, 16
 DTYPES = [torch.float16, torch.bfloat16]
@@ -126,17 +126,9 @@ STEPS = [[(0, 17), (0, 9), (0, 3)], [(17, 1), (9, 1), (3, 1)], [(18, 1), (10, 5)
 
 
 def _run(model, config, kv_dtype, stack: bool, monkeypatch, steps=STEPS):
-    monkeypatch.setenv(ENV_SWITCH, "1" if stack else "0")
-    model._decode_stack = None
-    kv = KVCache(config, POOL, MODEL_BLOCK, kv_dtype, "cpu")
-    gen = torch.Generator().manual_seed(5)
-    logits = []
-    with torch.inference_mode():
-        for spans in steps:
-            meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, TABLES)], MODEL_BLOCK, POOL)
-            ids = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
-            logits.append(model.compute_logits(model(ids, meta.positions, meta, kv)))
-    return torch.cat(logits), kv
+    """Logits of every step and the final cache storage (kv_dtype)."""
+    logits, kv, _ = run_steps(model, config, steps, TABLES, MODEL_BLOCK, POOL, stack, monkeypatch, kv_dtype)
+    return logits, kv
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -149,7 +141,7 @@ def test_model_on_16bit_cache_stack_matches_per_op_and_float32_cache(kernels, ti
     stack, stack_kv = _run(model, config, dtype, True, monkeypatch)
     assert model._decode_stack is not None  # the fused float32 stack took the decode steps
     per_op, per_op_kv = _run(model, config, dtype, False, monkeypatch)
-    assert stack_kv.storage.dtype == dtype
+    assert stack_kv.dtype == dtype
     if fmt == "float32":
         torch.testing.assert_close(stack, per_op, atol=2e-4, rtol=1e-4)
     else:  # int4: activations quantized per group; a summation-order difference may move one
@@ -168,21 +160,8 @@ def test_rows_on_16bit_cache_do_not_depend_on_the_batch(kernels, tiny_llama_d64_
     loaded = load_model(tiny_llama_d64_dir, dtype=torch.float32, device="cpu")
     loaded.model.set_decode_weight_format("int4")
     model, config = loaded.model, loaded.config
-    monkeypatch.setenv(ENV_SWITCH, "1")
-    kv = KVCache(config, POOL, MODEL_BLOCK, dtype, "cpu")
-    gen = torch.Generator().manual_seed(5)
-    prefill = [(0, 20), (0, 11), (0, 6)]
-    with torch.inference_mode():
-        meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(prefill, TABLES)], MODEL_BLOCK, POOL)
-        model(torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen), meta.positions, meta, kv)
-        token = torch.randint(0, config.vocab_size, (3,), generator=gen)
-        snapshot = kv.storage.clone()
-        meta1 = AttentionMetadata.build([(20, 1, TABLES[0])], MODEL_BLOCK, POOL)
-        solo = model.compute_logits(model(token[:1], meta1.positions, meta1, kv))
-        kv.storage.copy_(snapshot)
-        meta3 = AttentionMetadata.build([(20, 1, TABLES[0]), (11, 1, TABLES[1]), (6, 1, TABLES[2])],
-                                        MODEL_BLOCK, POOL)
-        batch = model.compute_logits(model(token, meta3.positions, meta3, kv))
+    solo, batch = solo_and_batch_logits(model, config, dtype, [(0, 20), (0, 11), (0, 6)], TABLES, MODEL_BLOCK, POOL,
+                                        monkeypatch)
     assert torch.equal(solo[0], batch[0])
 
 
@@ -193,7 +172,7 @@ def test_pure_torch_path_reads_a_16bit_cache(tiny_llama_d64_dir, monkeypatch):
     monkeypatch.setattr("cadence.model.llama.cpu_kernels_for", lambda x: None)
     f16, kv = _run(model, config, torch.float16, False, monkeypatch)
     f32, _ = _run(model, config, torch.float32, False, monkeypatch)
-    assert kv.storage.dtype == torch.float16
+    assert kv.dtype == torch.float16
     assert (f16 - f32).abs().max().item() < 0.01 * f32.abs().max().item()
 
 
@@ -257,5 +236,5 @@ def test_gguf_stack_on_16bit_cache_gives_the_per_op_bits(kernels, tmp_path, monk
     stack, stack_kv = _run(model, config, dtype, True, monkeypatch)
     assert model._decode_stack is not None and hasattr(model._decode_stack, "num_layers")
     per_op, per_op_kv = _run(model, config, dtype, False, monkeypatch)
-    assert torch.equal(stack_kv.storage, per_op_kv.storage) and stack_kv.storage.dtype == dtype
+    assert torch.equal(stack_kv, per_op_kv) and stack_kv.dtype == dtype
     assert torch.equal(stack, per_op)

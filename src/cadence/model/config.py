@@ -204,12 +204,11 @@ class ModelConfig:
         full rope, default attention scale, no window, no capping, and dense."""
         return not self.qk_norm and self._llama_but_qk_norm
 
-    def stack_computes(self, qk_norm: bool) -> bool:
-        """Whether a fused CPU decode stack computes every layer: the plain Llama shape, and also
-        with per-head q/k norms (Qwen3) where that stack has them (`qk_norm`: the float32 and
-        GGUF stacks do, the bf16 one does not). Other families (and mixture-of-experts layers)
-        run the per-op path, whose pieces read every family field."""
-        return self._llama_but_qk_norm and (qk_norm or not self.qk_norm)
+    def stack_computes(self) -> bool:
+        """Whether the fused CPU decode stacks (bf16, float32) compute every layer: the plain Llama
+        shape, also with per-head q/k norms (Qwen3), which every stack has. Other families (and
+        mixture-of-experts layers) run the per-op path, whose pieces read every family field."""
+        return self._llama_but_qk_norm
 
     @property
     def _llama_but_qk_norm(self) -> bool:

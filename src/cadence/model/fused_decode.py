@@ -131,25 +131,29 @@ def round_weights_to_format(model: "LlamaForCausalLM", fmt: str) -> None:
 def build_decode_stack(model: "LlamaForCausalLM", kernels: ModuleType):
     """The fused stack for the model's dtype over its current weights, or None when the model's
     shapes (head_dim, sizes) or the kernel build do not allow it, or when its layers are not a
-    shape the C++ stack computes (config.stack_computes: plain Llama, plus Qwen3's q/k norms on
-    the float32 stack; other families run the per-op path, whose pieces read every family field)."""
+    shape the C++ stacks compute (config.stack_computes: plain Llama, plus Qwen3's q/k norms;
+    other families run the per-op path, whose pieces read every family field)."""
     config = model.config
     if not stack_enabled():
         return None
     dtype = model.lm_head.weight.dtype
-    if dtype == torch.bfloat16 and kernels.has_avx512bf16() and config.stack_computes(qk_norm=False):
-        return _build(model, kernels.DecodeStack, {})
-    if dtype == torch.float32 and has_f32_stack(kernels) and config.stack_computes(qk_norm=True):
+    if not config.stack_computes():
+        return None
+    if dtype == torch.bfloat16 and kernels.has_avx512bf16():
+        stack = _build(model, kernels.DecodeStack, {})
+    elif dtype == torch.float32 and has_f32_stack(kernels):
         stack = _build(model, kernels.DecodeStackF32, {"format": WEIGHT_FORMATS[resolve_weight_format(model)]})
-        if stack is not None and config.qk_norm:
-            attach_qk_norms(stack, model.model.layers)
-        return stack
-    return None
+    else:
+        return None
+    if stack is not None and config.qk_norm:
+        attach_qk_norms(stack, model.model.layers)
+    return stack
 
 
 def attach_qk_norms(stack, layers) -> None:
-    """Give a float32 or GGUF stack the layers' per-head q/k norm weights (Qwen3: [head_dim] each),
-    applied before rope as the per-op path's rope_write_kv applies them."""
+    """Give a stack the layers' per-head q/k norm weights (Qwen3: [head_dim] each), applied before
+    rope as the per-op path's rope_write_kv applies them (passed as float32: the bf16 stack holds
+    them as bf16 again, which a bf16 model's weights round-trip exactly)."""
     stack.attach_qk_norms(q_norm=[layer.self_attn.q_norm.weight.detach().float() for layer in layers],
                           k_norm=[layer.self_attn.k_norm.weight.detach().float() for layer in layers])
 

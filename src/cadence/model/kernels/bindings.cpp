@@ -94,6 +94,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("num_kv_heads"), py::arg("eps"))
       .def("forward", &cadence_kernels::DecodeStack::forward, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &cadence_kernels::DecodeStack::num_layers)
+      .def("attach_qk_norms", &cadence_kernels::DecodeStack::attach_qk_norms, py::arg("q_norm"),
+           py::arg("k_norm"), "per-layer q and k RMS norm weights [head_dim] (Qwen3), applied before rope")
+      .def_property_readonly("has_qk_norms", &cadence_kernels::DecodeStack::has_qk_norms)
       .def("phase_seconds", &cadence_kernels::DecodeStack::phase_seconds,
            "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm, head)")
       .def_property_readonly("last_team", &cadence_kernels::DecodeStack::last_team);

@@ -2,7 +2,7 @@
 //
 // Phases of a layer, with a team barrier after each one that the next reads across threads:
 //   1. qkv = normed @ Wqkv (+ bias)            column blocks split over threads
-//   2. rope q, k in place; store k, v in cache  rows split over threads
+//   2. (q/k norms,) rope q, k; store k, v       rows split over threads
 //   3. attention                                (row, context span) items split by cost; rows
 //                                               cut into spans are merged after one more barrier
 //   4. o = attn @ Wo                            column blocks
@@ -15,22 +15,15 @@
 // op's output rounded to bf16) through the same row helpers as the standalone kernels.
 #include "decode_stack.h"
 
-#include <omp.h>
-#include <sched.h>
-#include <sys/resource.h>
-#include <time.h>
-
 #include <atomic>
-#include <array>
-#include <chrono>
 #include <memory>
-#include <mutex>
 
 #include "common.h"
 #include "decode_attention.h"
 #include "ops.h"
 #include "packed_gemm.h"
 #include "rows.h"
+#include "stack_phases.h"
 #include "team.h"
 
 namespace cadence_kernels {
@@ -102,47 +95,22 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
                                 const at::Tensor& block_tables, const at::Tensor& row_seq,
                                 const at::Tensor& ctx_lens, double scale) const {
 #if CADENCE_HAVE_AVX512BF16
-  const int64_t T = x.size(0), H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
+  const int64_t H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
   const int64_t I = intermediate_, L = num_layers();
-  const int64_t qkv_width = (Hq + 2 * Hkv) * D;
-  check_cpu_contiguous(x, "x");
-  check_cpu_contiguous(kv, "kv");
-  check_cpu_contiguous(block_tables, "block_tables");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.size(1) == H, "DecodeStack: x [T, H] bfloat16");
-  TORCH_CHECK(kv.scalar_type() == at::kBFloat16 && kv.dim() == 6 && kv.size(0) == L && kv.size(1) == 2 &&
-                  kv.size(4) == Hkv && kv.size(5) == D,
-              "DecodeStack: kv [layers, 2, blocks, block_size, Hkv, D] bfloat16");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.size(0) == T &&
-                  cos.size(1) == D && sin.sizes() == cos.sizes(),
-              "DecodeStack: cos, sin [T, D] float32");
-  TORCH_CHECK(block_tables.scalar_type() == at::kInt, "DecodeStack: block_tables int32");
-  auto c = cos.contiguous(), s = sin.contiguous();
-  auto sl = slots.to(at::kLong).contiguous();
-  auto seq = row_seq.to(at::kLong).contiguous();
-  auto lens = ctx_lens.to(at::kLong).contiguous();
-  TORCH_CHECK(sl.numel() == T && seq.numel() == T && lens.numel() == T, "DecodeStack: one slot, row_seq and ctx_len per row");
-  const int64_t blocks = kv.size(2), block_size = kv.size(3), max_blocks = block_tables.size(1);
-  const int64_t* slp = sl.data_ptr<int64_t>();
-  const int64_t* seqp = seq.data_ptr<int64_t>();
-  const int64_t* lenp = lens.data_ptr<int64_t>();
-  const int32_t* btp = block_tables.data_ptr<int32_t>();
-  check_step_rows("DecodeStack", T, slp, seqp, lenp, btp, block_tables.size(0), max_blocks, blocks, block_size);
-  const int64_t layer_stride = 2 * blocks * block_size * Hkv * D;  // bf16 elements per layer
-  uint16_t* kvp = reinterpret_cast<uint16_t*>(kv.data_ptr<c10::BFloat16>());
-  const float* cp = c.data_ptr<float>();
-  const float* sp = s.data_ptr<float>();
+  TORCH_CHECK(kv.scalar_type() == at::kBFloat16, "DecodeStack: kv bfloat16");
+  const StepRows rows("DecodeStack", x, at::kBFloat16, H, cos, sin, kv, L, Hkv, D, slots, block_tables, row_seq, ctx_lens);
+  const int64_t T = rows.T;
+  c10::BFloat16* kvp = kv.data_ptr<c10::BFloat16>();
 
-  // Shared activations (bf16 bits).
-  std::vector<uint16_t> qkv_buf(T * qkv_width), attn_buf(T * Hq * D), o_buf(T * H), act_buf(T * I),
-      down_buf(T * H), gate_up_buf(T * 2 * I);
+  StepActivations<uint16_t> buf(T, H, Hq, Hkv, D, I);
   auto out = at::empty({T, H}, x.options());
 
   // Team size: all threads, unless recent steps showed the team waiting on a descheduled
   // partner (a busy neighbour core): then one thread for a while, and a new probe after.
-  const int team = solo_.team_for_step(std::max(1, at::get_num_threads()));
-  std::atomic<bool> lost_core{false};
+  auto step = step_team(at::get_num_threads());
+  const int team = step.size();
   // Attention items (row, context span).
-  SpanPlan plan(lenp, T, team, Hq, Hkv, D);
+  SpanPlan plan(rows.lenp, T, team, Hq, Hkv, D);
   const int64_t items = plan.items();
   const bool split = plan.split();
   // Thread o owns items [owned_first[o], owned_first[o + 1]): contiguous ranges of near-equal
@@ -170,141 +138,105 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
       item_ranges[l * team + o].store(pack_range(owned_first[o], owned_first[o + 1]), std::memory_order_relaxed);
   const float fscale = static_cast<float>(scale);
   const float eps = static_cast<float>(eps_);
-  TeamBarrier barrier(team);
-  std::atomic<int> actual_team{0};
 
-#pragma omp parallel num_threads(team)
-  {
-    // The runtime may grant fewer threads (nested call): then run everything on one.
-    if (omp_get_thread_num() == 0) actual_team.store(omp_get_num_threads());
-#pragma omp barrier
-    const bool full_team = actual_team.load() == team;
-    const int tid = full_team ? omp_get_thread_num() : 0;
-    const int nth = full_team ? team : 1;
-    if (full_team || omp_get_thread_num() == 0) {
-      const ThreadClock clock;
-      // Thread 0 accounts wall time to phases (diagnostics: phase_seconds()).
-      std::array<int64_t, NUM_PHASES> phase_ns{};
-      auto mark = std::chrono::steady_clock::now();
-      auto lap = [&](int phase) {
-        if (tid != 0) return;
-        const auto now = std::chrono::steady_clock::now();
-        phase_ns[phase] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark).count();
-        mark = now;
+  step.run([&](StepThread<NUM_PHASES>& thread) {
+    const int tid = thread.tid, nth = thread.nth;
+    std::vector<c10::BFloat16> residual(T * H), normed(T * H);
+    std::vector<float> scratch;
+    std::memcpy(residual.data(), x.data_ptr<c10::BFloat16>(), sizeof(uint16_t) * T * H);
+    add_norm_rows<c10::BFloat16>(residual.data(), nullptr, layers_[0].input_norm.data_ptr<c10::BFloat16>(),
+                                 normed.data(), T, H, eps);
+    const uint16_t* normed_bits = reinterpret_cast<const uint16_t*>(normed.data());
+    auto gemm = [&](const uint16_t* in, int64_t K, const at::Tensor& packed, int64_t N,
+                    const uint16_t* bias, uint16_t* dst) {
+      const auto [b0, b1] = thread.share(packed_blocks(N));
+      packed_gemm_blocks(in, K, T, bits(packed), K, b0, b1,
+                         [&](int64_t m0, int mr, int64_t bb, int nb, __m512 acc[GEMM_MR][GEMM_NB]) {
+                           store_tile_bf16(acc, m0, mr, bb, nb, N, bias, dst, N);
+                         });
+    };
+    for (int64_t l = 0; l < L; ++l) {
+      const Layer& w = layers_[l];
+      c10::BFloat16* kc = kvp + l * rows.layer_stride;
+      c10::BFloat16* vc = kc + rows.layer_stride / 2;
+      // 1. qkv projection.
+      gemm(normed_bits, H, w.qkv, buf.qkv_width, w.qkv_bias.defined() ? bits(w.qkv_bias) : nullptr, buf.qkv.data());
+      thread.sync();
+      thread.lap(0);
+      // 2. (q/k norms,) rope + cache write.
+      const auto [r0, r1] = thread.share(T);
+      rope_write_rows<c10::BFloat16, c10::BFloat16>(
+          reinterpret_cast<c10::BFloat16*>(buf.qkv.data()), r0, r1, rows, rows.cp, rows.sp,
+          w.q_norm.defined() ? w.q_norm.data_ptr<c10::BFloat16>() : nullptr,
+          w.k_norm.defined() ? w.k_norm.data_ptr<c10::BFloat16>() : nullptr, Hq, Hkv, D, eps, kc, vc);
+      thread.sync();
+      thread.lap(1);
+      // 3. attention. Which thread runs an item does not change its result.
+      std::atomic<uint64_t>* ranges = item_ranges.get() + l * team;
+      auto next_item = [&]() -> int64_t {
+        int64_t i = take_item(ranges[tid], true);
+        for (int o = 1; i < 0 && o < team; ++o) i = take_item(ranges[(tid + o) % team], false);
+        return i;
       };
-      auto sync = [&]() {
-        if (full_team && team > 1) barrier.wait();
-      };
-      std::vector<c10::BFloat16> residual(T * H), normed(T * H);
-      std::vector<float> scratch;
-      std::memcpy(residual.data(), x.data_ptr<c10::BFloat16>(), sizeof(uint16_t) * T * H);
-      for (int64_t t = 0; t < T; ++t)
-        rms_norm_row<c10::BFloat16>(residual.data() + t * H, nullptr,
-                                    layers_[0].input_norm.data_ptr<c10::BFloat16>(), normed.data() + t * H, H, eps);
-      const uint16_t* normed_bits = reinterpret_cast<const uint16_t*>(normed.data());
-      auto gemm = [&](const uint16_t* in, int64_t K, const at::Tensor& packed, int64_t N,
-                      const uint16_t* bias, uint16_t* dst) {
-        const auto [b0, b1] = thread_share(packed_blocks(N), tid, nth);
-        packed_gemm_blocks(in, K, T, bits(packed), K, b0, b1,
+      const uint16_t* kc_bits = reinterpret_cast<const uint16_t*>(kc);
+      const uint16_t* vc_bits = reinterpret_cast<const uint16_t*>(vc);
+      for (int64_t i = next_item(); i >= 0; i = next_item()) {
+        const int64_t t = plan.row(i);
+        const int64_t j = peek_front(ranges[tid]);  // likely this thread's next item: its keys stream in meanwhile
+        const NextSpan next{j >= 0 ? rows.table(plan.row(j)) : nullptr, j >= 0 ? plan.p0(j) : 0,
+                            j >= 0 ? plan.p1(j) : 0};
+        scratch.resize(attend_scratch_floats(Hq, D, plan.p1(i) - plan.p0(i)));
+        dispatch_head_dim(D, [&](auto dim) {
+          attend_span_bf16<decltype(dim)::value>(buf.qkv.data() + t * buf.qkv_width, Hq, Hkv, kc_bits, vc_bits,
+                                                 rows.table(t), rows.block_size, plan.p0(i), plan.p1(i), fscale,
+                                                 scratch.data(), plan.part(i), j >= 0 ? &next : nullptr);
+        });
+        if (!split) plan.merge_row(t, buf.attn.data() + t * Hq * D);
+      }
+      if (split) {
+        thread.sync();
+        for (int64_t t = r0; t < r1; ++t) plan.merge_row(t, buf.attn.data() + t * Hq * D);
+      }
+      thread.sync();
+      thread.lap(2);
+      // 4. output projection; 5. residual + post-attention norm (own copy).
+      gemm(buf.attn.data(), Hq * D, w.o, H, nullptr, buf.o.data());
+      thread.sync();
+      thread.lap(3);
+      add_norm_rows<c10::BFloat16>(residual.data(), reinterpret_cast<const c10::BFloat16*>(buf.o.data()),
+                                   w.post_norm.data_ptr<c10::BFloat16>(), normed.data(), T, H, eps);
+      thread.lap(4);
+      // 6. gate/up, then silu * up over this thread's own columns: packed block 2j is gate
+      //    columns [16j, 16j+16), 2j+1 the matching up columns, so buf.gate_up rows read
+      //    [g 16 | u 16] pairs and a thread's range holds whole pairs. (silu inside the GEMM
+      //    epilogue made the tile loop 1.6x slower: the big epilogue kept the accumulators
+      //    out of registers.)
+      {
+        const auto [p0, p1] = thread.share(packed_blocks(2 * I) / 2);
+        packed_gemm_blocks(normed_bits, H, T, bits(w.gate_up), H, 2 * p0, 2 * p1,
                            [&](int64_t m0, int mr, int64_t bb, int nb, __m512 acc[GEMM_MR][GEMM_NB]) {
-                             store_tile_bf16(acc, m0, mr, bb, nb, N, bias, dst, N);
+                             store_tile_bf16(acc, m0, mr, bb, nb, 2 * I, nullptr, buf.gate_up.data(), 2 * I);
                            });
-      };
-      for (int64_t l = 0; l < L; ++l) {
-        const Layer& w = layers_[l];
-        uint16_t* kc = kvp + l * layer_stride;
-        uint16_t* vc = kc + layer_stride / 2;
-        // 1. qkv projection.
-        gemm(normed_bits, H, w.qkv, qkv_width, w.qkv_bias.defined() ? bits(w.qkv_bias) : nullptr, qkv_buf.data());
-        sync();
-        lap(0);
-        // 2. rope + cache write.
-        {
-          const auto [r0, r1] = thread_share(T, tid, nth);
-          for (int64_t t = r0; t < r1; ++t)
-            rope_write_row<c10::BFloat16>(reinterpret_cast<c10::BFloat16*>(qkv_buf.data() + t * qkv_width),
-                                          cp + t * D, sp + t * D, Hq, Hkv, D,
-                                          reinterpret_cast<c10::BFloat16*>(kc + slp[t] * Hkv * D),
-                                          reinterpret_cast<c10::BFloat16*>(vc + slp[t] * Hkv * D));
-        }
-        sync();
-        lap(1);
-        // 3. attention. Which thread runs an item does not change its result.
-        std::atomic<uint64_t>* ranges = item_ranges.get() + l * team;
-        auto next_item = [&]() -> int64_t {
-          int64_t i = take_item(ranges[tid], true);
-          for (int o = 1; i < 0 && o < team; ++o) i = take_item(ranges[(tid + o) % team], false);
-          return i;
-        };
-        for (int64_t i = next_item(); i >= 0; i = next_item()) {
-          const int64_t t = plan.row(i);
-          const int64_t j = peek_front(ranges[tid]);  // likely this thread's next item: its keys stream in meanwhile
-          const NextSpan next{j >= 0 ? btp + seqp[plan.row(j)] * max_blocks : nullptr,
-                              j >= 0 ? plan.p0(j) : 0, j >= 0 ? plan.p1(j) : 0};
-          scratch.resize(attend_scratch_floats(Hq, D, plan.p1(i) - plan.p0(i)));
-          dispatch_head_dim(D, [&](auto dim) {
-            attend_span_bf16<decltype(dim)::value>(qkv_buf.data() + t * qkv_width, Hq, Hkv, kc, vc,
-                                                   btp + seqp[t] * max_blocks, block_size, plan.p0(i),
-                                                   plan.p1(i), fscale, scratch.data(), plan.part(i),
-                                                   j >= 0 ? &next : nullptr);
-          });
-          if (!split) plan.merge_row(t, attn_buf.data() + t * Hq * D);
-        }
-        if (split) {
-          sync();
-          const auto [r0, r1] = thread_share(T, tid, nth);
-          for (int64_t t = r0; t < r1; ++t) plan.merge_row(t, attn_buf.data() + t * Hq * D);
-        }
-        sync();
-        lap(2);
-        // 4. output projection; 5. residual + post-attention norm (own copy).
-        gemm(attn_buf.data(), Hq * D, w.o, H, nullptr, o_buf.data());
-        sync();
-        lap(3);
+        const auto* gu = reinterpret_cast<const c10::BFloat16*>(buf.gate_up.data());
+        auto* act = reinterpret_cast<c10::BFloat16*>(buf.act.data());
         for (int64_t t = 0; t < T; ++t)
-          rms_norm_row<c10::BFloat16>(residual.data() + t * H, reinterpret_cast<const c10::BFloat16*>(o_buf.data()) + t * H,
-                                      w.post_norm.data_ptr<c10::BFloat16>(), normed.data() + t * H, H, eps);
-        lap(4);
-        // 6. gate/up, then silu * up over this thread's own columns: packed block 2j is gate
-        //    columns [16j, 16j+16), 2j+1 the matching up columns, so gate_up_buf rows read
-        //    [g 16 | u 16] pairs and a thread's range holds whole pairs. (silu inside the GEMM
-        //    epilogue made the tile loop 1.6x slower: the big epilogue kept the accumulators
-        //    out of registers.)
-        {
-          const auto [p0, p1] = thread_share(packed_blocks(2 * I) / 2, tid, nth);
-          packed_gemm_blocks(normed_bits, H, T, bits(w.gate_up), H, 2 * p0, 2 * p1,
-                             [&](int64_t m0, int mr, int64_t bb, int nb, __m512 acc[GEMM_MR][GEMM_NB]) {
-                               store_tile_bf16(acc, m0, mr, bb, nb, 2 * I, nullptr, gate_up_buf.data(), 2 * I);
-                             });
-          const auto* gu = reinterpret_cast<const c10::BFloat16*>(gate_up_buf.data());
-          auto* act = reinterpret_cast<c10::BFloat16*>(act_buf.data());
-          for (int64_t t = 0; t < T; ++t)
-            for (int64_t j = p0; j < p1; ++j)
-              silu_mul_row<c10::BFloat16>(gu + t * 2 * I + j * 2 * PACK_COLS, gu + t * 2 * I + j * 2 * PACK_COLS + PACK_COLS,
-                                          act + t * I + j * PACK_COLS, PACK_COLS);
-        }
-        sync();
-        lap(5);
-        // 7. down projection; 8. residual + next layer's input norm (or the final norm).
-        gemm(act_buf.data(), I, w.down, H, nullptr, down_buf.data());
-        sync();
-        lap(6);
-        const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
-        for (int64_t t = 0; t < T; ++t)
-          rms_norm_row<c10::BFloat16>(residual.data() + t * H, reinterpret_cast<const c10::BFloat16*>(down_buf.data()) + t * H,
-                                      next_norm.data_ptr<c10::BFloat16>(), normed.data() + t * H, H, eps);
-        lap(7);
+          for (int64_t j = p0; j < p1; ++j)
+            silu_mul_row<c10::BFloat16>(gu + t * 2 * I + j * 2 * PACK_COLS, gu + t * 2 * I + j * 2 * PACK_COLS + PACK_COLS,
+                                        act + t * I + j * PACK_COLS, PACK_COLS);
       }
-      if (tid == 0) std::memcpy(out.data_ptr<c10::BFloat16>(), normed.data(), sizeof(uint16_t) * T * H);
-      // Off its core for over a quarter of the step: a neighbour process (or the host) holds
-      // that core, and the partner waited on this thread at every barrier meanwhile.
-      if (team > 1 && clock.descheduled(0.75)) lost_core.store(true, std::memory_order_relaxed);
-      if (tid == 0) {
-        stats_.record(phase_ns, nth);
-      }
+      thread.sync();
+      thread.lap(5);
+      // 7. down projection; 8. residual + next layer's input norm (or the final norm).
+      gemm(buf.act.data(), I, w.down, H, nullptr, buf.down.data());
+      thread.sync();
+      thread.lap(6);
+      const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
+      add_norm_rows<c10::BFloat16>(residual.data(), reinterpret_cast<const c10::BFloat16*>(buf.down.data()),
+                                   next_norm.data_ptr<c10::BFloat16>(), normed.data(), T, H, eps);
+      thread.lap(7);
     }
-  }
-  solo_.after_step(team, lost_core.load());
+    if (tid == 0) std::memcpy(out.data_ptr<c10::BFloat16>(), normed.data(), sizeof(uint16_t) * T * H);
+  });
   return out;
 #else
   TORCH_CHECK(false, "DecodeStack: built without AVX512-BF16");
@@ -312,12 +244,8 @@ at::Tensor DecodeStack::forward(const at::Tensor& x, const at::Tensor& cos, cons
 #endif
 }
 
-}  // namespace cadence_kernels
-
-namespace cadence_kernels {
-
-std::vector<double> DecodeStack::phase_seconds() const { return stats_.phase_seconds(); }
-
-int DecodeStack::last_team() const { return stats_.last_team(); }
+void DecodeStack::attach_qk_norms(const std::vector<at::Tensor>& q_norm, const std::vector<at::Tensor>& k_norm) {
+  attach_qk_norm_weights(layers_, q_norm, k_norm, head_dim_, at::kBFloat16, "DecodeStack");
+}
 
 }  // namespace cadence_kernels

@@ -1,4 +1,4 @@
-// DecodeStack: every decoder layer of a bf16 Llama-family model for a small batch of rows
+// DecodeStack: every decoder layer of a bf16 Llama-family model (and Qwen3's, with its q/k norms) for a small batch of rows
 // (decodes and short prefill chunks) in one C++ call, inside one OpenMP parallel region.
 //
 // Why: a decode step of a small model is ~300 small kernel calls. Called from Python each pays
@@ -25,7 +25,8 @@
 
 namespace cadence_kernels {
 
-class DecodeStack {
+// Phases (StackTeam's phase_seconds): qkv, rope, attention, o, norm, gate/up, down, norm.
+class DecodeStack : public StackTeam<8> {
  public:
   // Per-layer weights in Hugging Face layout (bf16, contiguous): qkv [Hq*D + 2*Hkv*D, H] (q, k,
   // v rows fused), qkv_bias (same count or empty), o [H, Hq*D], gate_up [2I, H] (gate rows then
@@ -45,27 +46,23 @@ class DecodeStack {
                      at::Tensor kv, const at::Tensor& slots, const at::Tensor& block_tables,
                      const at::Tensor& row_seq, const at::Tensor& ctx_lens, double scale) const;
 
-  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  // Per-layer q and k RMS norm weights ([D] each, held as bf16; Qwen3), applied to each head of
+  // the projections before rope as rope_write_kv's q_norm / k_norm do (qk_norm_row, the model's eps).
+  void attach_qk_norms(const std::vector<at::Tensor>& q_norm, const std::vector<at::Tensor>& k_norm);
+  bool has_qk_norms() const { return !layers_.empty() && layers_[0].q_norm.defined(); }
 
-  // Diagnostics of the last forward: thread 0's wall seconds per phase (qkv, rope, attention,
-  // o, norm, gate/up, down, norm; barrier waits count to the phase before them), and the number
-  // of threads it ran on (1 while in solo mode after a busy-neighbour step).
-  static constexpr int NUM_PHASES = 8;
-  std::vector<double> phase_seconds() const;
-  int last_team() const;
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
  private:
   struct Layer {
     at::Tensor qkv, qkv_bias, o, gate_up, down;  // packed weights (bias plain, may be undefined)
     at::Tensor input_norm, post_norm;
+    at::Tensor q_norm, k_norm;  // bf16 [D], undefined without q/k norms
   };
   std::vector<Layer> layers_;
   at::Tensor final_norm_;
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   double eps_;
-  // Solo steps after a busy neighbour (team.h), and the last step's diagnostics.
-  mutable SoloSchedule solo_;
-  mutable StepStats<NUM_PHASES> stats_;
 };
 
 }  // namespace cadence_kernels

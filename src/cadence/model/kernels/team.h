@@ -1,9 +1,11 @@
-// The thread team of the fused decode stacks (decode_stack.cpp, avx2/decode_stack_f32.cpp): a
-// spinning barrier that yields, a per-thread clock that tells a thread pushed off its core by a
-// neighbour process, and work-stealing item ranges packed in one atomic word.
+// The thread team of the fused decode stacks (decode_stack.cpp, avx2/decode_stack_f32.cpp,
+// gguf/decode_stack_gguf.cpp): a spinning barrier that yields, a per-thread clock that tells a
+// thread pushed off its core by a neighbour process, work-stealing item ranges packed in one
+// atomic word, and a step's parallel region (StepTeam) that every stack runs its layers in.
 #pragma once
 
 #include <immintrin.h>
+#include <omp.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -16,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace cadence_kernels {
@@ -168,6 +171,97 @@ class StepStats {
   mutable std::mutex mutex_;
   std::array<int64_t, PHASES> last_phase_ns_{};
   int last_team_ = 0;
+};
+
+// One thread of a step's team (StepTeam::run): its index and team size, the team barrier, and
+// thread 0's wall time per phase (diagnostics: a stack's phase_seconds()).
+template <int PHASES>
+class StepThread {
+ public:
+  StepThread(int tid_, int nth_, TeamBarrier* barrier) : tid(tid_), nth(nth_), barrier_(barrier) {}
+  const int tid, nth;
+  // Waits for the whole team (nothing on a team of one).
+  void sync() {
+    if (barrier_ != nullptr) barrier_->wait();
+  }
+  // Thread 0: the time since the last lap counts to `phase` (barrier waits count to the phase
+  // before them).
+  void lap(int phase) {
+    if (tid != 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    phase_ns_[phase] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark_).count();
+    mark_ = now;
+  }
+  // This thread's part [begin, end) of `total` units split in near-equal runs over the team.
+  std::pair<int64_t, int64_t> share(int64_t total) const { return {total * tid / nth, total * (tid + 1) / nth}; }
+  const std::array<int64_t, PHASES>& phase_ns() const { return phase_ns_; }
+
+ private:
+  TeamBarrier* const barrier_;  // null on a team of one
+  std::array<int64_t, PHASES> phase_ns_{};
+  std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
+};
+
+// One step of a fused stack on its team: the thread count (all `threads`, or one during a solo
+// period: SoloSchedule), then run(body) calls body(StepThread&) on every thread of one OpenMP
+// parallel region, records thread 0's phase times, and tells the schedule whether a thread was
+// pushed off its core.
+template <int PHASES>
+class StepTeam {
+ public:
+  StepTeam(SoloSchedule& solo, StepStats<PHASES>& stats, int threads)
+      : solo_(solo), stats_(stats), size_(solo.team_for_step(std::max(1, threads))), barrier_(size_) {}
+  int size() const { return size_; }
+
+  template <typename Body>
+  void run(Body&& body) {
+    std::atomic<bool> lost_core{false};
+    std::atomic<int> granted{0};
+#pragma omp parallel num_threads(size_)
+    {
+      // The runtime may grant fewer threads (nested call): then run everything on one.
+      if (omp_get_thread_num() == 0) granted.store(omp_get_num_threads());
+#pragma omp barrier
+      const bool full_team = granted.load() == size_;
+      if (full_team || omp_get_thread_num() == 0) {
+        const ThreadClock clock;
+        StepThread<PHASES> thread(full_team ? omp_get_thread_num() : 0, full_team ? size_ : 1,
+                                  full_team && size_ > 1 ? &barrier_ : nullptr);
+        body(thread);
+        // Off its core for over a quarter of the step: a neighbour process (or the host) holds
+        // that core, and the partner waited on this thread at every barrier meanwhile.
+        if (size_ > 1 && clock.descheduled(0.75)) lost_core.store(true, std::memory_order_relaxed);
+        if (thread.tid == 0) stats_.record(thread.phase_ns(), thread.nth);
+      }
+    }
+    solo_.after_step(size_, lost_core.load());
+  }
+
+ private:
+  SoloSchedule& solo_;
+  StepStats<PHASES>& stats_;
+  const int size_;
+  TeamBarrier barrier_;
+};
+
+// What a fused stack keeps from one step to the next for its team (the base of each stack):
+// the solo schedule, and the last step's diagnostics, thread 0's wall seconds per phase
+// (barrier waits count to the phase before them) and the number of threads it ran on (1 in a
+// solo period after a busy-neighbour step).
+template <int PHASES>
+class StackTeam {
+ public:
+  static constexpr int NUM_PHASES = PHASES;
+  std::vector<double> phase_seconds() const { return stats_.phase_seconds(); }
+  int last_team() const { return stats_.last_team(); }
+
+ protected:
+  // The team of a step on `threads` threads (at::get_num_threads()), or of one in a solo period.
+  StepTeam<PHASES> step_team(int threads) const { return StepTeam<PHASES>(solo_, stats_, threads); }
+
+ private:
+  mutable SoloSchedule solo_;
+  mutable StepStats<PHASES> stats_;
 };
 
 // Bounds of a step's rows (slot, block-table row, context length, every block id they reach): a

@@ -11,24 +11,20 @@
 //   8. residual += d; normed = norm(residual)   every thread on its own copy
 #include "decode_stack_f32.h"
 
-#include <omp.h>
-
 #include <memory>
 
 #include "../common.h"
 #include "../ops.h"
 #include "../rows.h"
+#include "../stack_phases.h"
 #include "../team.h"
 #include "attention_f32.h"
 #include "packed_gemm_f32.h"
+#include "stack_attention_f32.h"
 
 namespace cadence_kernels {
 
 namespace {
-
-std::pair<int64_t, int64_t> share(int64_t total, int tid, int team) {
-  return {total * tid / team, total * (tid + 1) / team};
-}
 
 at::Tensor float_vector(const at::Tensor& t, int64_t n, const char* name) {
   TORCH_CHECK(t.numel() == n, "DecodeStackF32: ", name, " must have ", n, " elements");
@@ -66,14 +62,14 @@ DecodeStackF32::DecodeStackF32(const std::vector<at::Tensor>& qkv, const std::ve
   };
   for (size_t l = 0; l < L; ++l) {
     Layer layer;
+    layer.input_norm = float_vector(input_norm[l], hidden_, "input_norm");
+    layer.post_norm = float_vector(post_norm[l], hidden_, "post_norm");
     layer.qkv = pack(qkv[l], qkv_rows, hidden_, false, "qkv");
     if (!qkv_bias.empty() && qkv_bias[l].defined() && qkv_bias[l].numel() > 0)
       layer.qkv_bias = float_vector(qkv_bias[l], qkv_rows, "qkv bias");
     layer.o = pack(o[l], hidden_, num_heads * head_dim_, false, "o");
     layer.gate_up = pack(gate_up[l], 2 * intermediate_, hidden_, true, "gate_up");
     layer.down = pack(down[l], hidden_, intermediate_, false, "down");
-    layer.input_norm = float_vector(input_norm[l], hidden_, "input_norm");
-    layer.post_norm = float_vector(post_norm[l], hidden_, "post_norm");
     layers_.push_back(std::move(layer));
   }
 #else
@@ -82,12 +78,7 @@ DecodeStackF32::DecodeStackF32(const std::vector<at::Tensor>& qkv, const std::ve
 }
 
 void DecodeStackF32::attach_qk_norms(const std::vector<at::Tensor>& q_norm, const std::vector<at::Tensor>& k_norm) {
-  TORCH_CHECK(q_norm.size() == layers_.size() && k_norm.size() == layers_.size(),
-              "DecodeStackF32: one q_norm and one k_norm per layer");
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    layers_[l].q_norm = float_vector(q_norm[l], head_dim_, "q_norm");
-    layers_[l].k_norm = float_vector(k_norm[l], head_dim_, "k_norm");
-  }
+  attach_qk_norm_weights(layers_, q_norm, k_norm, head_dim_, at::kFloat, "DecodeStackF32");
 }
 
 int64_t DecodeStackF32::weight_bytes() const {
@@ -114,188 +105,96 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
 #endif
 }
 
+#if CADENCE_HAVE_AVX2  // forward_kv is instantiated by forward's AVX2 branch only
 template <typename KV>
 at::Tensor DecodeStackF32::forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                                       const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
                                       const at::Tensor& ctx_lens, double scale) const {
-#if CADENCE_HAVE_AVX2
-  const int64_t T = x.size(0), H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
-  const int64_t I = intermediate_, L = num_layers(), G = Hq / Hkv;
-  const int64_t qkv_width = (Hq + 2 * Hkv) * D;
-  check_cpu_contiguous(x, "x");
-  check_cpu_contiguous(kv, "kv");
-  check_cpu_contiguous(block_tables, "block_tables");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == H, "DecodeStackF32: x [T, H] float32");
-  TORCH_CHECK(kv.dim() == 6 && kv.size(0) == L && kv.size(1) == 2 && kv.size(4) == Hkv && kv.size(5) == D,
-              "DecodeStackF32: kv [layers, 2, blocks, block_size, Hkv, D] float32, float16 or bfloat16");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.size(0) == T &&
-                  cos.size(1) == D && sin.sizes() == cos.sizes(),
-              "DecodeStackF32: cos, sin [T, D] float32");
-  TORCH_CHECK(block_tables.scalar_type() == at::kInt, "DecodeStackF32: block_tables int32");
-  auto c = cos.contiguous(), s = sin.contiguous();
-  auto sl = slots.to(at::kLong).contiguous();
-  auto seq = row_seq.to(at::kLong).contiguous();
-  auto lens = ctx_lens.to(at::kLong).contiguous();
-  TORCH_CHECK(sl.numel() == T && seq.numel() == T && lens.numel() == T,
-              "DecodeStackF32: one slot, row_seq and ctx_len per row");
-  const int64_t blocks = kv.size(2), block_size = kv.size(3), max_blocks = block_tables.size(1);
-  const int64_t* slp = sl.data_ptr<int64_t>();
-  const int64_t* seqp = seq.data_ptr<int64_t>();
-  const int64_t* lenp = lens.data_ptr<int64_t>();
-  const int32_t* btp = block_tables.data_ptr<int32_t>();
-  check_step_rows("DecodeStackF32", T, slp, seqp, lenp, btp, block_tables.size(0), max_blocks, blocks, block_size);
-  const int64_t layer_stride = 2 * blocks * block_size * Hkv * D;
+  const int64_t H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
+  const int64_t I = intermediate_, L = num_layers();
+  const StepRows rows("DecodeStackF32", x, at::kFloat, H, cos, sin, kv, L, Hkv, D, slots, block_tables, row_seq, ctx_lens);
+  const int64_t T = rows.T;
   KV* kvp = kv.data_ptr<KV>();
-  const float* cp = c.data_ptr<float>();
-  const float* sp = s.data_ptr<float>();
 
   // Attention items (row, span) and their partials.
-  avx2::SpanItems plan(lenp, seqp, T, Hq, D);
-  const int64_t items = plan.items();
+  avx2::SpanItems plan(rows.lenp, rows.seqp, T, Hq, D);
 
-  std::vector<float> qkv_buf(T * qkv_width), attn_buf(T * Hq * D), o_buf(T * H), act_buf(T * I), down_buf(T * H),
-      gate_up_buf(T * 2 * I);
+  StepActivations<float> buf(T, H, Hq, Hkv, D, I);
   auto out = at::empty({T, H}, x.options());
 
-  const int team = solo_.team_for_step(std::max(1, at::get_num_threads()));
-  std::atomic<bool> lost_core{false};
-  std::unique_ptr<std::atomic<int64_t>[]> next_item(new std::atomic<int64_t>[L]);
-  for (int64_t l = 0; l < L; ++l) next_item[l].store(0, std::memory_order_relaxed);
+  auto team = step_team(at::get_num_threads());
+  const avx2::LayerItemCounters next_item(L);
   const float fscale = static_cast<float>(scale);
   const float eps = static_cast<float>(eps_);
-  TeamBarrier barrier(team);
-  std::atomic<int> actual_team{0};
 
-#pragma omp parallel num_threads(team)
-  {
-    if (omp_get_thread_num() == 0) actual_team.store(omp_get_num_threads());
-#pragma omp barrier
-    const bool full_team = actual_team.load() == team;
-    const int tid = full_team ? omp_get_thread_num() : 0;
-    const int nth = full_team ? team : 1;
-    if (full_team || omp_get_thread_num() == 0) {
-      const avx2::FlushDenormals ftz;
-      const ThreadClock clock;
-      std::array<int64_t, NUM_PHASES> phase_ns{};
-      auto mark = std::chrono::steady_clock::now();
-      auto lap = [&](int phase) {
-        if (tid != 0) return;
-        const auto now = std::chrono::steady_clock::now();
-        phase_ns[phase] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark).count();
-        mark = now;
-      };
-      auto sync = [&]() {
-        if (full_team && team > 1) barrier.wait();
-      };
-      std::vector<float> residual(T * H), normed(T * H), scores(Hq * avx2::ATTN_SPAN);
-      std::memcpy(residual.data(), x.data_ptr<float>(), sizeof(float) * T * H);
-      for (int64_t t = 0; t < T; ++t)
-        rms_norm_row<float>(residual.data() + t * H, nullptr, layers_[0].input_norm.data_ptr<float>(),
-                            normed.data() + t * H, H, eps);
-      auto gemm = [&](const float* in, const Packed& w, int64_t N, const float* bias, float* dst) {
-        const avx2::PackedWeight pw = packed_view(w.data, w.scales, format_, N);
-        const auto [b0, b1] = share(avx2::packed_blocks(N), tid, nth);
-        avx2::gemm_blocks(in, pw.K, T, pw, b0, b1,
+  team.run([&](StepThread<NUM_PHASES>& thread) {
+    const avx2::FlushDenormals ftz;
+    std::vector<float> residual(T * H), normed(T * H), scores(Hq * avx2::ATTN_SPAN);
+    std::memcpy(residual.data(), x.data_ptr<float>(), sizeof(float) * T * H);
+    add_norm_rows<float>(residual.data(), nullptr, layers_[0].input_norm.data_ptr<float>(), normed.data(), T, H, eps);
+    auto gemm = [&](const float* in, const Packed& w, int64_t N, const float* bias, float* dst) {
+      const avx2::PackedWeight pw = packed_view(w.data, w.scales, format_, N);
+      const auto [b0, b1] = thread.share(avx2::packed_blocks(N));
+      avx2::gemm_blocks(in, pw.K, T, pw, b0, b1,
+                        [&](int64_t m0, int mr, int64_t bb, int nb, __m256 acc[avx2::MAX_MR][2 * avx2::MAX_NB]) {
+                          avx2::store_tile(acc, m0, mr, bb, nb, N, bias, dst, N);
+                        });
+    };
+    for (int64_t l = 0; l < L; ++l) {
+      const Layer& w = layers_[l];
+      KV* kc = kvp + l * rows.layer_stride;
+      KV* vc = kc + rows.layer_stride / 2;
+      // 1. qkv projection.
+      gemm(normed.data(), w.qkv, buf.qkv_width, w.qkv_bias.defined() ? w.qkv_bias.data_ptr<float>() : nullptr,
+           buf.qkv.data());
+      thread.sync();
+      thread.lap(0);
+      // 2. (q/k norms,) rope + cache write.
+      const auto [r0, r1] = thread.share(T);
+      rope_write_rows<float, KV>(buf.qkv.data(), r0, r1, rows, rows.cp, rows.sp,
+                                 w.q_norm.defined() ? w.q_norm.data_ptr<float>() : nullptr,
+                                 w.k_norm.defined() ? w.k_norm.data_ptr<float>() : nullptr, Hq, Hkv, D, eps, kc, vc);
+      thread.sync();
+      thread.lap(1);
+      // 3. attention partials, then the merge of each (row, head)'s spans.
+      avx2::attention_phase_f32<KV>(thread, plan, next_item[l], buf.qkv.data(), Hq, Hkv, D, kc, vc, rows, fscale,
+                                    scores, buf.attn.data());
+      thread.lap(2);
+      // 4. output projection; 5. residual + post-attention norm (own copy).
+      gemm(buf.attn.data(), w.o, H, nullptr, buf.o.data());
+      thread.sync();
+      thread.lap(3);
+      add_norm_rows<float>(residual.data(), buf.o.data(), w.post_norm.data_ptr<float>(), normed.data(), T, H, eps);
+      thread.lap(4);
+      // 6. gate/up over this thread's block pairs, then silu * up over the same columns.
+      {
+        const avx2::PackedWeight pw = packed_view(w.gate_up.data, w.gate_up.scales, format_, 2 * I);
+        const auto [p0, p1] = thread.share(avx2::packed_blocks(2 * I) / 2);
+        avx2::gemm_blocks(normed.data(), H, T, pw, 2 * p0, 2 * p1,
                           [&](int64_t m0, int mr, int64_t bb, int nb, __m256 acc[avx2::MAX_MR][2 * avx2::MAX_NB]) {
-                            avx2::store_tile(acc, m0, mr, bb, nb, N, bias, dst, N);
+                            avx2::store_tile(acc, m0, mr, bb, nb, 2 * I, nullptr, buf.gate_up.data(), 2 * I);
                           });
-      };
-      for (int64_t l = 0; l < L; ++l) {
-        const Layer& w = layers_[l];
-        KV* kc = kvp + l * layer_stride;
-        KV* vc = kc + layer_stride / 2;
-        // 1. qkv projection.
-        gemm(normed.data(), w.qkv, qkv_width, w.qkv_bias.defined() ? w.qkv_bias.data_ptr<float>() : nullptr,
-             qkv_buf.data());
-        sync();
-        lap(0);
-        // 2. (q/k norms,) rope + cache write: rope_write_kv's row functions.
-        {
-          const auto [r0, r1] = share(T, tid, nth);
-          for (int64_t t = r0; t < r1; ++t) {
-            if (w.q_norm.defined())
-              qk_norm_row<float>(qkv_buf.data() + t * qkv_width, w.q_norm.data_ptr<float>(),
-                                 w.k_norm.data_ptr<float>(), Hq, Hkv, D, eps);
-            rope_write_row<float, KV>(qkv_buf.data() + t * qkv_width, cp + t * D, sp + t * D, Hq, Hkv, D,
-                                      kc + slp[t] * Hkv * D, vc + slp[t] * Hkv * D);
-          }
-        }
-        sync();
-        lap(1);
-        // 3. attention partials, then the merge of each (row, head)'s spans.
-        for (int64_t i = next_item[l].fetch_add(1); i < items; i = next_item[l].fetch_add(1)) {
-          const int64_t t = plan.row[i];
-          const auto [p0, p1] = plan.positions(i, lenp[t]);
-          const float* q = qkv_buf.data() + t * qkv_width;
-          const int32_t* table = btp + seqp[t] * max_blocks;
-          if (D == 64)
-            avx2::attend_span_f32<64, KV>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
-                                      plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
-          else
-            avx2::attend_span_f32<128, KV>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale, scores.data(),
-                                       plan.max_of(i), plan.sum_of(i), plan.acc_of(i), plan.copy[t]);
-        }
-        sync();
-        {
-          const auto [h0, h1] = share(T * Hq, tid, nth);
-          std::vector<float> mx, sm;
-          for (int64_t th = h0; th < h1; ++th)
-            avx2::merge_row_head(plan, th / Hq, th % Hq, mx, sm, attn_buf.data() + th * D);
-        }
-        sync();
-        lap(2);
-        // 4. output projection; 5. residual + post-attention norm (own copy).
-        gemm(attn_buf.data(), w.o, H, nullptr, o_buf.data());
-        sync();
-        lap(3);
+        constexpr int64_t C = avx2::PACK_COLS;
         for (int64_t t = 0; t < T; ++t)
-          rms_norm_row<float>(residual.data() + t * H, o_buf.data() + t * H, w.post_norm.data_ptr<float>(),
-                              normed.data() + t * H, H, eps);
-        lap(4);
-        // 6. gate/up over this thread's block pairs, then silu * up over the same columns.
-        {
-          const avx2::PackedWeight pw = packed_view(w.gate_up.data, w.gate_up.scales, format_, 2 * I);
-          const auto [p0, p1] = share(avx2::packed_blocks(2 * I) / 2, tid, nth);
-          avx2::gemm_blocks(normed.data(), H, T, pw, 2 * p0, 2 * p1,
-                            [&](int64_t m0, int mr, int64_t bb, int nb, __m256 acc[avx2::MAX_MR][2 * avx2::MAX_NB]) {
-                              avx2::store_tile(acc, m0, mr, bb, nb, 2 * I, nullptr, gate_up_buf.data(), 2 * I);
-                            });
-          constexpr int64_t C = avx2::PACK_COLS;
-          for (int64_t t = 0; t < T; ++t)
-            for (int64_t j = p0; j < p1; ++j)
-              silu_mul_row<float>(gate_up_buf.data() + t * 2 * I + j * 2 * C, gate_up_buf.data() + t * 2 * I + j * 2 * C + C,
-                                  act_buf.data() + t * I + j * C, C);
-        }
-        sync();
-        lap(5);
-        // 7. down projection; 8. residual + next layer's input norm (or the final norm).
-        gemm(act_buf.data(), w.down, H, nullptr, down_buf.data());
-        sync();
-        lap(6);
-        const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
-        for (int64_t t = 0; t < T; ++t)
-          rms_norm_row<float>(residual.data() + t * H, down_buf.data() + t * H, next_norm.data_ptr<float>(),
-                              normed.data() + t * H, H, eps);
-        lap(7);
+          for (int64_t j = p0; j < p1; ++j)
+            silu_mul_row<float>(buf.gate_up.data() + t * 2 * I + j * 2 * C, buf.gate_up.data() + t * 2 * I + j * 2 * C + C,
+                                buf.act.data() + t * I + j * C, C);
       }
-      if (tid == 0) std::memcpy(out.data_ptr<float>(), normed.data(), sizeof(float) * T * H);
-      if (team > 1 && clock.descheduled(0.75)) lost_core.store(true, std::memory_order_relaxed);
-      if (tid == 0) {
-        stats_.record(phase_ns, nth);
-      }
+      thread.sync();
+      thread.lap(5);
+      // 7. down projection; 8. residual + next layer's input norm (or the final norm).
+      gemm(buf.act.data(), w.down, H, nullptr, buf.down.data());
+      thread.sync();
+      thread.lap(6);
+      const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
+      add_norm_rows<float>(residual.data(), buf.down.data(), next_norm.data_ptr<float>(), normed.data(), T, H, eps);
+      thread.lap(7);
     }
-  }
-  solo_.after_step(team, lost_core.load());
+    if (thread.tid == 0) std::memcpy(out.data_ptr<float>(), normed.data(), sizeof(float) * T * H);
+  });
   return out;
-#else
-  TORCH_CHECK(false, "DecodeStackF32: built without AVX2/FMA");
-  return x;
-#endif
 }
-
-std::vector<double> DecodeStackF32::phase_seconds() const { return stats_.phase_seconds(); }
-
-int DecodeStackF32::last_team() const { return stats_.last_team(); }
+#endif  // CADENCE_HAVE_AVX2
 
 std::vector<at::Tensor> DecodeStackF32::packed_layer(int64_t l) const {
   TORCH_CHECK(l >= 0 && l < num_layers(), "DecodeStackF32.packed_layer: no layer ", l);

@@ -20,7 +20,8 @@
 
 namespace cadence_kernels {
 
-class DecodeStackF32 {
+// Phases (StackTeam's phase_seconds): those of DecodeStack.
+class DecodeStackF32 : public StackTeam<8> {
  public:
   // Per-layer weights in Hugging Face layout (float32 or bf16): qkv [Hq*D + 2*Hkv*D, H], qkv_bias
   // (same count, or empty), o [H, Hq*D], gate_up [2I, H], down [H, I], norms [H]. Packed here in
@@ -48,9 +49,6 @@ class DecodeStackF32 {
   int64_t weight_format() const { return format_; }
   // Bytes of packed weights (what one step streams from memory at batch 1).
   int64_t weight_bytes() const;
-  static constexpr int NUM_PHASES = 8;
-  std::vector<double> phase_seconds() const;
-  int last_team() const;
   // Layer l's packed (data, scales) of qkv, o, gate_up (halves interleaved by 16 columns), down:
   // the per-op path's GEMMs of small row counts run on them (linear_packed_f32) without a
   // second packed copy of the weights.
@@ -74,8 +72,6 @@ class DecodeStackF32 {
   at::Tensor final_norm_;
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_, format_;
   double eps_;
-  mutable SoloSchedule solo_;
-  mutable StepStats<NUM_PHASES> stats_;
 };
 
 }  // namespace cadence_kernels

@@ -19,7 +19,6 @@
 #include "decode_stack_gguf.h"
 
 #include <c10/util/BFloat16.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -27,9 +26,11 @@
 #include <memory>
 
 #include "../avx2/attention_f32.h"
+#include "../avx2/stack_attention_f32.h"
 #include "../common.h"
 #include "../ops.h"
 #include "../rows.h"
+#include "../stack_phases.h"
 #include "../team.h"
 #include "blocks.h"
 #include "gemm.h"
@@ -45,10 +46,6 @@ constexpr int64_t COLS = 8;        // columns per unit of a GEMM's thread split 
 constexpr int64_t PAIR_COLS = 16;  // gate/up: whole 16-lane vectors of silu_mul_row per thread
 
 bool is_float_type(int type) { return type == gguf::F32 || type == gguf::F16 || type == gguf::BF16; }
-
-std::pair<int64_t, int64_t> share(int64_t total, int tid, int team) {
-  return {total * tid / team, total * (tid + 1) / team};
-}
 
 at::Tensor float_vector(const at::Tensor& t, int64_t n, const char* name) {
   TORCH_CHECK(t.numel() == n, "DecodeStackGGUF: ", name, " must have ", n, " elements");
@@ -268,12 +265,7 @@ void DecodeStackGGUF::set_layer_attention(const std::vector<int64_t>& windows, c
 }
 
 void DecodeStackGGUF::attach_qk_norms(const std::vector<at::Tensor>& q_norm, const std::vector<at::Tensor>& k_norm) {
-  TORCH_CHECK(q_norm.size() == layers_.size() && k_norm.size() == layers_.size(),
-              "DecodeStackGGUF: one q_norm and one k_norm per layer");
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    layers_[l].q_norm = float_vector(q_norm[l], head_dim_, "q_norm");
-    layers_[l].k_norm = float_vector(k_norm[l], head_dim_, "k_norm");
-  }
+  attach_qk_norm_weights(layers_, q_norm, k_norm, head_dim_, at::kFloat, "DecodeStackGGUF");
 }
 
 int64_t DecodeStackGGUF::weight_bytes() const {
@@ -337,42 +329,20 @@ at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, 
 #endif
 }
 
+#if CADENCE_HAVE_AVX2  // forward_kv is instantiated by forward's AVX2 branch only
 template <typename KV>
 at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                        at::Tensor kv, const at::Tensor& slots, const at::Tensor& block_tables,
                                        const at::Tensor& row_seq, const at::Tensor& ctx_lens, double scale,
                                        float* logits, int64_t* argmax, const float* cos_local,
                                        const float* sin_local) const {
-#if CADENCE_HAVE_AVX2
-  const int64_t T = x.size(0), H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
-  const int64_t I = intermediate_, L = num_layers(), G = Hq / Hkv;
-  const int64_t qkv_width = (Hq + 2 * Hkv) * D;
-  check_cpu_contiguous(x, "x");
-  check_cpu_contiguous(kv, "kv");
-  check_cpu_contiguous(block_tables, "block_tables");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == H, "DecodeStackGGUF: x [T, H] float32");
-  TORCH_CHECK(kv.dim() == 6 && kv.size(0) == L && kv.size(1) == 2 && kv.size(4) == Hkv && kv.size(5) == D,
-              "DecodeStackGGUF: kv [layers, 2, blocks, block_size, Hkv, D] float32, float16 or bfloat16");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.size(0) == T &&
-                  cos.size(1) == D && sin.sizes() == cos.sizes(),
-              "DecodeStackGGUF: cos, sin [T, D] float32");
-  TORCH_CHECK(block_tables.scalar_type() == at::kInt, "DecodeStackGGUF: block_tables int32");
-  auto c = cos.contiguous(), s = sin.contiguous();
-  auto sl = slots.to(at::kLong).contiguous();
-  auto seq = row_seq.to(at::kLong).contiguous();
-  auto lens = ctx_lens.to(at::kLong).contiguous();
-  TORCH_CHECK(sl.numel() == T && seq.numel() == T && lens.numel() == T,
-              "DecodeStackGGUF: one slot, row_seq and ctx_len per row");
-  const int64_t blocks = kv.size(2), block_size = kv.size(3), max_blocks = block_tables.size(1);
-  const int64_t* slp = sl.data_ptr<int64_t>();
-  const int64_t* seqp = seq.data_ptr<int64_t>();
-  const int64_t* lenp = lens.data_ptr<int64_t>();
-  const int32_t* btp = block_tables.data_ptr<int32_t>();
-  check_step_rows("DecodeStackGGUF", T, slp, seqp, lenp, btp, block_tables.size(0), max_blocks, blocks, block_size);
-  const int64_t layer_stride = 2 * blocks * block_size * Hkv * D;
+  const int64_t H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
+  const int64_t I = intermediate_, L = num_layers();
+  const StepRows rows("DecodeStackGGUF", x, at::kFloat, H, cos, sin, kv, L, Hkv, D, slots, block_tables, row_seq, ctx_lens);
+  const int64_t T = rows.T;
   KV* kvp = kv.data_ptr<KV>();
-  const float* cp = c.data_ptr<float>();
-  const float* sp = s.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  const float eps = static_cast<float>(eps_);
 
   // One span plan per distinct attention window (0: full layers; Gemma's sliding layers share one).
   std::vector<int64_t> plan_window{0};
@@ -385,197 +355,130 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
   }
   std::vector<avx2::SpanItems> plans;
   plans.reserve(plan_window.size());
-  for (const int64_t win : plan_window) plans.emplace_back(lenp, seqp, T, Hq, D, win);
+  for (const int64_t win : plan_window) plans.emplace_back(rows.lenp, rows.seqp, T, Hq, D, win);
 
-  std::vector<float> qkv_buf(T * qkv_width), attn_buf(T * Hq * D), o_buf(T * H), act_buf(T * I), down_buf(T * H),
-      gate_up_buf(T * 2 * I);
+  StepActivations<float> buf(T, H, Hq, Hkv, D, I);
   auto out = at::empty({T, H}, x.options());
 
-  const int team = solo_.team_for_step(std::max(1, at::get_num_threads()));
-  std::atomic<bool> lost_core{false};
-  std::unique_ptr<std::atomic<int64_t>[]> next_item(new std::atomic<int64_t>[L]);
-  for (int64_t l = 0; l < L; ++l) next_item[l].store(0, std::memory_order_relaxed);
-  const float fscale = static_cast<float>(scale);
-  const float eps = static_cast<float>(eps_);
-  TeamBarrier barrier(team);
-  std::atomic<int> actual_team{0};
+  auto team = step_team(at::get_num_threads());
+  const avx2::LayerItemCounters next_item(L);
   const int64_t V = head_.N;
   // Each thread's argmax of its 1 / nth of every row's logits: [team][T] indices into the row.
-  std::vector<int64_t> span_best(argmax != nullptr ? team * T : 0);
+  std::vector<int64_t> span_best(argmax != nullptr ? team.size() * T : 0);
 
-#pragma omp parallel num_threads(team)
-  {
-    if (omp_get_thread_num() == 0) actual_team.store(omp_get_num_threads());
-#pragma omp barrier
-    const bool full_team = actual_team.load() == team;
-    const int tid = full_team ? omp_get_thread_num() : 0;
-    const int nth = full_team ? team : 1;
-    if (full_team || omp_get_thread_num() == 0) {
-      const avx2::FlushDenormals ftz;
-      const ThreadClock clock;
-      std::array<int64_t, NUM_PHASES> phase_ns{};
-      auto mark = std::chrono::steady_clock::now();
-      auto lap = [&](int phase) {
-        if (tid != 0) return;
-        const auto now = std::chrono::steady_clock::now();
-        phase_ns[phase] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark).count();
-        mark = now;
-      };
-      auto sync = [&]() {
-        if (full_team && team > 1) barrier.wait();
-      };
-      std::vector<float> residual(T * H), normed(T * H), scores(Hq * avx2::ATTN_SPAN);
-      // A sandwich norm's output (the normed o or d rows), this thread's own copy.
-      std::vector<float> sublayer_out(layers_[0].attn_out_norm.defined() ? T * H : 0);
-      // Row t of a sublayer's output [T, H] as the residual adds it: itself, or with a sandwich
-      // norm that norm of it (rms_norm_row into this thread's copy, as the per-op path's rms_norm).
-      auto sublayer = [&](const float* out, const at::Tensor& norm, int64_t t) -> const float* {
-        if (!norm.defined()) return out + t * H;
-        rms_norm_row<float>(const_cast<float*>(out + t * H), nullptr, norm.data_ptr<float>(),
-                            sublayer_out.data() + t * H, H, eps);
-        return sublayer_out.data() + t * H;
-      };
-      Activations acts;
-      std::memcpy(residual.data(), x.data_ptr<float>(), sizeof(float) * T * H);
-      for (int64_t t = 0; t < T; ++t)
-        rms_norm_row<float>(residual.data() + t * H, nullptr, layers_[0].input_norm.data_ptr<float>(),
-                            normed.data() + t * H, H, eps);
-      for (int64_t l = 0; l < L; ++l) {
-        const Layer& w = layers_[l];
-        KV* kc = kvp + l * layer_stride;
-        KV* vc = kc + layer_stride / 2;
-        avx2::SpanItems& plan = plans[layer_plan[l]];
-        const int64_t items = plan.items();
-        const float* lcp = w.local_rope ? cos_local : cp;
-        const float* lsp = w.local_rope ? sin_local : sp;
-        // 1. q, k, v side by side.
-        acts.prepare(normed.data(), T, H, {&w.q, &w.k, &w.v});
-        gemm_share({&w.q, &w.k, &w.v}, acts, normed.data(), T, qkv_buf.data(), qkv_width, tid, nth);
-        sync();
-        lap(0);
-        // 2. (q/k norms,) rope + cache write: rope_write_kv's row functions.
-        {
-          const auto [r0, r1] = share(T, tid, nth);
-          for (int64_t t = r0; t < r1; ++t) {
-            if (w.q_norm.defined())
-              qk_norm_row<float>(qkv_buf.data() + t * qkv_width, w.q_norm.data_ptr<float>(),
-                                 w.k_norm.data_ptr<float>(), Hq, Hkv, D, eps);
-            rope_write_row<float, KV>(qkv_buf.data() + t * qkv_width, lcp + t * D, lsp + t * D, Hq, Hkv, D,
-                                      kc + slp[t] * Hkv * D, vc + slp[t] * Hkv * D);
-          }
-        }
-        sync();
-        lap(1);
-        // 3. attention partials, then the merge of each (row, head)'s spans.
-        for (int64_t i = next_item[l].fetch_add(1); i < items; i = next_item[l].fetch_add(1)) {
-          const int64_t t = plan.row[i];
-          const auto [p0, p1] = plan.positions(i, lenp[t]);
-          const float* q = qkv_buf.data() + t * qkv_width;
-          const int32_t* table = btp + seqp[t] * max_blocks;
-          avx2::dispatch_f32_head_dim(D, [&](auto dim) {
-            avx2::attend_span_f32<decltype(dim)::value, KV>(q, G, Hkv, kc, vc, table, block_size, p0, p1, fscale,
-                                                            scores.data(), plan.max_of(i), plan.sum_of(i),
-                                                            plan.acc_of(i), plan.copy[t]);
-          });
-        }
-        sync();
-        {
-          const auto [h0, h1] = share(T * Hq, tid, nth);
-          std::vector<float> mx, sm;
-          for (int64_t th = h0; th < h1; ++th)
-            avx2::merge_row_head(plan, th / Hq, th % Hq, mx, sm, attn_buf.data() + th * D);
-        }
-        sync();
-        lap(2);
-        // 4. output projection; 5. residual + post-attention norm (own copy).
-        acts.prepare(attn_buf.data(), T, Hq * D, {&w.o});
-        gemm_share({&w.o}, acts, attn_buf.data(), T, o_buf.data(), H, tid, nth);
-        sync();
-        lap(3);
-        for (int64_t t = 0; t < T; ++t)
-          rms_norm_row<float>(residual.data() + t * H, sublayer(o_buf.data(), w.attn_out_norm, t),
-                              w.post_norm.data_ptr<float>(), normed.data() + t * H, H, eps);
-        lap(4);
-        // 6. gate and up over this thread's 16-column units (the same columns of both), then silu * up
-        // over them: gate_up_buf rows are [gate | up] as gguf_linear_many writes them.
-        {
-          acts.prepare(normed.data(), T, H, {&w.gate, &w.up});
-          const int64_t units = (I + PAIR_COLS - 1) / PAIR_COLS, groups = (I + COLS - 1) / COLS;
-          const auto [u0, u1] = share(units, tid, nth);
-          const int64_t g0 = u0 * (PAIR_COLS / COLS), g1 = std::min(groups, u1 * (PAIR_COLS / COLS));
-          if (g1 > g0) {
-            run_groups(w.gate, acts.args(w.gate, normed.data(), T, gate_up_buf.data(), 2 * I), g0, g1);
-            run_groups(w.up, acts.args(w.up, normed.data(), T, gate_up_buf.data() + I, 2 * I), g0, g1);
-            const int64_t c0 = u0 * PAIR_COLS, c1 = std::min(I, u1 * PAIR_COLS);
-            for (int64_t t = 0; t < T; ++t)
-              if (gelu_)
-                gelu_tanh_mul_row(gate_up_buf.data() + t * 2 * I + c0, gate_up_buf.data() + t * 2 * I + I + c0,
-                                  act_buf.data() + t * I + c0, c1 - c0);
-              else
-                silu_mul_row<float>(gate_up_buf.data() + t * 2 * I + c0, gate_up_buf.data() + t * 2 * I + I + c0,
-                                    act_buf.data() + t * I + c0, c1 - c0);
-          }
-        }
-        sync();
-        lap(5);
-        // 7. down projection; 8. residual + next layer's input norm (or the final norm).
-        acts.prepare(act_buf.data(), T, I, {&w.down});
-        gemm_share({&w.down}, acts, act_buf.data(), T, down_buf.data(), H, tid, nth);
-        sync();
-        lap(6);
-        const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
-        for (int64_t t = 0; t < T; ++t)
-          rms_norm_row<float>(residual.data() + t * H, sublayer(down_buf.data(), w.mlp_out_norm, t),
-                              next_norm.data_ptr<float>(), normed.data() + t * H, H, eps);
-        lap(7);
-      }
-      if (logits != nullptr) {
-        // 9. The LM head on every thread's own copy of the final-norm rows (the same bits on each).
-        acts.prepare(normed.data(), T, H, {&head_});
-        gemm_share({&head_}, acts, normed.data(), T, logits, V, tid, nth);
-        sync();
-        if (argmax != nullptr) {
-          // torch.argmax per row: each thread the first NaN or the first maximum of its span, then
-          // thread 0 merges the spans in order (an earlier span's NaN, else the largest value, the
-          // earlier span on a tie).
-          const auto [c0, c1] = share(V, tid, nth);
+  team.run([&](StepThread<NUM_PHASES>& thread) {
+    const int tid = thread.tid, nth = thread.nth;
+    const avx2::FlushDenormals ftz;
+    std::vector<float> residual(T * H), normed(T * H), scores(Hq * avx2::ATTN_SPAN);
+    // A sandwich norm's output (the normed o or d rows), this thread's own copy.
+    std::vector<float> sublayer_out(layers_[0].attn_out_norm.defined() ? T * H : 0);
+    // A sublayer's output [T, H] as the residual adds it: itself, or with a sandwich norm that
+    // norm of each row (rms_norm_row into this thread's copy, as the per-op path's rms_norm).
+    auto sublayer = [&](float* out, const at::Tensor& norm) -> const float* {
+      if (!norm.defined()) return out;
+      add_norm_rows<float>(out, nullptr, norm.data_ptr<float>(), sublayer_out.data(), T, H, eps);
+      return sublayer_out.data();
+    };
+    Activations acts;
+    std::memcpy(residual.data(), x.data_ptr<float>(), sizeof(float) * T * H);
+    add_norm_rows<float>(residual.data(), nullptr, layers_[0].input_norm.data_ptr<float>(), normed.data(), T, H, eps);
+    for (int64_t l = 0; l < L; ++l) {
+      const Layer& w = layers_[l];
+      KV* kc = kvp + l * rows.layer_stride;
+      KV* vc = kc + rows.layer_stride / 2;
+      // 1. q, k, v side by side.
+      acts.prepare(normed.data(), T, H, {&w.q, &w.k, &w.v});
+      gemm_share({&w.q, &w.k, &w.v}, acts, normed.data(), T, buf.qkv.data(), buf.qkv_width, tid, nth);
+      thread.sync();
+      thread.lap(0);
+      // 2. (q/k norms,) rope (a local layer's own) + cache write.
+      const auto [r0, r1] = thread.share(T);
+      rope_write_rows<float, KV>(buf.qkv.data(), r0, r1, rows, w.local_rope ? cos_local : rows.cp,
+                                 w.local_rope ? sin_local : rows.sp,
+                                 w.q_norm.defined() ? w.q_norm.data_ptr<float>() : nullptr,
+                                 w.k_norm.defined() ? w.k_norm.data_ptr<float>() : nullptr, Hq, Hkv, D, eps, kc, vc);
+      thread.sync();
+      thread.lap(1);
+      // 3. attention partials, then the merge of each (row, head)'s spans.
+      avx2::attention_phase_f32<KV>(thread, plans[layer_plan[l]], next_item[l], buf.qkv.data(), Hq, Hkv, D, kc, vc,
+                                    rows, fscale, scores, buf.attn.data());
+      thread.lap(2);
+      // 4. output projection; 5. residual + post-attention norm (own copy).
+      acts.prepare(buf.attn.data(), T, Hq * D, {&w.o});
+      gemm_share({&w.o}, acts, buf.attn.data(), T, buf.o.data(), H, tid, nth);
+      thread.sync();
+      thread.lap(3);
+      add_norm_rows<float>(residual.data(), sublayer(buf.o.data(), w.attn_out_norm), w.post_norm.data_ptr<float>(),
+                           normed.data(), T, H, eps);
+      thread.lap(4);
+      // 6. gate and up over this thread's 16-column units (the same columns of both), then silu * up
+      // over them: buf.gate_up rows are [gate | up] as gguf_linear_many writes them.
+      {
+        acts.prepare(normed.data(), T, H, {&w.gate, &w.up});
+        const int64_t units = (I + PAIR_COLS - 1) / PAIR_COLS, groups = (I + COLS - 1) / COLS;
+        const auto [u0, u1] = thread.share(units);
+        const int64_t g0 = u0 * (PAIR_COLS / COLS), g1 = std::min(groups, u1 * (PAIR_COLS / COLS));
+        if (g1 > g0) {
+          run_groups(w.gate, acts.args(w.gate, normed.data(), T, buf.gate_up.data(), 2 * I), g0, g1);
+          run_groups(w.up, acts.args(w.up, normed.data(), T, buf.gate_up.data() + I, 2 * I), g0, g1);
+          const int64_t c0 = u0 * PAIR_COLS, c1 = std::min(I, u1 * PAIR_COLS);
           for (int64_t t = 0; t < T; ++t)
-            span_best[tid * T + t] = c1 > c0 ? c0 + argmax_row(logits + t * V + c0, c1 - c0) : -1;
-          sync();
-          if (tid == 0) {
-            for (int64_t t = 0; t < T; ++t) {
-              const float* row = logits + t * V;
-              int64_t best = -1;
-              for (int i = 0; i < nth; ++i) {
-                const int64_t c = span_best[i * T + t];
-                if (c < 0) continue;
-                if (std::isnan(row[c])) {
-                  best = c;
-                  break;
-                }
-                if (best < 0 || row[c] > row[best]) best = c;
+            if (gelu_)
+              gelu_tanh_mul_row(buf.gate_up.data() + t * 2 * I + c0, buf.gate_up.data() + t * 2 * I + I + c0,
+                                buf.act.data() + t * I + c0, c1 - c0);
+            else
+              silu_mul_row<float>(buf.gate_up.data() + t * 2 * I + c0, buf.gate_up.data() + t * 2 * I + I + c0,
+                                  buf.act.data() + t * I + c0, c1 - c0);
+        }
+      }
+      thread.sync();
+      thread.lap(5);
+      // 7. down projection; 8. residual + next layer's input norm (or the final norm).
+      acts.prepare(buf.act.data(), T, I, {&w.down});
+      gemm_share({&w.down}, acts, buf.act.data(), T, buf.down.data(), H, tid, nth);
+      thread.sync();
+      thread.lap(6);
+      const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
+      add_norm_rows<float>(residual.data(), sublayer(buf.down.data(), w.mlp_out_norm), next_norm.data_ptr<float>(),
+                           normed.data(), T, H, eps);
+      thread.lap(7);
+    }
+    if (logits != nullptr) {
+      // 9. The LM head on every thread's own copy of the final-norm rows (the same bits on each).
+      acts.prepare(normed.data(), T, H, {&head_});
+      gemm_share({&head_}, acts, normed.data(), T, logits, V, tid, nth);
+      thread.sync();
+      if (argmax != nullptr) {
+        // torch.argmax per row: each thread the first NaN or the first maximum of its span, then
+        // thread 0 merges the spans in order (an earlier span's NaN, else the largest value, the
+        // earlier span on a tie).
+        const auto [c0, c1] = thread.share(V);
+        for (int64_t t = 0; t < T; ++t)
+          span_best[tid * T + t] = c1 > c0 ? c0 + argmax_row(logits + t * V + c0, c1 - c0) : -1;
+        thread.sync();
+        if (tid == 0) {
+          for (int64_t t = 0; t < T; ++t) {
+            const float* row = logits + t * V;
+            int64_t best = -1;
+            for (int i = 0; i < nth; ++i) {
+              const int64_t c = span_best[i * T + t];
+              if (c < 0) continue;
+              if (std::isnan(row[c])) {
+                best = c;
+                break;
               }
-              argmax[t] = best;
+              if (best < 0 || row[c] > row[best]) best = c;
             }
+            argmax[t] = best;
           }
         }
-        lap(8);
       }
-      if (tid == 0) std::memcpy(out.data_ptr<float>(), normed.data(), sizeof(float) * T * H);
-      if (team > 1 && clock.descheduled(0.75)) lost_core.store(true, std::memory_order_relaxed);
-      if (tid == 0) stats_.record(phase_ns, nth);
+      thread.lap(8);
     }
-  }
-  solo_.after_step(team, lost_core.load());
+    if (tid == 0) std::memcpy(out.data_ptr<float>(), normed.data(), sizeof(float) * T * H);
+  });
   return out;
-#else
-  TORCH_CHECK(false, "DecodeStackGGUF: built without AVX2/FMA");
-  return x;
-#endif
 }
-
-std::vector<double> DecodeStackGGUF::phase_seconds() const { return stats_.phase_seconds(); }
-
-int DecodeStackGGUF::last_team() const { return stats_.last_team(); }
+#endif  // CADENCE_HAVE_AVX2
 
 }  // namespace cadence_kernels

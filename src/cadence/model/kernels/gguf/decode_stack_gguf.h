@@ -25,7 +25,8 @@
 
 namespace cadence_kernels {
 
-class DecodeStackGGUF {
+// Phases (StackTeam's phase_seconds): the 8 of DecodeStackF32, then the LM head (and argmax).
+class DecodeStackGGUF : public StackTeam<9> {
  public:
   // One entry per projection, 7 per layer in the order q, k, v, o, gate, up, down: each weight's
   // row-wise blocks ([N, row_bytes] uint8, or empty where `packed` holds every column), its ggml
@@ -82,9 +83,6 @@ class DecodeStackGGUF {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   // Bytes the GEMMs read per step (the packed copies and the row-wise blocks they use).
   int64_t weight_bytes() const;
-  static constexpr int NUM_PHASES = 9;  // the 8 of DecodeStackF32, then the LM head (and argmax)
-  std::vector<double> phase_seconds() const;
-  int last_team() const;
 
   // One projection: what the column kernels read.
   struct Matrix {
@@ -115,8 +113,6 @@ class DecodeStackGGUF {
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   double eps_;
   bool gelu_ = false;
-  mutable SoloSchedule solo_;
-  mutable StepStats<NUM_PHASES> stats_;
 };
 
 }  // namespace cadence_kernels

@@ -1,0 +1,65 @@
+"""Helpers for the fused decode stacks' tests (test_fused_decode.py: bf16, test_fused_decode_f32.py:
+float32, test_gguf_stack.py, test_gguf_stack_gemma.py: GGUF): steps with the stack on or off, and
+what a row's result must not depend on (the thread count, the rows beside it)."""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import torch
+
+from cadence.model.attention_metadata import AttentionMetadata
+from cadence.model.fused_decode import ENV_SWITCH
+from cadence.model.kv_cache import KVCache
+
+R = TypeVar("R")
+
+
+def on_one_thread(run: Callable[[], R]) -> R:
+    """run() with torch (and so the stacks' teams) on one thread, the thread count restored after."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        return run()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_steps(model, config, steps: list[list[tuple[int, int]]], tables: list[list[int]], block: int, pool: int,
+              stack: bool, monkeypatch, kv_dtype: torch.dtype = torch.float32):
+    """Each step's spans ((start, new tokens) per sequence, its block table from `tables`) on random
+    tokens, with the fused stack switched on or off (ENV_SWITCH; the model builds its stack again):
+    (every step's logits concatenated, the final cache storage, the stack the model used or None)."""
+    monkeypatch.setenv(ENV_SWITCH, "1" if stack else "0")
+    model._decode_stack = None  # built again under the switch; the weights stay as they are
+    kv = KVCache(config, pool, block, kv_dtype, "cpu")
+    gen = torch.Generator().manual_seed(5)
+    logits = []
+    with torch.inference_mode():
+        for spans in steps:
+            meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, tables)], block, pool)
+            ids = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
+            logits.append(model.compute_logits(model(ids, meta.positions, meta, kv)))
+    return torch.cat(logits), kv.storage.clone(), model._decode_stack or None
+
+
+def solo_and_batch_logits(model, config, kv_dtype: torch.dtype, prefill: list[tuple[int, int]],
+                          tables: list[list[int]], block: int, pool: int, monkeypatch):
+    """After a prefill of `prefill` ((start 0, tokens) per sequence, the block tables `tables`) on
+    the stack's path, the logits of one decode token per sequence: (the first sequence's row in a
+    step of its own [1, V], every sequence's row in one step [S, V]), the cache restored between."""
+    monkeypatch.setenv(ENV_SWITCH, "1")
+    kv = KVCache(config, pool, block, kv_dtype, "cpu")
+    gen = torch.Generator().manual_seed(5)
+    with torch.inference_mode():
+        meta = AttentionMetadata.build([(s, n, t) for (s, n), t in zip(prefill, tables)], block, pool)
+        model(torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen), meta.positions, meta, kv)
+        token = torch.randint(0, config.vocab_size, (len(prefill),), generator=gen)
+        snapshot = kv.storage.clone()
+        decode = [(s + n, 1, t) for (s, n), t in zip(prefill, tables)]
+        meta1 = AttentionMetadata.build(decode[:1], block, pool)
+        solo = model.compute_logits(model(token[:1], meta1.positions, meta1, kv))
+        kv.storage.copy_(snapshot)
+        meta_all = AttentionMetadata.build(decode, block, pool)
+        batch = model.compute_logits(model(token, meta_all.positions, meta_all, kv))
+    return solo, batch
