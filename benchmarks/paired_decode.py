@@ -59,8 +59,8 @@ class TgChild:
             raise RuntimeError(f"tg_worker exited (code {self.proc.wait()})")
         return json.loads(line)
 
-    def run(self, n: int, depth: int) -> dict:
-        self.proc.stdin.write(json.dumps({"n": n, "depth": depth}) + "\n")
+    def run(self, n: int, depth: int, batch: int = 1) -> dict:
+        self.proc.stdin.write(json.dumps({"n": n, "depth": depth, "batch": batch}) + "\n")
         self.proc.stdin.flush()
         return self._read()
 

@@ -5,7 +5,7 @@ runs in a process of its own: paired_decode.py starts this script with the tier'
 and the engine (LLM with default settings: `cadence serve`'s engine, its scheduler and step loop,
 the fused GGUF decode stack for a plain-Llama GGUF) stays loaded between rounds.
 
-Protocol: one JSON object per line on stdin, {"n": 128, "depth": 0}; one JSON line back on the
+Protocol: one JSON object per line on stdin, {"n": 128, "depth": 0[, "batch": 1]}; one JSON line back on the
 reply pipe (the process's original stdout; anything else printing goes to stderr):
     {"seconds": wall seconds of the n timed steps, "step_s": [each step's wall seconds],
      "executor_s": [the executor's seconds inside each], "tokens": [the n tokens],
@@ -62,23 +62,27 @@ def depth_prompt(depth: int, vocab_size: int) -> list[int]:
     return torch.randint(3, vocab_size, (depth,), generator=g).tolist()
 
 
-def run_tg(llm: LLM, n: int, depth: int, req_id: str) -> TgRun:
-    """llama-bench's `-n n -d depth` through the engine's step loop (module docstring)."""
+def run_tg(llm: LLM, n: int, depth: int, req_id: str, batch: int = 1) -> TgRun:
+    """llama-bench's `-n n -d depth` through the engine's step loop (module docstring); with
+    batch B, B such requests at once (their prompts' first tokens differ), so each step decodes
+    B rows; `tokens` are the first request's."""
     engine = llm.engine
     vocab = engine.model_config.vocab_size
     team = getattr(getattr(engine.executor, "model", None), "decode_stack_team", lambda: None)
-    prompt = depth_prompt(depth, vocab) if depth else [FIRST_TOKEN]
     params = SamplingParams(temperature=0.0, max_tokens=n + (1 if depth else 0), ignore_eos=True)
+    ids = [req_id] + [f"{req_id}.{b}" for b in range(1, batch)]
     run = TgRun()
-    generated = 0
     start = time.perf_counter()
-    engine.add_request(req_id, prompt, params)
-    if depth:  # the depth prompt (and its first token) untimed, as llama-bench's depth run
-        while generated == 0:
-            generated += sum(len(o.new_token_ids) for o in engine.step() if o.req_id == req_id)
+    for b, rid in enumerate(ids):
+        prompt = depth_prompt(depth, vocab) if depth else [FIRST_TOKEN]
+        engine.add_request(rid, [(prompt[0] + b) % vocab, *prompt[1:]], params)
+    if depth:  # the depth prompts (and their first tokens) untimed, as llama-bench's depth run
+        started: set[str] = set()
+        while len(started) < batch:
+            started.update(o.req_id for o in engine.step() if o.new_token_ids)
         start = time.perf_counter()
-    done = False
-    while not done:
+    running = set(ids)
+    while running:
         outs = engine.step()
         now = time.perf_counter()
         run.step_s.append(now - start)
@@ -88,7 +92,8 @@ def run_tg(llm: LLM, n: int, depth: int, req_id: str) -> TgRun:
         for o in outs:
             if o.req_id == req_id:
                 run.tokens += o.new_token_ids
-                done = done or o.finished
+            if o.finished:
+                running.discard(o.req_id)
     return run
 
 
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     run_tg(llm, 4, 0, "warmup")  # first-step costs (kernel pools, page faults) untimed
     for i, line in enumerate(sys.stdin):
         ask = json.loads(line)
-        run = run_tg(llm, int(ask["n"]), int(ask.get("depth", 0)), f"tg{i}")
+        run = run_tg(llm, int(ask["n"]), int(ask.get("depth", 0)), f"tg{i}", int(ask.get("batch", 1)))
         print(json.dumps({"seconds": run.seconds, "step_s": run.step_s, "executor_s": run.executor_s,
                           "tokens": run.tokens, "solo_steps": run.solo_steps}), file=reply, flush=True)
     return 0

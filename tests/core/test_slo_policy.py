@@ -27,7 +27,8 @@ from test_scheduler_properties import (
 )
 
 from cadence.core.config import CacheConfig, SchedulerConfig
-from cadence.core.plan import StepOutput, StepPlan
+from cadence.core.plan import ScheduledChunk, StepOutput, StepPlan
+from cadence.core.sampling_params import SamplingParams
 from cadence.core.scheduler import Scheduler
 from cadence.core.step_cost import (
     StepCostCoefficients,
@@ -137,6 +138,24 @@ def test_features_of_a_chunk_count_causal_attention_pairs():
     # A decode's attention is the paged kernel's, priced by attention_pairs alone.
     assert d.context_pairs == 0
     assert (f + d).num_tokens == 4 and (f + d).context_pairs == 30
+
+
+def test_features_of_a_plan_are_the_sum_of_its_chunks():
+    """of_plan sums its chunks' features in one pass: the same as adding of_chunk's one by one
+    (the row bound of __add__ included: a step past FUSED_STEP_MAX_ROWS tokens is a per-op step)."""
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.0)
+    for _ in range(500):
+        chunks = []
+        for i in range(rng.randint(0, 12)):
+            prefill = rng.random() < 0.4
+            n = rng.randint(1, 120) if prefill else rng.choice([1, 1, 2, 70])
+            chunks.append(ScheduledChunk(f"r{i}", tuple(range(n)), rng.randint(0, 500),
+                                         tuple(range(40)), prefill, params, 0))
+        expected = StepFeatures()
+        for c in chunks:
+            expected = expected + StepFeatures.of_chunk(c.start_pos, c.num_new_tokens, c.is_prefill)
+        assert StepFeatures.of_plan(StepPlan(0, tuple(chunks), 16)) == expected
 
 
 def test_prior_predicts_before_any_data():

@@ -90,3 +90,26 @@ def test_partial_rotary_passes_the_rest_through():
     full = apply_rope(x[..., :12], cos, sin)
     torch.testing.assert_close(out[..., :12], full)
     assert not torch.allclose(out[..., :12], x[..., :12])
+
+
+@pytest.mark.parametrize("name", [None, *sorted(VARIANTS)])
+@pytest.mark.parametrize("rotary_dim", [HEAD_DIM, 48])
+def test_table_rows_are_the_computed_rows(name, rotary_dim):
+    """cos_sin with `end` reads a table of rows (grown as positions reach them): bit for bit the
+    rows computed from the positions, in any batch, for every variant; past a length-dependent
+    variant's switch the rows are computed."""
+    if name == "longrope" and rotary_dim != HEAD_DIM:
+        pytest.skip("longrope's factors are given per frequency of HEAD_DIM")
+    scaling = ours(VARIANTS[name]) if name else None
+    rope = RotaryEmbedding(10000.0, rotary_dim, MAX_POS, scaling)
+    g = torch.Generator().manual_seed(0)
+    for num, high in ((1, MAX_POS), (3, 64), (8, MAX_POS), (8, 64), (40, MAX_POS), (300, MAX_POS)):
+        positions = torch.randint(0, high, (num,), generator=g)  # below 64: longrope's switch
+        end = int(positions.max()) + 1
+        for dtype in (torch.float32, torch.bfloat16):
+            computed = rope.cos_sin(positions, dtype)
+            tabled = rope.cos_sin(positions, dtype, end)
+            assert torch.equal(tabled[0], computed[0]) and torch.equal(tabled[1], computed[1])
+            assert tabled[0].shape == (num, rotary_dim) and tabled[0].is_contiguous()
+    tables = rope._tables
+    assert tables and all(cos.shape[0] <= MAX_POS for cos, _ in tables.values())

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from operator import mul, truediv
 
 from cadence.core.plan import StepPlan
 
@@ -99,7 +100,7 @@ class StepFeatures:
 
     def vector(self) -> tuple[float, ...]:
         """Scaled regression inputs (raw_vector / the feature scales)."""
-        return tuple(v / s for v, s in zip(self.raw_vector(), _FEATURE_SCALES))
+        return tuple(map(truediv, self.raw_vector(), _FEATURE_SCALES))
 
     @staticmethod
     def of_chunk(start_pos: int, num_new_tokens: int, is_prefill: bool = True) -> StepFeatures:
@@ -114,10 +115,24 @@ class StepFeatures:
 
     @staticmethod
     def of_plan(plan: StepPlan) -> StepFeatures:
-        total = StepFeatures()
+        """The sum of the plan's chunks (of_chunk each, added as __add__ adds them), without a
+        StepFeatures per chunk and per partial sum: this runs every step (the scheduler's
+        observe_step), and at batch 8 the frozen dataclasses' construction was most of it. The
+        running token count only grows, so __add__'s row bound is the total's."""
+        prefill = decode = pairs = context = per_op = 0
         for c in plan.chunks:
-            total = total + StepFeatures.of_chunk(c.start_pos, c.num_new_tokens, c.is_prefill)
-        return total
+            n, start = c.num_new_tokens, c.start_pos
+            pairs += n * start + n * (n + 1) // 2
+            if c.is_prefill:
+                prefill += n
+                context += n * start
+                per_op = per_op or n > FUSED_STEP_MAX_CHUNK
+            else:
+                decode += n
+                per_op = per_op or n > FUSED_STEP_MAX_ROWS
+        if prefill + decode > FUSED_STEP_MAX_ROWS:
+            per_op = True
+        return StepFeatures(prefill, decode, pairs, context, int(per_op))
 
 
 @dataclass(frozen=True)
@@ -205,6 +220,7 @@ class StepCostModel:
         self._gram = [[0.0] * d for _ in range(d)]  # A: [d, d]
         self._moment = [0.0] * d  # b: [d]
         self._theta = list(self._prior)  # current solution, scaled units
+        self._theta_clamped = [max(0.0, t) for t in self._theta]  # what predictions use
         self._dirty = False
         # Running mean of |residual| / prediction (the clipping scale).
         self._relative_scale = 0.0
@@ -220,8 +236,8 @@ class StepCostModel:
     # -- prediction -------------------------------------------------------------------------
     def predict(self, features: StepFeatures) -> float:
         """Predicted seconds of a step with these features (never negative)."""
-        theta = self._solution()
-        return sum(max(0.0, t) * x for t, x in zip(theta, features.vector()))
+        self._solution()
+        return sum(map(mul, self._theta_clamped, features.vector()))
 
     def predict_plan(self, plan: StepPlan) -> float:
         return self.predict(StepFeatures.of_plan(plan))
@@ -287,10 +303,10 @@ class StepCostModel:
         lam = cfg.forgetting
         d = NUM_FEATURES
         for i in range(d):
-            self._moment[i] = lam * self._moment[i] + x[i] * y
+            xi = x[i]
+            self._moment[i] = lam * self._moment[i] + xi * y
             row = self._gram[i]
-            for j in range(d):
-                row[j] = lam * row[j] + x[i] * x[j]
+            row[:] = [lam * g + xi * xj for g, xj in zip(row, x)]
         self.num_observations += 1
         self._dirty = True
 
@@ -334,13 +350,12 @@ class StepCostModel:
     def _solution(self) -> list[float]:
         if self._dirty:
             strength = self.config.prior_strength
-            d = NUM_FEATURES
-            matrix = [
-                [self._gram[i][j] + (strength if i == j else 0.0) for j in range(d)]
-                for i in range(d)
-            ]
-            rhs = [self._moment[i] + strength * self._prior[i] for i in range(d)]
+            matrix = [list(row) for row in self._gram]
+            for i, row in enumerate(matrix):
+                row[i] += strength
+            rhs = [m + strength * p for m, p in zip(self._moment, self._prior)]
             self._theta = _solve_nonnegative(matrix, rhs)
+            self._theta_clamped = [max(0.0, t) for t in self._theta]
             self._dirty = False
         return self._theta
 
@@ -444,21 +459,29 @@ def _solve_nonnegative(matrix: list[list[float]], rhs: list[float]) -> list[floa
 
 
 def _solve_spd(matrix: list[list[float]], rhs: list[float]) -> list[float]:
-    """Solve M x = rhs for a symmetric positive definite M by Cholesky (M = L L^T)."""
+    """Solve M x = rhs for a symmetric positive definite M by Cholesky (M = L L^T).
+
+    Runs every engine step (the slo policy's observe_step refits its model), so the dot
+    products are sum(map(mul, ...)) over rows of L kept as ragged lists (row i holds L[i][0..i],
+    map stops at the shorter operand): the same products added in the same order as the
+    textbook loops, at a fraction of a generator's interpreter cost."""
     n = len(rhs)
-    lower = [[0.0] * n for _ in range(n)]
+    lower: list[list[float]] = []
     for i in range(n):
-        for j in range(i + 1):
-            s = matrix[i][j] - sum(lower[i][k] * lower[j][k] for k in range(j))
-            if i == j:
-                # The ridge term keeps M positive definite; max() guards rounding only.
-                lower[i][i] = math.sqrt(max(s, 1e-300))
-            else:
-                lower[i][j] = s / lower[j][j]
-    y = [0.0] * n
+        row = matrix[i]
+        li: list[float] = []
+        for j in range(i):  # li holds L[i][0..j-1] here, lower[j] L[j][0..j]
+            lj = lower[j]
+            li.append((row[j] - sum(map(mul, li, lj))) / lj[j])
+        # The ridge term keeps M positive definite; max() guards rounding only.
+        li.append(math.sqrt(max(row[i] - sum(map(mul, li, li)), 1e-300)))
+        lower.append(li)
+    y: list[float] = []
     for i in range(n):  # L y = rhs
-        y[i] = (rhs[i] - sum(lower[i][k] * y[k] for k in range(i))) / lower[i][i]
+        li = lower[i]
+        y.append((rhs[i] - sum(map(mul, li, y))) / li[i])
     x = [0.0] * n
     for i in reversed(range(n)):  # L^T x = y
-        x[i] = (y[i] - sum(lower[k][i] * x[k] for k in range(i + 1, n))) / lower[i][i]
+        column = [lower[k][i] for k in range(i + 1, n)]
+        x[i] = (y[i] - sum(map(mul, column, x[i + 1:]))) / lower[i][i]
     return x

@@ -155,7 +155,11 @@ class ModelExecutor:
                 return *fused, inputs, {}
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_cache,
                             between_layers=between_layers)  # [T, H]
-        logits, argmax = self.model.compute_logits_and_argmax(hidden[inputs.sample_rows])  # [S_sample, V]
+        # Sample rows are the chunks' last rows in order: as many as the rows (a decode step)
+        # are every row, and the gather (a copy) is left out.
+        every_row = inputs.sample_rows.shape[0] == hidden.shape[0]
+        sampled = hidden if every_row else hidden[inputs.sample_rows]  # [S_sample, H]
+        logits, argmax = self.model.compute_logits_and_argmax(sampled)  # [S_sample, V]
         scored = {}
         if any(c.prompt_targets for c in plan.chunks):
             scored = prompt_logprobs(hidden, plan.chunks, inputs.meta.query_start_loc_host[:-1],

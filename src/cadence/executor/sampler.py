@@ -73,10 +73,12 @@ def sample(
         raise ValueError(f"greedy ids must be [{num_rows}], got shape {tuple(greedy.shape)}")
     raw = logits
     logits, changed = apply_logits_processors(raw, chunks, masks, edits)
-    token_ids = greedy_ids(logits) if greedy is None else greedy.clone()
+    random_rows = [i for i, p in enumerate(params) if not p.greedy]
+    token_ids = greedy_ids(logits) if greedy is None else greedy
+    if greedy is not None and (changed or random_rows):
+        token_ids = greedy.clone()  # rows below are overwritten; the caller's stays as it was
     if changed and greedy is not None:
         token_ids[changed] = logits[changed].argmax(dim=-1)
-    random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
         token_ids[random_rows] = _sample_random(
             logits[random_rows], [chunks[i] for i in random_rows], generator

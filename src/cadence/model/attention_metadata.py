@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
@@ -10,6 +11,11 @@ import torch
 
 from cadence.core.plan import ScheduledChunk
 from cadence.model.host_tensor import host_matrix, host_tensor
+
+
+# Steps of at most this many new tokens build per-row tensors from Python lists, larger ones with
+# torch ops (a list costs more than an op past a few dozen rows).
+ROW_LISTS_MAX_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,13 @@ class AttentionMetadata:
 
     @cached_property
     def row_ctx_lens(self) -> torch.Tensor:
-        """[T] int64 (CPU), positions each new token attends over: its own position + 1 (causal)."""
-        return self.positions.cpu() + 1
+        """[T] int64 (CPU), positions each new token attends over: its own position + 1 (causal).
+        From the host copies at the fused stack's sizes (a decode step's, every step: no torch
+        op), from the positions tensor above them."""
+        if self.num_tokens > ROW_LISTS_MAX_TOKENS:
+            return self.positions.cpu() + 1
+        return host_tensor(itertools.chain.from_iterable(
+            range(s + 1, e + 1) for s, e in zip(self.start_pos_host, self.seq_lens_host)))
 
     @property
     def max_new_tokens(self) -> int:

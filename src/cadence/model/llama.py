@@ -675,7 +675,7 @@ class LlamaForCausalLM(nn.Module):
         if kernels is not None:
             return self._forward_cpu(x, positions, meta, kv, kernels, between_layers)
         self._check_float_weights("the pure-torch forward")
-        tables = self._rope_tables(positions, x.dtype)
+        tables = self._rope_tables(positions, x.dtype, meta)
         for i, layer in enumerate(self.model.layers):
             if i and between_layers is not None:
                 between_layers()
@@ -720,7 +720,7 @@ class LlamaForCausalLM(nn.Module):
         # 128k vocabulary cost ~1000 page faults a step); reused only once this step's is dropped.
         logits = stack.new_logits(T)
         argmax = torch.empty(T, dtype=torch.int64)
-        self._stack_forward(stack, x, self._rope_tables(positions, torch.float32), meta, kv,
+        self._stack_forward(stack, x, self._rope_tables(positions, torch.float32, meta), meta, kv,
                             logits=logits, argmax=argmax)
         return logits, argmax
 
@@ -735,18 +735,21 @@ class LlamaForCausalLM(nn.Module):
         return stack.forward(x.contiguous(), cos32, sin32, kv.storage, meta.slot_mapping, meta.block_tables,
                              meta.row_seq_index, meta.row_ctx_lens, self.model.layers[0].self_attn.scale, **head)
 
-    def _rope_tables(self, positions: torch.Tensor,
-                     dtype: torch.dtype) -> dict[str | None, tuple[torch.Tensor | None, torch.Tensor | None]]:
+    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype, meta: AttentionMetadata
+                     ) -> dict[str | None, tuple[torch.Tensor | None, torch.Tensor | None]]:
         """(cos, sin) [T, rotary_dim] of each rope variant for this step's positions, and
-        (None, None) under the key of layers without rope."""
-        tables = {key: rope.cos_sin(positions, dtype) for key, rope in self.rotary.items()}
+        (None, None) under the key of layers without rope. The step's own positions end before
+        its longest sequence's end (meta's host copy), so the variants' row tables serve them
+        (other positions, from a caller of forward, are computed)."""
+        end = max(meta.seq_lens_host) if positions is meta.positions else None
+        tables = {key: rope.cos_sin(positions, dtype, end) for key, rope in self.rotary.items()}
         tables[None] = (None, None)
         return tables
 
     def _forward_cpu(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                      kv: KVCache, kernels: ModuleType,
                      between_layers: BetweenLayers | None = None) -> torch.Tensor:
-        tables = self._rope_tables(positions, torch.float32)  # float32 cos, sin [T, rotary_dim]
+        tables = self._rope_tables(positions, torch.float32, meta)  # float32 cos, sin [T, rotary_dim]
         # Built on the first step of any shape: an int8 model's per-op GEMMs use its weights.
         stack = self._stack_for(kernels)
         if stack and takes_stack(x, meta):

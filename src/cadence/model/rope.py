@@ -105,6 +105,13 @@ def inverse_frequencies(scaling: RopeScaling | None, theta: float, dim: int, max
     raise ValueError(f"rope scaling {kind!r} is not supported")
 
 
+# The rows a RotaryEmbedding keeps per dtype (cos_sin with `end`): positions below this bound
+# (rotary_dim 128 in float32: 1 KiB a position, 16 MiB at the bound; positions past it are
+# computed per call), the first TABLE_BLOCK of them at once, then doubling as positions grow.
+TABLE_MAX_POSITIONS = 16384
+TABLE_BLOCK = 256
+
+
 @dataclass(frozen=True)
 class RotaryEmbedding:
     """One rope variant of a model (layers of one kind share it): cos/sin for any positions."""
@@ -114,10 +121,29 @@ class RotaryEmbedding:
     max_positions: int  # the model's max_position_embeddings
     scaling: RopeScaling | None = None
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
+                end: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin: [T, rotary_dim] for positions [T], computed in float32 (times the
-        variant's amplitude) then cast, as HF does. Computed per forward from the positions
-        (cheap: T x rotary_dim / 2), so no position cache can go stale."""
+        variant's amplitude) then cast, as HF does.
+
+        end: one past the largest of the positions, where the caller knows it without reading
+        the tensor (AttentionMetadata's host copies). Rows of positions below TABLE_MAX_POSITIONS
+        then come from a table of this variant's rows, computed by the same operations when
+        positions first reach them: two index_selects instead of the eight small ops of a
+        computed row (each step pays them, ~50-100 us of a decode step's Python on a cold cache).
+        The table holds what a computed row holds: torch's elementwise float ops give an
+        element the same bits wherever it sits in its tensor (the test pins it), the reason a
+        row already does not depend on what it is batched with (invariant 1)."""
+        if end is not None:
+            table = self._table(dtype, positions.device, end)
+            if table is not None:
+                cos, sin = table
+                if positions.shape[0] == 1:  # its one position is end - 1: a row of the table
+                    return cos[end - 1:end], sin[end - 1:end]  # [1, rotary_dim] views, read only
+                return cos.index_select(0, positions), sin.index_select(0, positions)
+        return self._compute(positions, dtype)
+
+    def _compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         inv_freq, amplitude = self._base
         pos = positions.float()
         if self._depends_on_position and bool((positions + 1 > self._switch).any()):
@@ -139,6 +165,34 @@ class RotaryEmbedding:
         if amplitude != 1.0:
             cos, sin = cos * amplitude, sin * amplitude
         return cos.to(dtype), sin.to(dtype)
+
+    def _table(self, dtype: torch.dtype, device: torch.device,
+               end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(cos, sin) [P, rotary_dim] of positions [0, P), P >= end, or None past the table's
+        bound (or, for the variants that depend on the position, past the length where a
+        position's frequencies start to differ). Grown by doubling; threads that grow it at
+        once (split-core teams) each build a whole table and the last one stays."""
+        bound = min(self.max_positions, TABLE_MAX_POSITIONS)
+        if self._depends_on_position:
+            bound = min(bound, self._switch)
+        if end > bound:
+            return None
+        key = (dtype, device)
+        table = self._tables.get(key)
+        have = 0 if table is None else table[0].shape[0]
+        if have >= end:
+            return table
+        rows = min(bound, max(-(-end // TABLE_BLOCK) * TABLE_BLOCK, 2 * have))
+        cos, sin = self._compute(torch.arange(have, rows, device=device), dtype)
+        if table is not None:
+            cos, sin = torch.cat((table[0], cos)), torch.cat((table[1], sin))
+        self._tables[key] = (cos, sin)
+        return cos, sin
+
+    @cached_property
+    def _tables(self) -> dict:
+        """(dtype, device) -> (cos, sin) rows of positions [0, P) (_table)."""
+        return {}
 
     @cached_property
     def _base(self) -> tuple[torch.Tensor, float]:
