@@ -1,8 +1,11 @@
 """Server test fixtures: a real `cadence serve` subprocess on a free localhost port.
 
-One server per module (module-scoped fixtures): starting one costs an interpreter, the engine
-process and a model load. Most modules use the tiny random Llama (tests/conftest.py); the
-messaging/limits modules use the fake engine in server_fake_engine.py.
+Starting a server costs an interpreter, the engine process, a model load and the startup
+profile (seconds each on a 2-core CI host), so the plain tiny-Llama server is started once per
+session and shared by every module that asks for it; a module that needs other flags starts a
+server of its own (module-scoped). Most modules use the tiny random Llama (tests/conftest.py);
+the messaging/limits modules use the fake engine in server_fake_engine.py. Tests on the shared
+server leave it idle and compare counters before and after, never their absolute values.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import pytest
 from server_harness import RunningServer, openai_client, start_server, tiny_model_args
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_server(tiny_llama_dir, tmp_path_factory) -> Iterator[RunningServer]:
-    """`cadence serve` on the tiny random Llama; one per test module."""
+    """`cadence serve` on the tiny random Llama with the default flags; one per session."""
     server = start_server(str(tmp_path_factory.mktemp("server")), *tiny_model_args(tiny_llama_dir))
     yield server
     server.stop()
