@@ -123,6 +123,9 @@ def tool_mode(tools: list[dict[str, Any]] | None, tool_choice: Any,
             raise APIError(400, "tool_choice other than 'none' or 'auto' needs tools.",
                            param="tool_choice", code="invalid_value")
         return None
+    # Every tool's shape, whatever tool_choice says (vLLM checks them as part of the body):
+    # "none" and "auto" send them to the chat template too.
+    _functions(tools)
     name = named_function(choice)
     if name is not None:
         return ToolMode(lambda: named_call_stream(name), _read_named(name), False)
