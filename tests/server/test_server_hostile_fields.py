@@ -104,6 +104,10 @@ def test_malformed_tools_are_400_whatever_tool_choice_says(server, tools):
                           json={**CHAT, "tools": tools, "tool_choice": choice})
         err = _error(resp, 400)
         assert err["param"] == "tools" and err["code"] == "invalid_value", err
+    # /tokenize counts a chat as its completion renders it: the same tools, the same 400.
+    resp = httpx.post(server.base_url + "/tokenize", timeout=30,
+                      json={"messages": CHAT["messages"], "tools": tools})
+    assert _error(resp, 400)["param"] == "tools"
 
 
 @pytest.mark.parametrize("seed,status", [(2**63 - 1, 200), (-(2**63), 200), (2**63, 400),
