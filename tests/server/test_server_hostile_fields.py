@@ -209,3 +209,20 @@ def test_keep_alive_requests_are_not_cut_by_the_deadline(server):
         while time.monotonic() - start < READ_TIMEOUT_S * 2:
             assert client.post("/v1/completions", json=COMPLETION).status_code == 200
             time.sleep(0.2)
+
+
+# ---- chat echo of a final assistant message given as content parts -----------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_repeats_an_assistant_message_given_as_text_parts(server, stream):
+    parts = [{"type": "text", "text": "Sure, "}, {"type": "text", "text": "here"}]
+    body = {"messages": [CHAT["messages"][0], {"role": "assistant", "content": parts}],
+            "max_tokens": 2, "echo": True, "stream": stream}
+    resp = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
+    assert resp.status_code == 200, resp.text
+    if stream:
+        first = json.loads(resp.text.split("data: ", 2)[1])
+        text = first["choices"][0]["delta"]["content"]
+    else:
+        text = resp.json()["choices"][0]["message"]["content"]
+    assert text.startswith("Sure, here"), text  # it echoed nothing before
