@@ -32,6 +32,14 @@ def openai_client(server: "RunningServer", api_key: str = "EMPTY",
     return openai.OpenAI(base_url=server.v1, api_key=api_key, max_retries=0, timeout=timeout)
 
 
+def openai_error(resp: httpx.Response, status: int) -> dict:
+    """The `error` object of an OpenAI-format error answer with this status."""
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -100,7 +100,7 @@ def test_lone_surrogate_keys_are_400_and_the_connection_survives(server, path, b
 
 @pytest.mark.parametrize("depth", [900, 5000])
 def test_deeply_nested_json_is_served_or_400(server, depth):
-    raw = ('{"prompt": "hi", "max_tokens": 2, "metadata": ' + "[" * depth + "]" * depth
+    raw = ('{"prompt": "hi", "max_tokens": 2, "x_client_data": ' + "[" * depth + "]" * depth
            + "}").encode()
     resp = httpx.post(server.base_url + "/v1/completions", content=raw, headers={
         **AUTH, "content-type": "application/json"}, timeout=30)

@@ -199,7 +199,11 @@ def create_app(config: ServerConfig, engine_config: EngineProcessConfig) -> Fast
         finally:
             await state.supervisor.stop()
 
-    app = FastAPI(title="cadence", lifespan=lifespan)
+    # strict_content_type=False: a JSON body sent without any Content-Type is read as JSON, as
+    # FastAPI did before 0.132 (and vLLM's servers do); a body declared as something else
+    # (a form, text/plain) is still a 400 saying what to send (errors.py). Older FastAPI
+    # versions keep the unknown keyword as an extra.
+    app = FastAPI(title="cadence", lifespan=lifespan, strict_content_type=False)
     app.state.server = state
     install_error_handlers(app)
     app.include_router(api)

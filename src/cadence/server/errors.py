@@ -26,6 +26,7 @@ _ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
@@ -124,6 +125,11 @@ def validation_error_to_api_error(errors: Sequence[dict[str, Any]]) -> APIError:
         param = _loc_to_param(err.get("loc", ()))
         messages.append(f"{param or 'body'}: {err.get('msg', 'invalid value')}")
     param = _loc_to_param(first.get("loc", ()))
+    if param is None and isinstance(first.get("input"), (bytes, bytearray)):
+        # FastAPI hands the body over unparsed when its Content-Type is not JSON's (a form,
+        # text/plain: curl -d sends a form's type): say so, not "a valid dictionary".
+        return APIError(400, "The request body must be a JSON object sent with "
+                        "'Content-Type: application/json'.", code="invalid_content_type")
     if first.get("type") == "unencodable_string":
         param = (first.get("ctx") or {}).get("param")
         return APIError(400, f"Invalid request: {first.get('msg')}.", param=param,

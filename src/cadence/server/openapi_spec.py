@@ -33,6 +33,7 @@ _DESCRIPTIONS = {
     400: "Invalid request (malformed JSON, a field out of range, a prompt that cannot fit).",
     401: "Missing or wrong API key (only with --api-key).",
     404: "The model named in the request is not served here.",
+    408: "The request's headers or body did not arrive in time (CADENCE_REQUEST_READ_TIMEOUT_S).",
     413: "Request body larger than --max-request-bytes.",
     431: "Request headers past the server's limits (count or bytes).",
     429: "Queue full (--max-num-queued-requests / --max-num-queued-tokens); see Retry-After.",
@@ -113,9 +114,9 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 statuses.add(401)
             statuses.add(431)  # any request's headers may pass the limits
             if "requestBody" in op:
-                # Any body may be malformed or too large, may name a model not served here
-                # (404), and may need the engine, which can be restarting (503).
-                statuses.update((400, 404, 413, 503))
+                # Any body may be malformed, too large or too slow (408), may name a model
+                # not served here (404), and may need the engine, which can be restarting (503).
+                statuses.update((400, 404, 408, 413, 503))
             for status in sorted(statuses):
                 responses[str(status)] = _error_response(status)
     return spec

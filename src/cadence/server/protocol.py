@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from cadence.core.prompt_truncation import COMPLETIONS_DEFAULT_MAX_TOKENS
@@ -21,6 +21,8 @@ from cadence.engine.chat_render import chat_template_kwargs_problem
 
 # OpenAI caps logprobs alternatives at 20 (as does SamplingParams).
 MAX_LOGPROBS = 20
+# A request's seed: a signed 64-bit integer, as vLLM bounds it (torch.long's range).
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 # The engine's bounds on lists whose setup grows with them (stop strings: a matcher table per
 # string; logit_bias: tensors built at admission, indexed on every step), checked here first.
 MAX_STOP_SEQUENCES = MAX_STOP_STRINGS
@@ -136,16 +138,18 @@ UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 # Fields accepted with no effect on generation (identifiers, routing, storage hints): OpenAI
-# documents them as metadata, so honouring them means accepting them.
-# (parallel_tool_calls=false does hold tool_choice "required" to one call: tool_choice.py.)
-# vLLM's own accepted without effect, as vLLM itself leaves them here: length_penalty (beam
-# search only, refused), include_reasoning on completions (chat's is a field: it hides the
-# reasoning a --reasoning-parser reads), routed_experts_prompt_start (MoE routing records),
-# return_token_offsets / return_mm_kwargs (its /render routes only).
-METADATA_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls",
-                   "safety_identifier", "prompt_cache_key", "session_id", "length_penalty",
-                   "include_reasoning", "routed_experts_prompt_start", "return_token_offsets",
-                   "return_mm_kwargs")
+# documents them as metadata, so honouring them means accepting them. Those whose type OpenAI
+# or vLLM define are fields of SamplingRequestFields (a wrong type is a 400, as in vLLM);
+# these, with no type to check, are kept as extras and ignored: vLLM's routed_experts_prompt_start
+# (MoE routing records), return_token_offsets / return_mm_kwargs (its /render routes only).
+UNTYPED_METADATA_FIELDS = ("routed_experts_prompt_start", "return_token_offsets",
+                           "return_mm_kwargs")
+
+
+def is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """Whether `value` is one of the `neutral` values, type and all: Python has True == 1 and
+    0 == False, so `best_of: true` or `use_beam_search: 0` would pass a plain `in`."""
+    return any(type(value) is type(n) and value == n for n in neutral)
 
 
 def prompt_logprobs_problem(value: int | None, stream: bool) -> str | None:
@@ -178,7 +182,8 @@ class SamplingRequestFields(APIRequest):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: int | None = None
+    # vLLM's range: a 64-bit signed integer (2**64 is a 400 there, and here).
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -229,6 +234,34 @@ class SamplingRequestFields(APIRequest):
     # vLLM's: tokens per streamed chunk at least; cadence sends each token as it comes (the
     # same text, in more chunks), so only its range is checked.
     stream_interval: int | None = Field(default=None, ge=1)
+    # Accepted without effect on generation, typed as OpenAI / vLLM type them (a list for
+    # `user` is a 400, not silently taken). parallel_tool_calls=false does hold tool_choice
+    # "required" to one call (tool_choice.py); length_penalty is beam search's (refused);
+    # include_reasoning hides the reasoning a --reasoning-parser reads (chat only).
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    parallel_tool_calls: bool | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    session_id: str | None = None
+    length_penalty: float = 1.0
+    include_reasoning: bool = True
+
+    @field_validator("response_format")
+    @classmethod
+    def _json_schema_shape(cls, rf: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Checked while the body is parsed: the chat route derives its grammar and reasoning
+        # mode from response_format before the rest of the request is judged, and a
+        # json_schema without its object (null, missing, a list) was a 500 there.
+        if rf is not None and rf.get("type") == "json_schema":
+            schema = rf.get("json_schema")
+            if not isinstance(schema, dict) or not isinstance(schema.get("schema", {}), dict):
+                raise PydanticCustomError(
+                    "json_schema_shape", "a json_schema response_format needs a 'json_schema' "
+                    "object whose 'schema' is an object")
+        return rf
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -249,7 +282,7 @@ class SamplingRequestFields(APIRequest):
         problems = []
         for name, value in (self.model_extra or {}).items():
             spec = UNSUPPORTED_FIELDS.get(name)
-            if spec is not None and value not in spec[0]:
+            if spec is not None and not is_neutral(value, spec[0]):
                 problems.append((name, spec[1]))
         if self.stream_options is not None and not self.stream:
             problems.append(("stream_options", "stream_options is only allowed with stream=true"))
@@ -274,11 +307,6 @@ class SamplingRequestFields(APIRequest):
         if rf is not None and rf.get("type") not in ("text", "json_object", "json_schema"):
             problems.append(("response_format", "response_format type must be 'text', "
                              "'json_object' or 'json_schema'"))
-        if rf is not None and rf.get("type") == "json_schema":
-            schema = rf.get("json_schema")
-            if not isinstance(schema, dict) or not isinstance(schema.get("schema", {}), dict):
-                problems.append(("response_format", "json_schema needs a 'json_schema' object "
-                                 "with a 'schema'"))
         if len(self.structured_spec_fields()) > 1:
             problems.append((self.structured_spec_fields()[1], "give at most one of "
                              "response_format (json), guided_*, structured_outputs"))
@@ -406,9 +434,6 @@ class ChatCompletionRequest(SamplingRequestFields):
     # setting enable_thinking unless chat_template_kwargs does); template_variables().
     documents: list[dict[str, str]] | None = None
     reasoning_effort: ReasoningEffort | None = None
-    # vLLM's: with --reasoning-parser, false leaves the reasoning out of the answer (and the
-    # logprobs and token ids, which would show it); without a parser it has no effect.
-    include_reasoning: bool = True
 
     def template_variables(self) -> dict[str, Any] | None:
         return chat_template_variables(self.tools, self.chat_template_kwargs, self.documents,
@@ -425,7 +450,7 @@ class ChatCompletionRequest(SamplingRequestFields):
         if fields and fields[0] == "tool_choice":
             from cadence.server.tool_choice import forced_schema
 
-            one = (self.model_extra or {}).get("parallel_tool_calls") is False
+            one = self.parallel_tool_calls is False
             return "tool_choice", {"json": forced_schema(self.tools, self.tool_choice, one)}
         return super().structured_outputs_spec()
 

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from cadence.server.protocol import MAX_LOGPROBS, APIRequest, ReasoningEffort
+from cadence.server.protocol import (
+    MAX_LOGPROBS, SEED_MAX, SEED_MIN, APIRequest, ReasoningEffort, is_neutral)
 
 _EFFORTS = ReasoningEffort.__args__
 
@@ -76,7 +77,7 @@ class ResponsesRequest(APIRequest):
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     ignore_eos: bool = False
     priority: int = 0
@@ -108,7 +109,7 @@ class ResponsesRequest(APIRequest):
         problems = []
         for name, value in (self.model_extra or {}).items():
             spec = UNSUPPORTED_RESPONSES_FIELDS.get(name)
-            if spec is not None and value not in spec[0]:
+            if spec is not None and not is_neutral(value, spec[0]):
                 problems.append((name, spec[1]))
         for value in self.include or ():
             if value in INCLUDE_UNSUPPORTED:

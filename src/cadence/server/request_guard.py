@@ -16,11 +16,19 @@ page's query string too); so no route reads a body before the key is checked.
 Headers are bounded twice: h11 refuses a header block it has not finished receiving past
 MAX_HEADER_BYTES (http_protocol.py answers that in OpenAI's format), and the guard refuses a
 complete one past MAX_HEADER_BYTES or MAX_HEADERS (431) before anything else reads it.
+
+Both are bounded in time too (`request_read_timeout_s`, nginx's 60 s client_header_timeout /
+client_body_timeout): uvicorn waits forever for a header block or a body that never ends, so a
+client announcing a Content-Length it never sends, or sending headers a byte at a time, held a
+connection and its task for good. The header block's deadline is http_protocol.py's; the
+body's is here: 408 in OpenAI's format, and the connection closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import os
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -37,6 +45,22 @@ DASHBOARD_PREFIX = "/dashboard"
 # real clients send a few hundred bytes of headers.
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 32 * 1024
+
+
+# Seconds a request's header block, and then its body, may take to arrive (each on its own).
+DEFAULT_REQUEST_READ_TIMEOUT_S = 60.0
+
+
+def request_read_timeout_s() -> float:
+    """The header-block and body deadline: CADENCE_REQUEST_READ_TIMEOUT_S, else 60 s."""
+    value = os.environ.get("CADENCE_REQUEST_READ_TIMEOUT_S")
+    return float(value) if value else DEFAULT_REQUEST_READ_TIMEOUT_S
+
+
+def request_timeout_error(what: str) -> APIError:
+    return APIError(408, f"The request's {what} did not arrive within "
+                    f"{request_read_timeout_s():g} s.", code="request_timeout",
+                    headers={"Connection": "close"})
 
 
 def needs_api_key(path: str) -> bool:
@@ -109,7 +133,11 @@ class RequestGuard:
         if declared.isdigit() and int(declared) > self.max_request_bytes:
             await _too_large(self.max_request_bytes).response()(scope, receive, send)
             return
-        body = await self._read_body(receive)
+        try:
+            body = await asyncio.wait_for(self._read_body(receive), request_read_timeout_s())
+        except asyncio.TimeoutError:
+            await request_timeout_error("body").response()(scope, receive, send)
+            return
         if body is None:
             await _too_large(self.max_request_bytes).response()(scope, receive, send)
             return

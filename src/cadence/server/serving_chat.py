@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
+from cadence.engine.chat_render import text_messages
 from cadence.engine.outputs import RequestOutput
 from cadence.server import response_format as fmt
 from cadence.server.generation import CollectedGeneration
@@ -202,11 +203,22 @@ class ChatRenderer:
         return response
 
 
+def echoed_text(content: str | list | None) -> str:
+    """The final assistant message as echo repeats it: its text, content parts joined as the
+    template reads them (a part list used to echo nothing). Parts that are not text echo
+    nothing: chat_prompt refuses the request."""
+    if isinstance(content, list):
+        try:
+            return text_messages([{"content": content}])[0]["content"]
+        except ValueError:
+            return ""
+    return content or ""
+
+
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     # echo (vLLM): a final message of the assistant's role is repeated before the reply.
     last = body.messages[-1]
-    echo_text = last.content if (body.echo and last.role == "assistant"
-                                 and isinstance(last.content, str)) else ""
+    echo_text = echoed_text(last.content) if body.echo and last.role == "assistant" else ""
     config = request.app.state.server.config
     tools = tool_mode(body.tools, body.tool_choice, config.tool_call_parser)
     # The tools reach the chat template (whatever tool_choice says, as in vLLM), with

@@ -21,6 +21,7 @@ from cadence.server.errors import APIError
 from cadence.server.protocol import (APIRequest, ChatMessage, ReasoningEffort,
                                      chat_template_variables)
 from cadence.server.request_mapping import EnginePrompt, check_model, check_prompt_size
+from cadence.server.tool_choice import tool_functions
 
 
 class TokenizeRequest(APIRequest):
@@ -86,6 +87,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     server = request.app.state.server
     check_model(body.model, server.model_name, server.model_names)
     if body.messages is not None:
+        if body.tools:
+            tool_functions(body.tools)  # malformed tools: the chat route's 400, here too
         messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
                      else "".join(p.get("text", "") for p in m.content or []
                                   if isinstance(p.get("text"), str))}

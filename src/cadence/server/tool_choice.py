@@ -52,8 +52,8 @@ def named_function(tool_choice: Any) -> str | None:
     return function["name"]
 
 
-def _functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    """name -> parameters schema of each tool."""
+def tool_functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """name -> parameters schema of each tool; a 400 naming `tools` for a malformed one."""
     out = {}
     for tool in tools or ():
         function = tool.get("function") if isinstance(tool, dict) else None
@@ -75,7 +75,7 @@ def forced_schema(tools: list[dict[str, Any]] | None, tool_choice: Any,
     (OpenAI's parallel_tool_calls=false): "required" makes exactly one call."""
     if tool_choice in (None, "auto", "none"):
         return None
-    functions = _functions(tools)
+    functions = tool_functions(tools)
     name = named_function(tool_choice)
     if name is not None:
         if name not in functions:
@@ -123,6 +123,9 @@ def tool_mode(tools: list[dict[str, Any]] | None, tool_choice: Any,
             raise APIError(400, "tool_choice other than 'none' or 'auto' needs tools.",
                            param="tool_choice", code="invalid_value")
         return None
+    # Every tool's shape, whatever tool_choice says (vLLM checks them as part of the body):
+    # "none" and "auto" send them to the chat template too.
+    tool_functions(tools)
     name = named_function(choice)
     if name is not None:
         return ToolMode(lambda: named_call_stream(name), _read_named(name), False)
