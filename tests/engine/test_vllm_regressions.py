@@ -87,8 +87,9 @@ def test_tokenizer_behaves_like_a_transformers_tokenizer(llm):
 
 def test_chat_takes_openai_content_parts_and_template_kwargs(llm):
     params = SamplingParams(temperature=0, max_tokens=3)
-    plain = llm.chat([{"role": "user", "content": "Hello there"}], params, use_tqdm=False)
-    parts = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Hello "},
+    # vLLM joins a message's text parts with a newline for a template that reads strings.
+    plain = llm.chat([{"role": "user", "content": "Hello\nthere"}], params, use_tqdm=False)
+    parts = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Hello"},
                                                     {"type": "text", "text": "there"}]}],
                      params, use_tqdm=False, chat_template_kwargs={"enable_thinking": False})
     assert parts[0].prompt == plain[0].prompt

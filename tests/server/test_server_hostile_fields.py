@@ -215,7 +215,7 @@ def test_keep_alive_requests_are_not_cut_by_the_deadline(server):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_echo_repeats_an_assistant_message_given_as_text_parts(server, stream):
-    parts = [{"type": "text", "text": "Sure, "}, {"type": "text", "text": "here"}]
+    parts = [{"type": "text", "text": "Sure,"}, {"type": "text", "text": "here"}]
     body = {"messages": [CHAT["messages"][0], {"role": "assistant", "content": parts}],
             "max_tokens": 2, "echo": True, "stream": stream}
     resp = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
@@ -225,4 +225,21 @@ def test_echo_repeats_an_assistant_message_given_as_text_parts(server, stream):
         text = first["choices"][0]["delta"]["content"]
     else:
         text = resp.json()["choices"][0]["message"]["content"]
-    assert text.startswith("Sure, here"), text  # it echoed nothing before
+    assert text.startswith("Sure,\nhere"), text  # it echoed nothing before (parts: "\n"-joined)
+
+
+def test_tokenize_reads_content_parts_as_chat_does(server):
+    """/tokenize counts a message of text parts as chat renders it (newline-joined, as vLLM),
+    and refuses a non-text part with chat's 400 instead of dropping it."""
+    def count(content):
+        body = {"messages": [{"role": "user", "content": content}]}
+        resp = httpx.post(server.base_url + "/tokenize", json=body, timeout=30)
+        return resp.status_code, resp.json()
+
+    status, joined = count("Hello\nthere")
+    assert status == 200
+    status, parts = count([{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}])
+    assert status == 200 and parts["tokens"] == joined["tokens"]
+    status, err = count([{"type": "text", "text": "Hi"},
+                         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}])
+    assert status == 400 and err["error"]["param"] == "messages.0.content", err

@@ -20,7 +20,8 @@ def chat_template_kwargs_problem(kwargs: Any) -> str | None:
 
 def text_messages(messages: Any) -> list[dict[str, Any]]:
     """OpenAI messages with `content` as a list of {"type": "text", "text": ...} parts joined
-    into one string (what chat templates read); ValueError for any other part type."""
+    into one string (what chat templates read), one newline between parts as vLLM joins them
+    for a string-content template; ValueError for any other part type."""
     if not isinstance(messages, list | tuple):
         raise ValueError("messages must be a list of {'role', 'content'} dicts")
     out = []
@@ -33,7 +34,7 @@ def text_messages(messages: Any) -> list[dict[str, Any]]:
                         or not isinstance(part.get("text"), str)):
                     raise ValueError(f"message {i}: only text content parts are supported")
                 texts.append(part["text"])
-            message = {**message, "content": "".join(texts)}
+            message = {**message, "content": "\n".join(texts)}
         out.append(message)
     return out
 

@@ -177,16 +177,22 @@ def _one_prompt(prompt: Any) -> EnginePrompt:
     return EnginePrompt(token_ids=list(prompt))
 
 
+def message_text(content: Any, i: int) -> Any:
+    """Message i's content as the template reads it: text parts joined (text_messages), a 400
+    naming the message for any other part. Chat and /tokenize both read messages this way."""
+    if not isinstance(content, list):
+        return content
+    try:
+        return text_messages([{"content": content}])[0]["content"]
+    except ValueError:
+        raise APIError(400, "only text content parts are supported.",
+                       param=f"messages.{i}.content", code="unsupported_parameter") from None
+
+
 def chat_prompt(body: ChatCompletionRequest) -> EnginePrompt:
     messages = []
     for i, m in enumerate(body.messages):
-        content = m.content
-        if isinstance(content, list):
-            try:
-                content = text_messages([{"content": content}])[0]["content"]
-            except ValueError:
-                raise APIError(400, "only text content parts are supported.",
-                               param=f"messages.{i}.content", code="unsupported_parameter") from None
+        content = message_text(m.content, i)
         message: dict[str, Any] = {"role": m.role, "content": content or ""}
         if m.name is not None:
             message["name"] = m.name

@@ -18,6 +18,7 @@ from cadence import __version__
 from cadence.engine.async_client import EngineDeadError, EngineRejected
 from cadence.engine.chat_render import chat_template_kwargs_problem
 from cadence.server.errors import APIError
+from cadence.server.request_mapping import message_text
 from cadence.server.protocol import (APIRequest, ChatMessage, ReasoningEffort,
                                      chat_template_variables)
 from cadence.server.request_mapping import EnginePrompt, check_model, check_prompt_size
@@ -89,10 +90,10 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     if body.messages is not None:
         if body.tools:
             tool_functions(body.tools)  # malformed tools: the chat route's 400, here too
-        messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
-                     else "".join(p.get("text", "") for p in m.content or []
-                                  if isinstance(p.get("text"), str))}
-                    for m in body.messages]
+        # Content parts as chat reads them (one template input, one token count; a non-text
+        # part is chat's 400 here too).
+        messages = [{"role": m.role, "content": message_text(m.content, i) or ""}
+                    for i, m in enumerate(body.messages)]
         check_prompt_size(EnginePrompt(chat_messages=messages), server.max_model_len,
                           server.max_token_chars)
         template_kwargs = chat_template_variables(body.tools, body.chat_template_kwargs,
