@@ -75,7 +75,7 @@ def test_cut_by_max_output_tokens_is_incomplete(client, model):
 def test_message_items_and_parts_match_chat(client, model):
     items = [
         {"role": "system", "content": "You are terse."},
-        {"role": "developer", "content": [{"type": "input_text", "text": "Answer "},
+        {"role": "developer", "content": [{"type": "input_text", "text": "Answer"},
                                           {"type": "input_text", "text": "in English."}]},
         {"role": "user", "content": "Hi."},
         {"type": "message", "role": "assistant",
@@ -85,7 +85,7 @@ def test_message_items_and_parts_match_chat(client, model):
     resp = client.responses.create(model=model, input=items, max_output_tokens=10,
                                    temperature=0)
     chat_messages = [{"role": "system", "content": "You are terse."},
-                     {"role": "developer", "content": "Answer in English."},
+                     {"role": "developer", "content": "Answer\nin English."},  # parts: "\n"-joined
                      {"role": "user", "content": "Hi."},
                      {"role": "assistant", "content": "Hello."},
                      {"role": "user", "content": "What now?"}]
