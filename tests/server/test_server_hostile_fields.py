@@ -243,3 +243,18 @@ def test_tokenize_reads_content_parts_as_chat_does(server):
     status, err = count([{"type": "text", "text": "Hi"},
                          {"type": "image_url", "image_url": {"url": "http://x/y.png"}}])
     assert status == 400 and err["error"]["param"] == "messages.0.content", err
+
+
+@pytest.mark.parametrize("extra, messages", [
+    ({}, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure"}]),
+    ({"add_generation_prompt": False}, [{"role": "user", "content": "Hi"}]),
+])
+def test_tokenize_continue_final_message_is_checked_as_chat_checks_it(server, extra, messages):
+    """continue_final_message with add_generation_prompt left on (its default), or without a
+    final assistant message: a 400 naming continue_final_message, as chat's."""
+    body = {"messages": messages, "continue_final_message": True, **extra}
+    resp = httpx.post(server.base_url + "/tokenize", json=body, timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == "continue_final_message"
+    # The accepted form (add_generation_prompt false, a final assistant message) is rendered by
+    # a real template in test_vllm_compat.py (this module's fake engine renders no template).

@@ -90,6 +90,13 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     if body.messages is not None:
         if body.tools:
             tool_functions(body.tools)  # malformed tools: the chat route's 400, here too
+        if body.continue_final_message:  # the chat route's checks, naming the same field
+            if body.add_generation_prompt:
+                raise APIError(400, "continue_final_message needs add_generation_prompt=false",
+                               param="continue_final_message")
+            if not body.messages or body.messages[-1].role != "assistant":
+                raise APIError(400, "continue_final_message needs a final assistant message",
+                               param="continue_final_message")
         # Content parts as chat reads them (one template input, one token count; a non-text
         # part is chat's 400 here too).
         messages = [{"role": m.role, "content": message_text(m.content, i) or ""}
