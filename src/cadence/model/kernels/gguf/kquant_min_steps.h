@@ -1,7 +1,7 @@
 // The integer steps of the repacked K-quants whose weights are w = (d * sc) * q - (dmin * mn):
 // Q4_K (q4k_x8.h) and Q5_K (q5k_x8.h), for the tiles of kquant_tiles.h (KQuantTiles<MinSteps<U>>).
-// Both share an octet's 192-byte block header
-//   d[8], dmin[8]     float32 (the blocks' fp16 values, exact)
+// Both share an octet's 160-byte block header (MIN_HEADER_*)
+//   d[8], dmin[8]     fp16, the blocks' own (the tiles widen them: halves8_ps)
 //   sc[8][8], mn[8][8] uint8, [group][column] (the 6-bit scales and minimums, unpacked)
 // and differ only in how a group's k-octet unpacks into q bytes: the format's policy U, a template
 // parameter (its unpack inlines into every step), gives
@@ -30,6 +30,9 @@
 
 namespace cadence_kernels {
 namespace gguf {
+
+// Offsets in the block header above, and its size.
+constexpr int64_t MIN_HEADER_DMIN = 16, MIN_HEADER_SCALES = 32, MIN_HEADER_MINS = 96, MIN_HEADER_BYTES = 160;
 
 #if CADENCE_HAVE_AVX2
 
@@ -72,6 +75,7 @@ template <class U>
 struct MinSteps {
   using Unpack = U;
   static constexpr bool MINIMUMS = true;
+  static constexpr int64_t DMIN = MIN_HEADER_DMIN;
   static constexpr int X16_GEMV_PAIRS = 4;  // a decode row's octets eight at a time (kquant_x8_columns)
   static constexpr int AVX2_GEMV_OCTETS = U::AVX2_GEMV_OCTETS;
 
@@ -95,7 +99,7 @@ struct MinSteps {
       }
       for (int i = 0; i < O; ++i) {
         int64_t scales;
-        std::memcpy(&scales, b[i] + 64 + 8 * j, sizeof(scales));
+        std::memcpy(&scales, b[i] + MIN_HEADER_SCALES + 8 * j, sizeof(scales));
         const __m256i sc16 = _mm256_shuffle_epi8(_mm256_set1_epi64x(scales), scale_pairs);
         for (int r = 0; r < R; ++r)
           block_sum[r][i] = _mm256_add_epi32(block_sum[r][i], _mm256_madd_epi16(chunk_sum[r][i], sc16));
@@ -111,7 +115,7 @@ struct MinSteps {
   static void block_avx2(const avx2::QuantizedRows& xq, const int32_t* /*half_sums*/, int64_t m0, int64_t blk,
                          int64_t /*K*/, const uint8_t* b, int /*i*/, __m256i (&/*block_sum*/)[R][O], __m256i (&mins)[R]) {
     __m256i mn[4];
-    for (int jp = 0; jp < 4; ++jp) mn[jp] = min_words(b + 128 + 16 * jp);
+    for (int jp = 0; jp < 4; ++jp) mn[jp] = min_words(b + MIN_HEADER_MINS + 16 * jp);
     for (int r = 0; r < R; ++r) {
       mins[r] = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(sum_pair(xq, m0 + r, blk * 8)));
       for (int jp = 1; jp < 4; ++jp)
@@ -128,7 +132,7 @@ struct MinSteps {
   template <int R>
   static void group_x16(const avx2::QuantizedRows& xq, int64_t m0, int64_t k0, const uint8_t* b0, const uint8_t* b1,
                         int j, __m512i (&block_sum)[R]) {
-    const __m512i sc = scale_words_pair(b0 + 64 + 8 * j, b1 + 64 + 8 * j);
+    const __m512i sc = scale_words_pair(b0 + MIN_HEADER_SCALES + 8 * j, b1 + MIN_HEADER_SCALES + 8 * j);
     const __m512i sc2 = _mm512_or_si512(sc, _mm512_slli_epi32(sc, 16));
     for (int c = 0; c < 4; c += U::CHUNK) {
       __m512i lo_sum[R], hi_sum[R];
@@ -164,7 +168,7 @@ struct MinSteps {
         }
       }
       for (int p = 0; p < P; ++p) {
-        const __m512i sc = scale_words_pair(b[2 * p] + 64 + 8 * j, b[2 * p + 1] + 64 + 8 * j);
+        const __m512i sc = scale_words_pair(b[2 * p] + MIN_HEADER_SCALES + 8 * j, b[2 * p + 1] + MIN_HEADER_SCALES + 8 * j);
         block_sum[p] = word_dot_add_512(word_dot_add_512(block_sum[p], lo_sum[p], sc), hi_sum[p], sc);
       }
     }
@@ -175,7 +179,7 @@ struct MinSteps {
   static void block_x16(const avx2::QuantizedRows& xq, const int32_t* /*half_sums*/, int64_t m0, int64_t blk,
                         int64_t /*K*/, const uint8_t* b0, const uint8_t* b1, __m512i* /*block_sum*/, __m512i* mins) {
     for (int jp = 0; jp < 4; ++jp) {
-      const __m512i mn = min_words_pair(b0 + 128 + 16 * jp, b1 + 128 + 16 * jp);
+      const __m512i mn = min_words_pair(b0 + MIN_HEADER_MINS + 16 * jp, b1 + MIN_HEADER_MINS + 16 * jp);
       for (int r = 0; r < R; ++r)
         mins[r] = word_dot_add_512(mins[r], mn, _mm512_set1_epi32(sum_pair(xq, m0 + r, blk * 8 + 2 * jp)));
     }

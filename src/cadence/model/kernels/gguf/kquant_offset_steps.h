@@ -1,8 +1,9 @@
 // The integer steps of the repacked K-quants whose weights are w = (d * sc) * (q - offset), a
 // signed scale per 16 k: Q6_K (q6k_x8.h, offset 32) and Q3_K (q3k_x8.h, offset 4), for the tiles
 // of kquant_tiles.h (KQuantTiles<OffsetSteps<U>>). Both share an octet's 160-byte block header
-//   d[8]         float32 (the blocks' fp16 d, exact)
-//   sc[16][8]    int8, [16-weight scale][column]
+//   d[8]         fp16, the blocks' own (the tiles widen them: halves8_ps), then 16 bytes unused
+//                (the quants after the header stay 32-byte aligned, as their loads are)
+//   sc[16][8]    int8, [16-weight scale][column] (at OFFSET_HEADER_SCALES)
 // and differ only in how the quants unpack into q bytes: the format's policy U, a template
 // parameter (its unpack inlines into every step), gives
 //   BYTES, OFFSET_SHIFT  an octet's bytes per 256-block; log2 of the offset
@@ -27,6 +28,9 @@
 
 namespace cadence_kernels {
 namespace gguf {
+
+// Offsets in the block header above, and its size.
+constexpr int64_t OFFSET_HEADER_SCALES = 32, OFFSET_HEADER_BYTES = 160;
 
 #if CADENCE_HAVE_AVX2
 
@@ -73,8 +77,8 @@ inline void offset_add(const int32_t* hs, int64_t stride, const uint8_t* b0, con
     _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[r]), _mm512_cvtepi32_epi16(_mm512_loadu_si512(hs + r * stride)));
   for (int i = 0; i < 8; ++i) {
     // Scales 2i and 2i + 1 (16 bytes, [scale][column]) as int16 pairs per column, times -2^SHIFT.
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 32 + 16 * i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + 32 + 16 * i));
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + OFFSET_HEADER_SCALES + 16 * i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + OFFSET_HEADER_SCALES + 16 * i));
     const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(a, _mm_srli_si128(a, 8))),
                                                  _mm_unpacklo_epi8(b, _mm_srli_si128(b, 8)), 1);
     const __m512i offset = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(_mm512_cvtepi8_epi16(both), SHIFT));
@@ -87,6 +91,7 @@ template <class U>
 struct OffsetSteps {
   using Unpack = U;
   static constexpr bool MINIMUMS = false;
+  static constexpr int64_t DMIN = 0;  // no minimums
   static constexpr int X16_GEMV_PAIRS = 2;  // a decode row's octets four at a time (eight no faster)
   static constexpr int AVX2_GEMV_OCTETS = 4;
 
@@ -103,7 +108,7 @@ struct OffsetSteps {
       __m256i sc16[O];
       for (int i = 0; i < O; ++i) {
         int64_t scales;
-        std::memcpy(&scales, b[i] + 32 + (2 * j + p) * 8, sizeof(scales));
+        std::memcpy(&scales, b[i] + OFFSET_HEADER_SCALES + (2 * j + p) * 8, sizeof(scales));
         sc16[i] = _mm256_srai_epi16(_mm256_shuffle_epi8(_mm256_set1_epi64x(scales), scale_twice), 8);
       }
       for (int kk = 2 * p; kk < 2 * p + 2; ++kk) {
@@ -124,7 +129,7 @@ struct OffsetSteps {
     __m256i offset[R];
     for (int r = 0; r < R; ++r) offset[r] = _mm256_setzero_si256();
     for (int s = 0; s < 16; s += 2) {
-      const __m128i two_rows = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 32 + s * 8));
+      const __m128i two_rows = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + OFFSET_HEADER_SCALES + s * 8));
       const __m256i sc_pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(two_rows, _mm_srli_si128(two_rows, 8)));
       for (int r = 0; r < R; ++r) {
         const int32_t* hs = half_sums + (m0 + r) * (K / 16) + blk * 16 + s;
@@ -145,7 +150,7 @@ struct OffsetSteps {
     for (int p = 0; p < 2; ++p) {
       __m512i w[4];
       U::decode_16k(b0, b1, j, p, w);
-      const __m512i sc = offset_scale_operand(b0 + 32 + (2 * j + p) * 8, b1 + 32 + (2 * j + p) * 8);
+      const __m512i sc = offset_scale_operand(b0 + OFFSET_HEADER_SCALES + (2 * j + p) * 8, b1 + OFFSET_HEADER_SCALES + (2 * j + p) * 8);
       for (int r = 0; r < R; ++r) block_sum[r] = scaled_add_16k(block_sum[r], w, xq.q_at(m0 + r, k0 + 16 * p), sc);
     }
   }
@@ -159,7 +164,8 @@ struct OffsetSteps {
       for (int p = 0; p < P; ++p) {
         __m512i w[4];
         U::decode_16k(b[2 * p], b[2 * p + 1], j, hp, w);
-        const __m512i sc = offset_scale_operand(b[2 * p] + 32 + (2 * j + hp) * 8, b[2 * p + 1] + 32 + (2 * j + hp) * 8);
+        const __m512i sc = offset_scale_operand(b[2 * p] + OFFSET_HEADER_SCALES + (2 * j + hp) * 8,
+                                                  b[2 * p + 1] + OFFSET_HEADER_SCALES + (2 * j + hp) * 8);
         block_sum[p] = scaled_add_16k(block_sum[p], w, x, sc);
       }
     }

@@ -4,8 +4,9 @@
 // policy (MinSteps<Q4KUnpack>, MinSteps<Q5KUnpack>: kquant_min_steps.h; OffsetSteps<Q6KUnpack>,
 // OffsetSteps<Q3KUnpack>: kquant_offset_steps.h), a template parameter: everything inlines into
 // each tile. F gives
-//   Unpack, MINIMUMS            the format's policy (its BYTES per octet and 256-block, the lines
-//                               prefetch_group fetches); whether the weights take minimums
+//   Unpack, MINIMUMS, DMIN      the format's policy (its BYTES per octet and 256-block, the lines
+//                               prefetch_group fetches); whether the weights take minimums, and
+//                               where in the block header their dmin[8] lies
 //   group_avx2<R, O>, group_x16<R>, group_gemv<P>
 //                               group j's exact integer sums added to the rows' and octets' block sums
 //   block_avx2<R, O>(.., i, ..), block_x16<R>
@@ -13,7 +14,8 @@
 //                               (Q6_K / Q3_K: the quants' offset taken off), the minimums' sums in `mins`
 // Then per block and column: acc += float(sum) * (d * x_scale) and, with minimums, acc -=
 // float(min_sum) * (dmin * x_scale), x_scale the activations' one scale per 256 (quantize.h); d
-// (and dmin) the first 32 (64) bytes of the octet's block. Every tile computes a column's exact
+// (and dmin at DMIN) the octet's 8 columns' fp16 values at the block's start, widened to float32
+// (exact; halves8_ps). Every tile computes a column's exact
 // integers and runs these float steps lane for lane in this order, so its bits do not depend on
 // the tile, the rows beside it, the thread split or the tier.
 #pragma once
@@ -41,6 +43,22 @@ inline void maddubs_pairs(const avx2::QuantizedRows& xq, int64_t m0, int64_t k, 
   }
 }
 
+// 8 fp16 values at p (a block header's d or dmin of an octet's columns) as float32 lanes: exact
+// (vcvtph2ps ignores MXCSR's flush-to-zero and denormals-are-zero; every fp16 value, subnormals
+// too, is a normal float32), so a column's d is the value gguf-py's dequantization reads. Stored
+// as the file's fp16 (not widened at repack) the header is 32 bytes smaller per 256-block: a
+// decode GEMV streams its weights once per step, and every byte it reads costs the step time.
+inline __m256 halves8_ps(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#ifdef CADENCE_GGUF_X16
+// halves8_ps of two octets' headers (a then b) in a register's halves.
+inline __m512 halves8_pair_ps(const uint8_t* a, const uint8_t* b) {
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1));
+}
+#endif
+
 template <class F>
 struct KQuantTiles {
   // R rows x O octets, 8 columns per 256-bit register (maddubs, no VNNI): the AVX2 tier's tiles,
@@ -65,8 +83,8 @@ struct KQuantTiles {
       for (int i = 0; i < O; ++i) {
         __m256i mins[R] = {};
         F::template block_avx2<R, O>(xq, half_sums, m0, blk, K, b[i], i, block_sum, mins);
-        const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(b[i]));
-        const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(b[i] + 32));  // unused without minimums
+        const __m256 d = halves8_ps(b[i]);
+        const __m256 dmin = halves8_ps(b[i] + F::DMIN);  // unused without minimums
         for (int r = 0; r < R; ++r) {
           const __m256 xs = _mm256_set1_ps(xq.scale[(m0 + r) * groups + blk * 8]);
           acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[r][i]), _mm256_mul_ps(d, xs), acc[r][i]);
@@ -100,7 +118,7 @@ struct KQuantTiles {
       }
       __m512i mins[R] = {};
       F::template block_x16<R>(xq, half_sums, m0, blk, K, b0, b1, block_sum, mins);
-      const __m512 d = load_pair_ps(b0, b1), dmin = load_pair_ps(b0 + 32, b1 + 32);  // dmin: with minimums
+      const __m512 d = halves8_pair_ps(b0, b1), dmin = halves8_pair_ps(b0 + F::DMIN, b1 + F::DMIN);  // dmin: with minimums
       for (int r = 0; r < R; ++r) {
         float* o = out + (m0 + r) * ldo + n0;
         const __m512 xs = _mm512_set1_ps(xq.scale[(m0 + r) * groups + blk * 8]);
@@ -133,7 +151,8 @@ struct KQuantTiles {
       for (int p = 0; p < P; ++p) {
         __m512i mins = _mm512_setzero_si512();
         F::template block_x16<1>(xq, half_sums, 0, blk, K, b[2 * p], b[2 * p + 1], &block_sum[p], &mins);
-        const __m512 d = load_pair_ps(b[2 * p], b[2 * p + 1]), dmin = load_pair_ps(b[2 * p] + 32, b[2 * p + 1] + 32);
+        const __m512 d = halves8_pair_ps(b[2 * p], b[2 * p + 1]);
+        const __m512 dmin = halves8_pair_ps(b[2 * p] + F::DMIN, b[2 * p + 1] + F::DMIN);
         acc[p] = float_step(acc[p], block_sum[p], mins, d, dmin, xs);
       }
     }

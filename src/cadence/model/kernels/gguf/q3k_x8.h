@@ -5,7 +5,8 @@
 // column and 16 k (two scales per group) and ran a 2048 x 2048 GEMV ~4x a repacked Q4_K one.
 //
 // Layout: per octet of columns (8o .. 8o + 7), per 256-block, Q3K_X8_BYTES bytes:
-//   d[8]          float32 (the blocks' fp16 d, exact)
+//   d[8]          fp16, the blocks' own (kquant_tiles.h halves8_ps widens them exactly), 16 bytes
+//                 unused (kquant_offset_steps.h)
 //   sc[16][8]     int8, [16-weight scale][column]: the 6-bit scales less 32, in [-32, 31]
 //   per group j of 32 k (Q3K_X8_GROUP bytes each):
 //     q2[2][8][4]  [pair of k-octets][column][byte]: the low 2 bits of q[8kk + t], q[8kk + 4 + t],
@@ -31,7 +32,7 @@ namespace cadence_kernels {
 namespace gguf {
 
 constexpr int64_t Q3K_X8_BYTES = 928;
-constexpr int64_t Q3K_X8_HEADER = 160;
+constexpr int64_t Q3K_X8_HEADER = OFFSET_HEADER_BYTES;
 constexpr int64_t Q3K_X8_GROUP = 96;  // 64 bytes of low 2 bits, 32 of third bits
 
 #if CADENCE_HAVE_AVX2
@@ -52,11 +53,11 @@ inline void repack_q3k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
     uint8_t* dst = out + blk * Q3K_X8_BYTES;
     for (int i = 0; i < 8; ++i) {
       const uint8_t* raw = w + (8 * o + i) * row_bytes + blk * 110;
-      const float d = half_at(raw + 108);
-      std::memcpy(dst + 4 * i, &d, 4);
+      std::memcpy(dst + 2 * i, raw + 108, 2);  // d (fp16)
+      std::memset(dst + 16, 0, OFFSET_HEADER_SCALES - 16);  // unused
       int8_t sc[16];
       q3k_scales(raw + 96, sc);
-      for (int s = 0; s < 16; ++s) dst[32 + s * 8 + i] = static_cast<uint8_t>(sc[s]);
+      for (int s = 0; s < 16; ++s) dst[OFFSET_HEADER_SCALES + s * 8 + i] = static_cast<uint8_t>(sc[s]);
       for (int j = 0; j < 8; ++j) {
         const int h = j / 4, t = j % 4;
         const uint8_t* qs = raw + 32 + 32 * h;

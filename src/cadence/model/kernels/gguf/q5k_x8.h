@@ -5,14 +5,14 @@
 // apply in integers with the float work once per 256-block, exactly as repacked Q4_K does.
 //
 // Layout: per octet of columns (8o .. 8o + 7), per 256-block, Q5K_X8_BYTES bytes:
-//   d[8], dmin[8], sc[8][8], mn[8][8]  Q4_K's 192-byte header (q4k_x8.h)
+//   d[8], dmin[8], sc[8][8], mn[8][8]  Q4_K's 160-byte header (q4k_x8.h)
 //   per group j (Q5K_X8_GROUP bytes each, the group's bytes together: one stream per octet):
 //     q[4][8][4]   [k-octet][column][byte]: byte t of k-octet kk holds the low 4 bits of
 //                  q[8kk + t] in its low nibble and of q[8kk + 4 + t] in its high one (Q4_K's)
 //     hb[8][4]     [column][byte]: byte c * 4 + t holds the fifth bits of k-octet kk's two
 //                  values of that byte position: bit 4 + kk the low nibble's (q[8kk + t]), bit kk
 //                  the high nibble's (q[8kk + 4 + t])
-// 1472 bytes per 2048 weights (the file's blocks: 1408, +4.5%). w = (d * sc) * q5 - (dmin * mn),
+// 1440 bytes per 2048 weights (the file's blocks: 1408, +2.3%). w = (d * sc) * q5 - (dmin * mn),
 // q5 in [0, 31], the values gguf-py's dequantization gives. With that bit order the fifth bits of
 // k-octet kk reach bit 4 of each byte by one 16-bit shift each (right by kk for the low nibbles,
 // left by 4 - kk for the high ones; neither moves a bit across a byte into bit 4).
@@ -31,9 +31,9 @@
 namespace cadence_kernels {
 namespace gguf {
 
-constexpr int64_t Q5K_X8_BYTES = 1472;
+constexpr int64_t Q5K_X8_BYTES = 1440;
 constexpr int64_t Q5K_X8_GROUP = 160;  // 128 bytes of nibbles, 32 of fifth bits
-constexpr int64_t Q5K_X8_HEADER = 192;
+constexpr int64_t Q5K_X8_HEADER = MIN_HEADER_BYTES;
 
 #if CADENCE_HAVE_AVX2
 
@@ -42,14 +42,12 @@ constexpr int64_t Q5K_X8_HEADER = 192;
 inline void repack_q5k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t o, uint8_t* out) {
   for (int64_t blk = 0; blk < K / 256; ++blk) {
     uint8_t* dst = out + blk * Q5K_X8_BYTES;
-    float* d = reinterpret_cast<float*>(dst);
-    uint8_t* sc = dst + 64;
-    uint8_t* mn = dst + 128;
+    uint8_t* sc = dst + MIN_HEADER_SCALES;
+    uint8_t* mn = dst + MIN_HEADER_MINS;
     for (int i = 0; i < 8; ++i) {
       const uint8_t* raw = w + (8 * o + i) * row_bytes + blk * 176;
-      const float dv = half_at(raw), dminv = half_at(raw + 2);
-      std::memcpy(d + i, &dv, 4);
-      std::memcpy(d + 8 + i, &dminv, 4);
+      std::memcpy(dst + 2 * i, raw, 2);                    // d (fp16)
+      std::memcpy(dst + MIN_HEADER_DMIN + 2 * i, raw + 2, 2);  // dmin
       const uint8_t* s = raw + 4;
       const uint8_t* qh = raw + 16;
       for (int j = 0; j < 8; ++j) {

@@ -2,7 +2,8 @@
 // float work per group of 32 k is shared by the 8 columns in a register's lanes).
 //
 // Layout: per octet of columns, per 256-block, Q6K_X8_BYTES bytes:
-//   d[8]              float32 (the blocks' fp16 d, exact)
+//   d[8]              fp16, the blocks' own (kquant_tiles.h halves8_ps widens them exactly), 16
+//                     bytes unused (kquant_offset_steps.h)
 //   sc[16][8]         int8, [16-weight scale][column]
 //   ql[8][4][8][4]    [group][k-octet][column][byte]: low 4 bits of q[8kk + t] | of q[8kk + 4 + t] << 4
 //   qh[8][2][8][4]    [group][pair of k-octets][column][byte]: the top 2 bits of q[8kk + t],
@@ -22,8 +23,8 @@ namespace cadence_kernels {
 namespace gguf {
 
 constexpr int64_t Q6K_X8_BYTES = 1696;
-constexpr int64_t Q6K_X8_QL = 160;          // offset of ql in a block
-constexpr int64_t Q6K_X8_QH = 160 + 1024;   // offset of qh
+constexpr int64_t Q6K_X8_QL = OFFSET_HEADER_BYTES;      // offset of ql in a block
+constexpr int64_t Q6K_X8_QH = Q6K_X8_QL + 1024;         // offset of qh
 
 #if CADENCE_HAVE_AVX2
 
@@ -32,9 +33,9 @@ inline void repack_q6k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
     uint8_t* dst = out + blk * Q6K_X8_BYTES;
     for (int i = 0; i < 8; ++i) {
       const uint8_t* raw = w + (8 * o + i) * row_bytes + blk * 210;
-      const float d = half_at(raw + 208);
-      std::memcpy(dst + 4 * i, &d, 4);
-      for (int s = 0; s < 16; ++s) dst[32 + s * 8 + i] = raw[192 + s];
+      std::memcpy(dst + 2 * i, raw + 208, 2);  // d (fp16)
+      std::memset(dst + 16, 0, OFFSET_HEADER_SCALES - 16);  // unused
+      for (int s = 0; s < 16; ++s) dst[OFFSET_HEADER_SCALES + s * 8 + i] = raw[192 + s];
       for (int j = 0; j < 8; ++j) {
         const int h = j / 4, t = j % 4;
         const uint8_t* ql = raw + 64 * h + 32 * (t % 2);
