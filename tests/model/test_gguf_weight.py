@@ -173,7 +173,7 @@ def test_linear_many_is_each_linear_side_by_side(T):
 
 
 @pytest.mark.skipif(KERNELS is None, reason="the repack is a compiled kernel")
-@pytest.mark.parametrize(("qtype", "octet_block"), [(Q.Q3_K, 928), (Q.Q4_K, 1184), (Q.Q5_K, 1440), (Q.Q6_K, 1696)])
+@pytest.mark.parametrize(("qtype", "octet_block"), [(Q.Q3_K, 928), (Q.Q4_K, 1152), (Q.Q5_K, 1408), (Q.Q6_K, 1696)])
 def test_k_quant_repacked_octets_match_row_wise_blocks(qtype, octet_block):
     """Q3_K's, Q4_K's, Q5_K's and Q6_K's octets of columns repacked (8 interleaved) compute what the
     row-wise blocks give."""

@@ -8,7 +8,7 @@ memory-mapped file is used in place (zero copy: the process holds what the page 
 Row-wise blocks cost a float convert, multiply and FMA per column and group of 32 weights; Q3_K,
 Q4_K, Q5_K and Q6_K (all of a Q4_K_M, Q5_K_M or Q3_K_M file's layers) are therefore also repacked
 once at construction, losslessly, with 8 columns interleaved (kernels/gguf/q3k_x8.h .. q6k_x8.h:
-928, 1184, 1440 and 1696 bytes per 2048 weights against the file's 880, 1152, 1408 and 1680),
+928, 1152, 1408 and 1696 bytes per 2048 weights against the file's 880, 1152, 1408 and 1680),
 which shares that work between 8 columns and
 makes a decode step several times cheaper: `packed`. A weight built from a GGUF file's memory
 map then hands the file's pages of its raw blocks back to the page cache (they are read again
@@ -128,7 +128,7 @@ class GGUFWeight:
     shape: tuple[int, int]  # (N, K): out_features, in_features
     blocks: torch.Tensor = field(repr=False)  # [N, row_bytes(ggml_type, K)] uint8, possibly a view of a memory map
     # Q3_K / Q4_K / Q5_K / Q6_K with compiled kernels: the whole octets of columns repacked,
-    # [N // 8, K / 256 * (928 | 1184 | 1440 | 1696)] uint8 (made in __post_init__); None otherwise.
+    # [N // 8, K / 256 * (928 | 1152 | 1408 | 1696)] uint8 (made in __post_init__); None otherwise.
     packed: torch.Tensor | None = field(default=None, repr=False)
     # [N] int64 or None: row i of the weight is row row_order[i] of `blocks` (rows a file stores in
     # another order or fused with others, read in place: from_reader_tensor(rows=...)). Only with

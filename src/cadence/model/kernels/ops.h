@@ -54,7 +54,7 @@ at::Tensor gguf_linear_many(at::Tensor x, const std::vector<at::Tensor>& blocks,
                             const std::vector<c10::optional<at::Tensor>>& biases,
                             const std::vector<c10::optional<at::Tensor>>& packed);
 // A Q3_K, Q4_K, Q5_K or Q6_K weight's whole octets of columns repacked losslessly with 8 columns
-// interleaved ([N / 8, K / 256 * 928, 1184, 1440 or 1696] uint8, gguf/q3k_x8.h .. q6k_x8.h).
+// interleaved ([N / 8, K / 256 * 928, 1152, 1408 or 1696] uint8, gguf/q3k_x8.h .. q6k_x8.h).
 at::Tensor gguf_repack(at::Tensor blocks, int64_t type, int64_t N, int64_t K);
 namespace avx2 { struct PackedWeight; }
 // A view of pack_weight_f32's output for the GEMM (checks shapes against format and N).

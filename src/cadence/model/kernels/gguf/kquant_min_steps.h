@@ -1,8 +1,12 @@
 // The integer steps of the repacked K-quants whose weights are w = (d * sc) * q - (dmin * mn):
 // Q4_K (q4k_x8.h) and Q5_K (q5k_x8.h), for the tiles of kquant_tiles.h (KQuantTiles<MinSteps<U>>).
-// Both share an octet's 160-byte block header (MIN_HEADER_*)
+// Both share an octet's 128-byte block header (MIN_HEADER_*)
 //   d[8], dmin[8]     fp16, the blocks' own (the tiles widen them: halves8_ps)
-//   sc[8][8], mn[8][8] uint8, [group][column] (the 6-bit scales and minimums, unpacked)
+//   s[12][8]          uint8, [byte][column]: each column's 12 bytes of 6-bit scales and minimums
+//                     as the file packs them (group_scales / group_mins unpack a group's 8 columns)
+// so an octet holds the file's bytes, no more (with the scales and minimums one byte each and d,
+// dmin widened to float32 it held 64 bytes more per 256-block: +5.6% for Q4_K, all of it streamed
+// by every decode step).
 // and differ only in how a group's k-octet unpacks into q bytes: the format's policy U, a template
 // parameter (its unpack inlines into every step), gives
 //   BYTES              an octet's bytes per 256-block
@@ -32,17 +36,41 @@ namespace cadence_kernels {
 namespace gguf {
 
 // Offsets in the block header above, and its size.
-constexpr int64_t MIN_HEADER_DMIN = 16, MIN_HEADER_SCALES = 32, MIN_HEADER_MINS = 96, MIN_HEADER_BYTES = 160;
+constexpr int64_t MIN_HEADER_DMIN = 16, MIN_HEADER_SCALES = 32, MIN_HEADER_BYTES = 128;
+
+// The file's 12 scale bytes of a column: bytes 0-3 the scales of groups 0-3 (6 bits) with bits 4-5
+// of groups 4-7's in their top 2; bytes 4-7 the same for the minimums; bytes 8-11 groups 4-7's
+// low 4 bits, the scale's in the low nibble and the minimum's in the high one. Byte `byte` of an
+// octet's 8 columns, one column per byte of the uint64.
+inline uint64_t header_bytes(const uint8_t* b, int byte) {
+  uint64_t v;
+  std::memcpy(&v, b + MIN_HEADER_SCALES + 8 * byte, sizeof(v));
+  return v;
+}
+constexpr uint64_t BYTES_3F = 0x3F3F3F3F3F3F3F3FULL, BYTES_30 = 0x3030303030303030ULL, BYTES_0F = 0x0F0F0F0F0F0F0F0FULL;
+// Group j's 6-bit scales of the octet's 8 columns (byte c: column c). The shifts move bits within
+// each byte only: the masks drop what crosses from the neighbour byte.
+inline uint64_t group_scales(const uint8_t* b, int j) {
+  if (j < 4) return header_bytes(b, j) & BYTES_3F;
+  return (header_bytes(b, j + 4) & BYTES_0F) | ((header_bytes(b, j - 4) >> 2) & BYTES_30);
+}
+// Group j's 6-bit minimums, as group_scales.
+inline uint64_t group_mins(const uint8_t* b, int j) {
+  if (j < 4) return header_bytes(b, j + 4) & BYTES_3F;
+  return ((header_bytes(b, j + 4) >> 4) & BYTES_0F) | ((header_bytes(b, j) >> 2) & BYTES_30);
+}
+// Groups j and j + 1's minimums side by side (min_words' input).
+inline __m128i group_mins_pair(const uint8_t* b, int j) {
+  return _mm_set_epi64x(static_cast<int64_t>(group_mins(b, j + 1)), static_cast<int64_t>(group_mins(b, j)));
+}
 
 #if CADENCE_HAVE_AVX2
 
 // Byte c of rows j and j + 1 of an octet's [group][column] minimums side by side (per 128 bits).
 inline __m128i min_pairs_order() { return _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15); }
-// The minimums of groups j, j + 1 (16 bytes at a, [group][column]) as int32 lanes of int16 pairs
+// The minimums of groups j, j + 1 (group_mins_pair: [group][column]) as int32 lanes of int16 pairs
 // (mn_j, mn_j+1), one lane per column.
-inline __m256i min_words(const uint8_t* a) {
-  return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)), min_pairs_order()));
-}
+inline __m256i min_words(__m128i mins) { return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(mins, min_pairs_order())); }
 // Group sums j, j + 1 of a row (int16, adjacent) in every int32 lane.
 inline int32_t sum_pair(const avx2::QuantizedRows& xq, int64_t row, int64_t group) {
   int32_t v;
@@ -51,18 +79,16 @@ inline int32_t sum_pair(const avx2::QuantizedRows& xq, int64_t row, int64_t grou
 }
 
 #ifdef CADENCE_GGUF_X16
-// min_words for two octets: 8 columns at a, then 8 at b.
-inline __m512i min_words_pair(const uint8_t* a, const uint8_t* b) {
-  const __m256i both = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+// min_words for two octets: 8 columns of a, then 8 of b.
+inline __m512i min_words_pair(__m128i a, __m128i b) {
+  const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
   const __m256i order = _mm256_broadcastsi128_si256(min_pairs_order());
   return _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(both, order));
 }
-// 8 bytes at a, then 8 at b, zero-extended into int32 lanes (byte, 0): word_dot_add_512's multiplier.
-inline __m512i scale_words_pair(const uint8_t* a, const uint8_t* b) {
-  return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
-                                                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b))));
+// Group j's scales of the octets at a, then b, zero-extended into int32 lanes (byte, 0):
+// word_dot_add_512's multiplier.
+inline __m512i scale_words_pair(const uint8_t* a, const uint8_t* b, int j) {
+  return _mm512_cvtepu8_epi32(_mm_set_epi64x(static_cast<int64_t>(group_scales(b, j)), static_cast<int64_t>(group_scales(a, j))));
 }
 // Per int32 lane, lo's sum in the low int16 and hi's in the high one (both int16): one vpdpwssd by
 // (sc, sc) then adds lo * sc + hi * sc, the two sums' scaled terms in one instruction.
@@ -98,9 +124,7 @@ struct MinSteps {
         });
       }
       for (int i = 0; i < O; ++i) {
-        int64_t scales;
-        std::memcpy(&scales, b[i] + MIN_HEADER_SCALES + 8 * j, sizeof(scales));
-        const __m256i sc16 = _mm256_shuffle_epi8(_mm256_set1_epi64x(scales), scale_pairs);
+        const __m256i sc16 = _mm256_shuffle_epi8(_mm256_set1_epi64x(static_cast<int64_t>(group_scales(b[i], j))), scale_pairs);
         for (int r = 0; r < R; ++r)
           block_sum[r][i] = _mm256_add_epi32(block_sum[r][i], _mm256_madd_epi16(chunk_sum[r][i], sc16));
       }
@@ -115,7 +139,7 @@ struct MinSteps {
   static void block_avx2(const avx2::QuantizedRows& xq, const int32_t* /*half_sums*/, int64_t m0, int64_t blk,
                          int64_t /*K*/, const uint8_t* b, int /*i*/, __m256i (&/*block_sum*/)[R][O], __m256i (&mins)[R]) {
     __m256i mn[4];
-    for (int jp = 0; jp < 4; ++jp) mn[jp] = min_words(b + MIN_HEADER_MINS + 16 * jp);
+    for (int jp = 0; jp < 4; ++jp) mn[jp] = min_words(group_mins_pair(b, 2 * jp));
     for (int r = 0; r < R; ++r) {
       mins[r] = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(sum_pair(xq, m0 + r, blk * 8)));
       for (int jp = 1; jp < 4; ++jp)
@@ -132,7 +156,7 @@ struct MinSteps {
   template <int R>
   static void group_x16(const avx2::QuantizedRows& xq, int64_t m0, int64_t k0, const uint8_t* b0, const uint8_t* b1,
                         int j, __m512i (&block_sum)[R]) {
-    const __m512i sc = scale_words_pair(b0 + MIN_HEADER_SCALES + 8 * j, b1 + MIN_HEADER_SCALES + 8 * j);
+    const __m512i sc = scale_words_pair(b0, b1, j);
     const __m512i sc2 = _mm512_or_si512(sc, _mm512_slli_epi32(sc, 16));
     for (int c = 0; c < 4; c += U::CHUNK) {
       __m512i lo_sum[R], hi_sum[R];
@@ -168,7 +192,7 @@ struct MinSteps {
         }
       }
       for (int p = 0; p < P; ++p) {
-        const __m512i sc = scale_words_pair(b[2 * p] + MIN_HEADER_SCALES + 8 * j, b[2 * p + 1] + MIN_HEADER_SCALES + 8 * j);
+        const __m512i sc = scale_words_pair(b[2 * p], b[2 * p + 1], j);
         block_sum[p] = word_dot_add_512(word_dot_add_512(block_sum[p], lo_sum[p], sc), hi_sum[p], sc);
       }
     }
@@ -179,7 +203,7 @@ struct MinSteps {
   static void block_x16(const avx2::QuantizedRows& xq, const int32_t* /*half_sums*/, int64_t m0, int64_t blk,
                         int64_t /*K*/, const uint8_t* b0, const uint8_t* b1, __m512i* /*block_sum*/, __m512i* mins) {
     for (int jp = 0; jp < 4; ++jp) {
-      const __m512i mn = min_words_pair(b0 + MIN_HEADER_MINS + 16 * jp, b1 + MIN_HEADER_MINS + 16 * jp);
+      const __m512i mn = min_words_pair(group_mins_pair(b0, 2 * jp), group_mins_pair(b1, 2 * jp));
       for (int r = 0; r < R; ++r)
         mins[r] = word_dot_add_512(mins[r], mn, _mm512_set1_epi32(sum_pair(xq, m0 + r, blk * 8 + 2 * jp)));
     }

@@ -5,11 +5,12 @@
 //
 // Layout: per octet of columns (8o .. 8o + 7), per 256-block, Q4K_X8_BYTES bytes:
 //   d[8], dmin[8]     fp16, the blocks' own (kquant_tiles.h halves8_ps widens them exactly)
-//   sc[8][8], mn[8][8] uint8, [group][column] (the 6-bit scales and minimums, unpacked)
+//   s[12][8]          uint8, [byte][column]: the file's 12 bytes of 6-bit scales and minimums
+//                     (kquant_min_steps.h group_scales / group_mins unpack them)
 //   q[8][4][8][4]     [group][k-octet][column][byte]: byte t of k-octet kk holds q[8kk + t] in
 //                     its low nibble and q[8kk + 4 + t] in its high one (q4_gemm.h's layout)
-// 1184 bytes per 2048 weights (the file's blocks: 1152; d and dmin widened to float32 here, 1216,
-// streamed 2.7% more bytes per decode step). w = (d * sc) * q - (dmin * mn), the
+// 1152 bytes per 2048 weights, the file's own count (with d, dmin widened to float32 and the scales
+// and minimums a byte each: 1216, 5.6% more bytes streamed per decode step). w = (d * sc) * q - (dmin * mn), the
 // values gguf-py's dequantization gives. Columns past the last whole octet stay row-wise. The
 // tiles and the GEMM: MinSteps<Q4KUnpack> (kquant_min_steps.h, kquant_x8_columns.h).
 #pragma once
@@ -23,7 +24,7 @@
 namespace cadence_kernels {
 namespace gguf {
 
-constexpr int64_t Q4K_X8_BYTES = 1184;
+constexpr int64_t Q4K_X8_BYTES = 1152;
 constexpr int64_t Q4K_X8_HEADER = MIN_HEADER_BYTES;
 
 #if CADENCE_HAVE_AVX2
@@ -33,19 +34,13 @@ constexpr int64_t Q4K_X8_HEADER = MIN_HEADER_BYTES;
 inline void repack_q4k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t o, uint8_t* out) {
   for (int64_t blk = 0; blk < K / 256; ++blk) {
     uint8_t* dst = out + blk * Q4K_X8_BYTES;
-    uint8_t* sc = dst + MIN_HEADER_SCALES;
-    uint8_t* mn = dst + MIN_HEADER_MINS;
     uint8_t* q = dst + Q4K_X8_HEADER;
     for (int i = 0; i < 8; ++i) {
       const uint8_t* raw = w + (8 * o + i) * row_bytes + blk * 144;
       std::memcpy(dst + 2 * i, raw, 2);                    // d (fp16)
       std::memcpy(dst + MIN_HEADER_DMIN + 2 * i, raw + 2, 2);  // dmin
-      const uint8_t* s = raw + 4;
+      for (int byte = 0; byte < 12; ++byte) dst[MIN_HEADER_SCALES + 8 * byte + i] = raw[4 + byte];
       for (int j = 0; j < 8; ++j) {
-        const int scale = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-        const int minimum = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        sc[j * 8 + i] = static_cast<uint8_t>(scale);
-        mn[j * 8 + i] = static_cast<uint8_t>(minimum);
         const uint8_t* qs = raw + 16 + 32 * (j / 2);
         const int shift = 4 * (j % 2);
         for (int kk = 0; kk < 4; ++kk)

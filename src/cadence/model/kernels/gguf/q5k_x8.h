@@ -5,14 +5,14 @@
 // apply in integers with the float work once per 256-block, exactly as repacked Q4_K does.
 //
 // Layout: per octet of columns (8o .. 8o + 7), per 256-block, Q5K_X8_BYTES bytes:
-//   d[8], dmin[8], sc[8][8], mn[8][8]  Q4_K's 160-byte header (q4k_x8.h)
+//   d[8], dmin[8], s[12][8]  Q4_K's 128-byte header (q4k_x8.h)
 //   per group j (Q5K_X8_GROUP bytes each, the group's bytes together: one stream per octet):
 //     q[4][8][4]   [k-octet][column][byte]: byte t of k-octet kk holds the low 4 bits of
 //                  q[8kk + t] in its low nibble and of q[8kk + 4 + t] in its high one (Q4_K's)
 //     hb[8][4]     [column][byte]: byte c * 4 + t holds the fifth bits of k-octet kk's two
 //                  values of that byte position: bit 4 + kk the low nibble's (q[8kk + t]), bit kk
 //                  the high nibble's (q[8kk + 4 + t])
-// 1440 bytes per 2048 weights (the file's blocks: 1408, +2.3%). w = (d * sc) * q5 - (dmin * mn),
+// 1408 bytes per 2048 weights, the file's own count. w = (d * sc) * q5 - (dmin * mn),
 // q5 in [0, 31], the values gguf-py's dequantization gives. With that bit order the fifth bits of
 // k-octet kk reach bit 4 of each byte by one 16-bit shift each (right by kk for the low nibbles,
 // left by 4 - kk for the high ones; neither moves a bit across a byte into bit 4).
@@ -31,7 +31,7 @@
 namespace cadence_kernels {
 namespace gguf {
 
-constexpr int64_t Q5K_X8_BYTES = 1440;
+constexpr int64_t Q5K_X8_BYTES = 1408;
 constexpr int64_t Q5K_X8_GROUP = 160;  // 128 bytes of nibbles, 32 of fifth bits
 constexpr int64_t Q5K_X8_HEADER = MIN_HEADER_BYTES;
 
@@ -42,17 +42,13 @@ constexpr int64_t Q5K_X8_HEADER = MIN_HEADER_BYTES;
 inline void repack_q5k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t o, uint8_t* out) {
   for (int64_t blk = 0; blk < K / 256; ++blk) {
     uint8_t* dst = out + blk * Q5K_X8_BYTES;
-    uint8_t* sc = dst + MIN_HEADER_SCALES;
-    uint8_t* mn = dst + MIN_HEADER_MINS;
     for (int i = 0; i < 8; ++i) {
       const uint8_t* raw = w + (8 * o + i) * row_bytes + blk * 176;
       std::memcpy(dst + 2 * i, raw, 2);                    // d (fp16)
       std::memcpy(dst + MIN_HEADER_DMIN + 2 * i, raw + 2, 2);  // dmin
-      const uint8_t* s = raw + 4;
+      for (int byte = 0; byte < 12; ++byte) dst[MIN_HEADER_SCALES + 8 * byte + i] = raw[4 + byte];
       const uint8_t* qh = raw + 16;
       for (int j = 0; j < 8; ++j) {
-        sc[j * 8 + i] = static_cast<uint8_t>(j < 4 ? s[j] & 63 : (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
-        mn[j * 8 + i] = static_cast<uint8_t>(j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4));
         const uint8_t* qs = raw + 48 + 32 * (j / 2);
         const int shift = 4 * (j % 2);
         uint8_t* q = dst + Q5K_X8_HEADER + j * Q5K_X8_GROUP;

@@ -152,7 +152,7 @@ inline GemvPrefetch gemv_prefetch(int64_t o, int64_t o_begin, int64_t o_end, int
   return GemvPrefetch{next ? tile_bytes : 0, o == o_begin || !next};
 }
 
-// The cache lines of a repacked K-quant block's header (d and the scales: 160 or 192 bytes).
+// The cache lines of a repacked K-quant block's header (d and the scales: 128 or 160 bytes).
 constexpr int KQUANT_HEADER_LINES = 3;
 
 // A tile's prefetches for group j of the 256-block at `block`, the tile reading R rows: the lines
