@@ -285,10 +285,10 @@ def test_k_quant_decode_row_with_many_tiles_same_bits(qtype, threads):
 
 @pytest.mark.skipif(KERNELS is None, reason="needs the compiled kernels")
 def test_large_repacked_copy_sits_on_whole_huge_pages():
-    """A repacked copy that rounds up to whole 2 MiB pages with little waste (here 3.9 MB -> 4 MiB)
+    """A repacked copy that rounds up to whole 2 MiB pages with little waste (here 4.15 MB -> 4 MiB)
     gets memory of its own, 2 MiB-aligned (kernels/huge_pages.h), and computes what the row-wise
     blocks compute."""
-    N, K = 3200, 2048
+    N, K = 3600, 2048
     weight = GGUFWeight.from_data(Q.Q4_K, (N, K), random_blocks(Q.Q4_K, N, K, seed=25))
     assert weight.packed.data_ptr() % (2 << 20) == 0
     x = torch.randn(2, K, generator=torch.Generator().manual_seed(26))
