@@ -4,9 +4,8 @@
 //   d[8], dmin[8]     fp16, the blocks' own (the tiles widen them: halves8_ps)
 //   s[12][8]          uint8, [byte][column]: each column's 12 bytes of 6-bit scales and minimums
 //                     as the file packs them (group_scales / group_mins unpack a group's 8 columns)
-// so an octet holds the file's bytes, no more (with the scales and minimums one byte each and d,
-// dmin widened to float32 it held 64 bytes more per 256-block: +5.6% for Q4_K, all of it streamed
-// by every decode step).
+// (the file's bytes, no more: with the scales and minimums a byte each and d, dmin widened to
+// float32 an octet held 64 bytes more per 256-block, +5.6% for Q4_K, streamed by every decode step)
 // and differ only in how a group's k-octet unpacks into q bytes: the format's policy U, a template
 // parameter (its unpack inlines into every step), gives
 //   BYTES              an octet's bytes per 256-block
@@ -59,12 +58,13 @@ inline uint64_t group_mins(const uint8_t* b, int j) {
   if (j < 4) return header_bytes(b, j + 4) & BYTES_3F;
   return ((header_bytes(b, j + 4) >> 4) & BYTES_0F) | ((header_bytes(b, j) >> 2) & BYTES_30);
 }
+
+#if CADENCE_HAVE_AVX2
+
 // Groups j and j + 1's minimums side by side (min_words' input).
 inline __m128i group_mins_pair(const uint8_t* b, int j) {
   return _mm_set_epi64x(static_cast<int64_t>(group_mins(b, j + 1)), static_cast<int64_t>(group_mins(b, j)));
 }
-
-#if CADENCE_HAVE_AVX2
 
 // Byte c of rows j and j + 1 of an octet's [group][column] minimums side by side (per 128 bits).
 inline __m128i min_pairs_order() { return _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15); }
