@@ -14,10 +14,10 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "blocks.h"
 #include "kquant_min_steps.h"
+#include "kquant_x8_header.h"
 
 namespace cadence_kernels {
 namespace gguf {
@@ -32,21 +32,11 @@ constexpr int64_t Q4K_X8_HEADER = 192;
 inline void repack_q4k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t o, uint8_t* out) {
   for (int64_t blk = 0; blk < K / 256; ++blk) {
     uint8_t* dst = out + blk * Q4K_X8_BYTES;
-    float* d = reinterpret_cast<float*>(dst);
-    uint8_t* sc = dst + 64;
-    uint8_t* mn = dst + 128;
     uint8_t* q = dst + Q4K_X8_HEADER;
     for (int i = 0; i < 8; ++i) {
       const uint8_t* raw = w + (8 * o + i) * row_bytes + blk * 144;
-      const float dv = half_at(raw), dminv = half_at(raw + 2);
-      std::memcpy(d + i, &dv, 4);
-      std::memcpy(d + 8 + i, &dminv, 4);
-      const uint8_t* s = raw + 4;
+      repack_min_header_column(raw, i, dst);
       for (int j = 0; j < 8; ++j) {
-        const int scale = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-        const int minimum = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        sc[j * 8 + i] = static_cast<uint8_t>(scale);
-        mn[j * 8 + i] = static_cast<uint8_t>(minimum);
         const uint8_t* qs = raw + 16 + 32 * (j / 2);
         const int shift = 4 * (j % 2);
         for (int kk = 0; kk < 4; ++kk)
