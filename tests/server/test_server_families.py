@@ -5,6 +5,10 @@ published chat template (a test copy in tests/model/chat_templates) in its token
 Qwen3 is also served from a GGUF file written as llama.cpp's converter writes it, template in
 its metadata. A chat request answers with text, and its prompt token count is that of the
 family's template rendered locally: the server used that template.
+
+A server start is mostly one core's waiting (two interpreters, imports, a model load): each
+family's server is started while the family before it is tested (family_servers), so the nine
+starts overlap in pairs on a 2-core host instead of queuing one after another.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import openai
 import pytest
-from server_harness import openai_client, start_server, tiny_model_args
+from server_harness import RunningServer, openai_client, start_server, tiny_model_args
 
 from cadence.model.chat_template import ChatTemplate
 from cadence.model.tokenizer import Tokenizer
@@ -55,14 +61,56 @@ def _chat(server, model: str) -> openai.types.chat.ChatCompletion:
     return client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=6, temperature=0)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_family_served_with_its_chat_template(family, tmp_path):
-    from tests.model.family_checkpoints import build_family_checkpoint
+class FamilyServers:
+    """Each family's checkpoint (its template in tokenizer_config.json) and server; the next
+    family this session runs is started in the background while the current one is tested, so
+    at most two servers are up at once."""
 
-    os.makedirs(tmp_path / family)
-    model_dir = build_family_checkpoint(str(tmp_path / family), family)
-    template = _with_template(model_dir, family)
-    server = start_server(str(tmp_path), *tiny_model_args(model_dir))
+    def __init__(self, root: str, order: list[str]) -> None:
+        self.root, self.order = root, order
+        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.started: dict[str, Future] = {}
+        self.models: dict[str, tuple[str, str]] = {}  # family -> (model dir, template)
+
+    def _start(self, family: str) -> None:
+        from tests.model.family_checkpoints import build_family_checkpoint
+
+        os.makedirs(os.path.join(self.root, family))
+        # Built in the test's thread (seeded torch); only the server's start runs in the pool.
+        model_dir = build_family_checkpoint(os.path.join(self.root, family), family)
+        self.models[family] = (model_dir, _with_template(model_dir, family))
+        self.started[family] = self.pool.submit(start_server, self.root, *tiny_model_args(model_dir))
+
+    def take(self, family: str) -> tuple[RunningServer, str, str]:
+        """(server, model dir, template) of `family`; the caller stops the server."""
+        if family not in self.started:
+            self._start(family)
+        later = self.order[self.order.index(family) + 1:] if family in self.order else []
+        if later and later[0] not in self.models:
+            self._start(later[0])
+        return (self.started.pop(family).result(), *self.models[family])
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        for future in self.started.values():  # started ahead for a family that did not run
+            if future.exception() is None:
+                future.result().stop()
+
+
+@pytest.fixture(scope="module")
+def family_servers(request, tmp_path_factory) -> Iterator[FamilyServers]:
+    # The families in the order this session runs them (a -k selection runs fewer).
+    order = [item.callspec.params["family"] for item in request.session.items
+             if item.module is request.module and hasattr(item, "callspec")
+             and "family" in item.callspec.params]
+    servers = FamilyServers(str(tmp_path_factory.mktemp("families")), order)
+    yield servers
+    servers.close()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_served_with_its_chat_template(family, family_servers):
+    server, model_dir, template = family_servers.take(family)
     try:
         model = openai_client(server).models.list().data[0].id
         reply = _chat(server, model)

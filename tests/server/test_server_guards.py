@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from server_harness import fake_engine_args, start_server
+from server_harness import fake_engine_args, openai_error, start_server
 
 MAX_BYTES = 1_000_000
 
@@ -22,13 +22,6 @@ def server(tmp_path_factory):
                        "--max-request-bytes", str(MAX_BYTES))
     yield srv
     srv.stop()
-
-
-def _error(resp: httpx.Response, status: int) -> dict:
-    assert resp.status_code == status, resp.text
-    err = resp.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    return err
 
 
 def _post(server, body: dict, path: str = "/v1/completions", **kwargs) -> httpx.Response:
@@ -47,7 +40,7 @@ def test_body_over_limit_is_413_from_content_length(server):
     assert len(body) > MAX_BYTES
     resp = httpx.post(server.base_url + "/v1/completions", content=body, timeout=30,
                       headers={"content-type": "application/json"})
-    err = _error(resp, 413)
+    err = openai_error(resp, 413)
     assert err["code"] == "request_too_large" and str(MAX_BYTES) in err["message"]
     _still_serves(server)
 
@@ -61,7 +54,7 @@ def test_chunked_body_over_limit_is_413(server):
 
     resp = httpx.post(server.base_url + "/v1/completions", content=chunks(), timeout=30,
                       headers={"content-type": "application/json"})
-    _error(resp, 413)
+    openai_error(resp, 413)
     _still_serves(server)
 
 
@@ -78,14 +71,14 @@ def test_body_under_limit_is_served(server):
     ({"prompt": [[5] * 600], "max_tokens": 2}, "prompt"),
 ])
 def test_prompt_that_cannot_fit_is_refused(server, body, param):
-    err = _error(_post(server, body), 400)
+    err = openai_error(_post(server, body), 400)
     assert err["param"] == param and err["code"] == "context_length_exceeded"
     assert "600" in err["message"] and "512" in err["message"]
 
 
 def test_chat_that_cannot_fit_is_refused(server):
     body = {"messages": [{"role": "user", "content": "z" * 300}] * 2}
-    err = _error(_post(server, body, "/v1/chat/completions"), 400)
+    err = openai_error(_post(server, body, "/v1/chat/completions"), 400)
     assert err["param"] == "messages" and err["code"] == "context_length_exceeded"
 
 
@@ -136,7 +129,7 @@ def test_lone_surrogates_are_400_and_the_connection_survives(server, path, templ
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         resp = client.post(path, content=(template % SURROGATE).encode(),
                            headers={"content-type": "application/json"})
-        err = _error(resp, 400)
+        err = openai_error(resp, 400)
         assert err["param"] == param and err["code"] == "invalid_string"
         # Same keep-alive connection: the server did not drop it.
         ok = client.post("/v1/completions", json={"prompt": "ok", "max_tokens": 2})
@@ -168,7 +161,7 @@ def test_valid_surrogate_pair_is_fine(server):
 ])
 def test_out_of_range_fields_are_400(server, body, param, code):
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    err = _error(_post(server, body, path), 400)
+    err = openai_error(_post(server, body, path), 400)
     assert err["param"] == param and err["code"] == code, err
 
 
@@ -185,7 +178,7 @@ def test_unbounded_max_tokens_is_capped_by_the_pool(server):
 
 def test_405_has_allow(server):
     resp = httpx.get(server.base_url + "/v1/completions")
-    _error(resp, 405)
+    openai_error(resp, 405)
     assert resp.headers["allow"] == "POST"
 
 

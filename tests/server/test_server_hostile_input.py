@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from server_harness import fake_engine_args, start_server
+from server_harness import fake_engine_args, openai_error, start_server
 
 KEY = "sk-hostile"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -26,13 +26,6 @@ def server(tmp_path_factory):
                        *fake_engine_args(max_model_len=512, step_delay_s=0.005), api_key=KEY)
     yield srv
     srv.stop()
-
-
-def _error(resp: httpx.Response, status: int) -> dict:
-    assert resp.status_code == status, resp.text
-    err = resp.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    return err
 
 
 class StreamWatch:
@@ -91,7 +84,7 @@ KEYED_SURROGATES = [
 def test_lone_surrogate_keys_are_400_and_the_connection_survives(server, path, body, param):
     raw = json.dumps(body).replace('"K"', '"\\ud800"').encode()
     with httpx.Client(base_url=server.base_url, timeout=30, headers=AUTH) as client:
-        err = _error(client.post(path, content=raw,
+        err = openai_error(client.post(path, content=raw,
                                  headers={"content-type": "application/json"}), 400)
         assert err["param"] == param and err["code"] == "invalid_string", err
         ok = client.post("/v1/completions", json={"prompt": "ok", "max_tokens": 2})
@@ -107,7 +100,7 @@ def test_deeply_nested_json_is_served_or_400(server, depth):
     if depth < 950:
         assert resp.status_code == 200, resp.text
     else:
-        assert _error(resp, 400)["code"] == "invalid_json"
+        assert openai_error(resp, 400)["code"] == "invalid_json"
 
 
 # ---- ids against the vocabulary (259 tokens) ---------------------------------------------------
@@ -123,7 +116,7 @@ def test_logit_bias_ids_outside_the_vocabulary_are_400(server, bias, code):
                                                                "content": "hi"}]})):
         resp = httpx.post(server.base_url + path, json={**body, "logit_bias": bias},
                           headers=AUTH, timeout=30)
-        err = _error(resp, 400)
+        err = openai_error(resp, 400)
         assert err["param"] == "logit_bias" and err["code"] == code, err
         assert "Error" not in err["message"]  # no Python exception text
 
@@ -132,7 +125,7 @@ def test_logit_bias_entries_are_bounded(server):
     bias = {str(t): -1 for t in range(3, 259)} | {str(t): 1 for t in range(10**6, 10**6 + 800)}
     resp = httpx.post(server.base_url + "/v1/completions", headers=AUTH, timeout=30,
                       json={"prompt": "hi", "max_tokens": 2, "logit_bias": bias})
-    err = _error(resp, 400)
+    err = openai_error(resp, 400)
     assert err["param"] == "logit_bias" and "1024" in err["message"], err
 
 
@@ -145,7 +138,7 @@ def test_logit_bias_inside_the_vocabulary_is_served(server):
 @pytest.mark.parametrize("tokens,param", [([259], "tokens"), ([-1], "tokens"),
                                           ([70] * 600, "tokens")])
 def test_detokenize_ids_are_checked(server, tokens, param):
-    err = _error(httpx.post(server.base_url + "/detokenize", json={"tokens": tokens},
+    err = openai_error(httpx.post(server.base_url + "/detokenize", json={"tokens": tokens},
                             headers=AUTH, timeout=30), 400)
     assert err["param"] == param, err
 
@@ -154,7 +147,7 @@ def test_long_stop_strings_are_400(server):
     """The stop-string matcher's per-token work grows with the strings: they are bounded."""
     resp = httpx.post(server.base_url + "/v1/completions", headers=AUTH, timeout=30,
                       json={"prompt": "hi", "max_tokens": 2, "stop": ["a" * 257]})
-    assert _error(resp, 400)["param"] == "stop"
+    assert openai_error(resp, 400)["param"] == "stop"
     resp = httpx.post(server.base_url + "/v1/completions", headers=AUTH, timeout=30,
                       json={"prompt": "hi", "max_tokens": 2, "stop": ["a" * 256]})
     assert resp.status_code == 200, resp.text
@@ -194,12 +187,12 @@ def test_every_route_checks_the_key_before_the_body(server):
             if path.startswith("/dashboard"):
                 assert resp.status_code == 401, path  # the dashboard checks its own key
                 continue
-            _error(resp, 401)
+            openai_error(resp, 401)
             continue
         # A malformed body without a key: 401, not 400.
         resp = httpx.request(method, server.base_url + path, content=b'{"prompt": ',
                              headers={"content-type": "application/json"}, timeout=10)
-        assert _error(resp, 401)["code"] == "invalid_api_key", path
+        assert openai_error(resp, 401)["code"] == "invalid_api_key", path
         # A 50 MB body announced without a key: 401 before a byte of it is read (not 413).
         head = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 f"Content-Length: 50000000\r\n\r\n").encode()

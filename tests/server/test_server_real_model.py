@@ -22,7 +22,11 @@ def real_server(tmp_path_factory, default_model_path):
                           # shape rounds differently and may flip a near-tie greedy token.
                           "--dtype", "float32",
                           # tools are served (test_tool_call_end_to_end); no other test sends them
-                          "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+                          "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                          # The profile only calibrates the scheduler's step-time model (a third of
+                          # this server's start on a loaded 2-core host); no test here reads it,
+                          # and the session's tiny_server runs it with the default flags.
+                          "--no-startup-profile")
     yield server
     server.stop()
 

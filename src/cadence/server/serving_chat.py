@@ -8,14 +8,13 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from cadence.engine.chat_render import text_messages
 from cadence.engine.outputs import RequestOutput
 from cadence.server import response_format as fmt
 from cadence.server.generation import CollectedGeneration
 from cadence.server.protocol import ChatCompletionRequest
 from cadence.server.reasoning_parsers import ReasoningMode, reasoning_mode
 from cadence.server.reasoning_stream import Piece, ReasoningSplitter, split_pieces
-from cadence.server.request_mapping import chat_logprobs_count, chat_prompt
+from cadence.server.request_mapping import chat_logprobs_count, chat_prompt, message_text
 from cadence.server.serving import ResponseContext, serve_generation
 from cadence.server.token_ids import PendingTokenIds, logprobs_as_token_ids
 from cadence.server.tool_choice import ToolMode, tool_mode
@@ -203,22 +202,7 @@ class ChatRenderer:
         return response
 
 
-def echoed_text(content: str | list | None) -> str:
-    """The final assistant message as echo repeats it: its text, content parts joined as the
-    template reads them (a part list used to echo nothing). Parts that are not text echo
-    nothing: chat_prompt refuses the request."""
-    if isinstance(content, list):
-        try:
-            return text_messages([{"content": content}])[0]["content"]
-        except ValueError:
-            return ""
-    return content or ""
-
-
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    # echo (vLLM): a final message of the assistant's role is repeated before the reply.
-    last = body.messages[-1]
-    echo_text = echoed_text(last.content) if body.echo and last.role == "assistant" else ""
     config = request.app.state.server.config
     tools = tool_mode(body.tools, body.tool_choice, config.tool_call_parser)
     # The tools reach the chat template (whatever tool_choice says, as in vLLM), with
@@ -227,8 +211,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     reasoning = reasoning_mode(config.reasoning_parser, template_kwargs,
                                grammar=body.structured_outputs_spec() is not None,
                                include=body.include_reasoning)
+    prompt = chat_prompt(body)  # a 400 for a non-text content part, before echo reads the parts
+    # echo (vLLM): a final message of the assistant's role is repeated before the reply, its
+    # content parts joined as the template reads them.
+    last = len(body.messages) - 1
+    echo_text = ""
+    if body.echo and body.messages[last].role == "assistant":
+        echo_text = message_text(body.messages[last].content, last) or ""
     return await serve_generation(
-        request, body, id_prefix="chatcmpl", prompts=[chat_prompt(body)],
+        request, body, id_prefix="chatcmpl", prompts=[prompt],
         max_tokens=body.effective_max_tokens(), logprobs=chat_logprobs_count(body),
         renderer=functools.partial(ChatRenderer, tools=tools, reasoning=reasoning),
         submit_kwargs={"add_generation_prompt": body.add_generation_prompt,

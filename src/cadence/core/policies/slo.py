@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 from cadence.core.config import SchedulerConfig
 from cadence.core.plan import StepPlan
@@ -413,16 +414,8 @@ class _ChunkPlan:
 
     def step_for_chunks(self, start: int, num_chunks: int) -> float:
         """The smallest step time that finishes the prompt from `start` in `num_chunks`."""
-        lo, hi = self.fixed, self.step_s(start, self.length - start)
-        for _ in range(40):
-            mid = (lo + hi) / 2
-            if self.num_chunks(start, mid) <= num_chunks:
-                hi = mid
-            else:
-                lo = mid
-            if hi - lo <= 1e-3 * hi:
-                break
-        return hi
+        return _smallest_fitting_s(self.fixed, self.step_s(start, self.length - start),
+                                   lambda step_s: self.num_chunks(start, step_s) <= num_chunks)
 
     def chunked_s(self, step_s: float) -> float:
         """Seconds of the whole prompt in chunks that fill steps of step_s."""
@@ -438,13 +431,19 @@ class _ChunkPlan:
         prompt's own work more than running it whole (the whole prompt's step at most)."""
         whole = self.step_s(0, self.length)
         allowed = whole + excess * (whole - self.fixed)
-        lo, hi = self.fixed, whole  # chunked_s(whole) == whole: one chunk
-        for _ in range(40):  # bisection to well under a percent of the step
-            mid = (lo + hi) / 2
-            if self.chunked_s(mid) <= allowed:
-                hi = mid
-            else:
-                lo = mid
-            if hi - lo <= 1e-3 * hi:
-                break
-        return hi
+        # chunked_s(whole) == whole (one chunk): the whole prompt's step fits.
+        return _smallest_fitting_s(self.fixed, whole, lambda step_s: self.chunked_s(step_s) <= allowed)
+
+
+def _smallest_fitting_s(lo: float, hi: float, fits: Callable[[float], bool]) -> float:
+    """The smallest step time in (lo, hi] that `fits`, by bisection to 0.1 % of the step: `fits`
+    holds at hi and, once it holds, at every longer step (more time per step, fewer chunks)."""
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-3 * hi:
+            break
+    return hi

@@ -23,10 +23,10 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "blocks.h"
 #include "kquant_offset_steps.h"
+#include "kquant_x8_header.h"
 
 namespace cadence_kernels {
 namespace gguf {
@@ -53,11 +53,9 @@ inline void repack_q3k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
     uint8_t* dst = out + blk * Q3K_X8_BYTES;
     for (int i = 0; i < 8; ++i) {
       const uint8_t* raw = w + (8 * o + i) * row_bytes + blk * 110;
-      std::memcpy(dst + 2 * i, raw + 108, 2);  // d (fp16)
-      std::memset(dst + 16, 0, OFFSET_HEADER_SCALES - 16);  // unused
       int8_t sc[16];
       q3k_scales(raw + 96, sc);
-      for (int s = 0; s < 16; ++s) dst[OFFSET_HEADER_SCALES + s * 8 + i] = static_cast<uint8_t>(sc[s]);
+      repack_offset_header_column(raw + 108, sc, i, dst);
       for (int j = 0; j < 8; ++j) {
         const int h = j / 4, t = j % 4;
         const uint8_t* qs = raw + 32 + 32 * h;

@@ -16,10 +16,10 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "blocks.h"
 #include "kquant_min_steps.h"
+#include "kquant_x8_header.h"
 
 namespace cadence_kernels {
 namespace gguf {
@@ -37,9 +37,7 @@ inline void repack_q4k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
     uint8_t* q = dst + Q4K_X8_HEADER;
     for (int i = 0; i < 8; ++i) {
       const uint8_t* raw = w + (8 * o + i) * row_bytes + blk * 144;
-      std::memcpy(dst + 2 * i, raw, 2);                    // d (fp16)
-      std::memcpy(dst + MIN_HEADER_DMIN + 2 * i, raw + 2, 2);  // dmin
-      for (int byte = 0; byte < 12; ++byte) dst[MIN_HEADER_SCALES + 8 * byte + i] = raw[4 + byte];
+      repack_min_header_column(raw, i, dst);
       for (int j = 0; j < 8; ++j) {
         const uint8_t* qs = raw + 16 + 32 * (j / 2);
         const int shift = 4 * (j % 2);

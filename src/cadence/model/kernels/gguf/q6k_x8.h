@@ -14,10 +14,10 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "blocks.h"
 #include "kquant_offset_steps.h"
+#include "kquant_x8_header.h"
 
 namespace cadence_kernels {
 namespace gguf {
@@ -33,9 +33,7 @@ inline void repack_q6k_x8_octet(const uint8_t* w, int64_t row_bytes, int64_t K, 
     uint8_t* dst = out + blk * Q6K_X8_BYTES;
     for (int i = 0; i < 8; ++i) {
       const uint8_t* raw = w + (8 * o + i) * row_bytes + blk * 210;
-      std::memcpy(dst + 2 * i, raw + 208, 2);  // d (fp16)
-      std::memset(dst + 16, 0, OFFSET_HEADER_SCALES - 16);  // unused
-      for (int s = 0; s < 16; ++s) dst[OFFSET_HEADER_SCALES + s * 8 + i] = raw[192 + s];
+      repack_offset_header_column(raw + 208, reinterpret_cast<const int8_t*>(raw + 192), i, dst);
       for (int j = 0; j < 8; ++j) {
         const int h = j / 4, t = j % 4;
         const uint8_t* ql = raw + 64 * h + 32 * (t % 2);
