@@ -14,8 +14,8 @@ sim/think_time.py),
 whose per-turn tokens (--turn-tokens: the retrieved passage and the question, with the chat
 template's markers), answers and system prompts default to the RAG chat of
 docs/performance.md#replicas-and-routing. Printed per point: cache-aware / round-robin hit
-ratio (min and median over seeds, in how many seeds it is >= 2, and what routing alone gives:
-routing_only_ratio), each policy's median hit and TTFT p50, how many seeds have cache-aware's
+ratio (min and median over seeds, in how many seeds it is >= --bar, and what routing alone
+gives: routing_only_ratio), each policy's median hit and TTFT p50, how many seeds have cache-aware's
 p50 below round-robin's, p99s, the share of prompt tokens cached when routed but evicted
 before admission (lost_before_admission: a queued request's prefix taken by the running ones'
 allocations), the most preemptions and the longest run (the benchmark runs the three policies one after another,
@@ -80,7 +80,15 @@ def main() -> int:
     parser.add_argument("--answer-tokens", type=int, default=48)
     parser.add_argument("--system-tokens", type=int, default=45)
     parser.add_argument("--systems", type=int, default=3)
+    parser.add_argument("--bar", type=float, default=2.0,
+                        help="count the seeds whose ratio is at least this")
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help="comma-separated; screening needs only cache-aware,round-robin"
+                             " (least-loaded's columns then print '-')")
     args = parser.parse_args()
+    policies = [p for p in POLICIES if p in args.policies.split(",")]
+    if not {"cache-aware", "round-robin"} <= set(policies):
+        parser.error("--policies needs cache-aware and round-robin (the ratio)")
 
     with open(os.path.join(args.run, "results.json"), encoding="utf-8") as f:
         rows = {r["policy"]: r for r in json.load(f)["results"] if r["replicas"] == 2}
@@ -93,7 +101,7 @@ def main() -> int:
         conversations, rate, think, blocks, *dist = point.split(":")
         think_dist = dist[0] if dist else args.think_dist
         cache = CacheConfig(block_size=16, num_blocks=int(blocks))
-        runs: dict[str, list] = {p: [] for p in POLICIES}
+        runs: dict[str, list] = {p: [] for p in policies}
         bounds = []
         for seed in range(args.seeds):
             workload = synthetic(int(conversations), float(rate), args.systems,
@@ -101,28 +109,29 @@ def main() -> int:
                                  think_mean_s=float(think), seed=seed,
                                  think_dist=think_dist, think_spread=args.think_spread)
             bounds.append(routing_only_ratio(workload))
-            for policy in POLICIES:
+            for policy in policies:
                 host, row_cost = hosts[policy]
                 runs[policy].append(simulate_fleet(
                     workload, args.replicas, policy, row_cost, SchedulerConfig(), cache,
                     hop_s=rows[policy]["hop_s"], calibration=samples, host=host))
-        ca, rr, ll = runs["cache-aware"], runs["round-robin"], runs["least-loaded"]
+        ca, rr, ll = runs["cache-aware"], runs["round-robin"], runs.get("least-loaded")
         ratios = sorted(c.prefix_hit_rate / r.prefix_hit_rate for c, r in zip(ca, rr))
 
-        def med(sims, attr):
-            values = [getattr(s, attr) for s in sims]
-            return statistics.median(values)
+        def med(sims, attr, fmt="{:.2f}", scale=1.0):
+            if not sims:  # a policy left out of the scan
+                return "-"
+            return fmt.format(scale * statistics.median(getattr(s, attr) for s in sims))
 
         def p50_ms(sims):
-            return f"{1e3 * med(sims, 'ttft_p50'):.0f}"
+            return med(sims, "ttft_p50", "{:.0f}", 1e3)
 
-        wall = {p: max(max(r.finished_s or 0.0 for r in s.requests) for s in runs[p])
-                for p in POLICIES}
+        wall = {p: (f"{max(max(r.finished_s or 0.0 for r in s.requests) for s in runs[p]):.0f}"
+                    if runs.get(p) else "-") for p in POLICIES}
         print(f"{point:>18}  ratio min {ratios[0]:.2f} median {statistics.median(ratios):.2f}"
-              f" (>= 2 in {sum(r >= 2 for r in ratios)}/{args.seeds}; routing alone"
-              f" {statistics.median(bounds):.2f})"
-              f" | hit ca {med(ca, 'prefix_hit_rate'):.2f} ll {med(ll, 'prefix_hit_rate'):.2f}"
-              f" rr {med(rr, 'prefix_hit_rate'):.2f} | TTFT p50 ca {p50_ms(ca)} ll {p50_ms(ll)}"
+              f" (>= {args.bar:g} in {sum(r >= args.bar for r in ratios)}/{args.seeds};"
+              f" routing alone {statistics.median(bounds):.2f})"
+              f" | hit ca {med(ca, 'prefix_hit_rate')} ll {med(ll, 'prefix_hit_rate')}"
+              f" rr {med(rr, 'prefix_hit_rate')} | TTFT p50 ca {p50_ms(ca)} ll {p50_ms(ll)}"
               f" rr {p50_ms(rr)} ms (ca < rr in "
               f"{sum(c.ttft_p50 < r.ttft_p50 for c, r in zip(ca, rr))}/{args.seeds})"
               f" | p99 ca {statistics.median(s.ttft_percentile(0.99) for s in ca):.1f}"
@@ -132,8 +141,8 @@ def main() -> int:
               f" rr {statistics.median(lost_before_admission(s) for s in rr):.3f}"
               f" | preemptions max ca {max(s.preemptions for s in ca)}"
               f" rr {max(s.preemptions for s in rr)}"
-              f" | longest run ca {wall['cache-aware']:.0f} ll {wall['least-loaded']:.0f}"
-              f" rr {wall['round-robin']:.0f} s", flush=True)
+              f" | longest run ca {wall['cache-aware']} ll {wall['least-loaded']}"
+              f" rr {wall['round-robin']} s", flush=True)
     return 0
 
 
