@@ -63,3 +63,28 @@ def solo_and_batch_logits(model, config, kv_dtype: torch.dtype, prefill: list[tu
         meta_all = AttentionMetadata.build(decode, block, pool)
         batch = model.compute_logits(model(token, meta_all.positions, meta_all, kv))
     return solo, batch
+
+
+def check_head_argmax_across_thread_spans(model, config, tables: list[list[int]], block: int, pool: int,
+                                          attach: Callable[[torch.Tensor], None]) -> None:
+    """A stack's argmax (the LM head in its parallel region) merges the threads' column spans of
+    a row as torch.argmax does: the first index of a maximum that sits in two spans, and the first
+    NaN wherever the maximum is. attach(head) gives the model's stack a float32 head [V, H] whose
+    rows are the step's own final-norm row (logit |h|^2) at chosen columns, zero elsewhere, and
+    NaN at others; forward_logits must return each case's torch.argmax."""
+    V, H = config.vocab_size, config.hidden_size
+    kv = KVCache(config, pool, block, torch.float32, "cpu")
+    with torch.inference_mode():
+        meta = AttentionMetadata.build([(0, 17, tables[0])], block, pool)
+        model(torch.arange(meta.num_tokens) % V, meta.positions, meta, kv)
+        meta = AttentionMetadata.build([(17, 1, tables[0])], block, pool)
+        ids = torch.tensor([7])
+        hidden = model(ids, meta.positions, meta, kv)[0]  # the step's final-norm row (rerun: same KV)
+        for top, nan, want in (((V // 8, V - 3), (), V // 8), ((V // 2 + 1, V - 1), (), V // 2 + 1),
+                               ((V // 8,), (V - 5,), V - 5), ((V - 2,), (V // 2 - 1, V - 9), V // 2 - 1)):
+            head = torch.zeros(V, H)
+            head[list(top)] = hidden
+            head[list(nan)] = float("nan")
+            attach(head)
+            logits, argmax = model.forward_logits(ids, meta.positions, meta, kv, torch.tensor([0]))
+            assert int(argmax[0]) == want == int(torch.argmax(logits[0]))

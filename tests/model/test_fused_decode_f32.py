@@ -142,31 +142,18 @@ def test_f32_stack_head_gives_the_logits_and_argmax_of_the_separate_head(tiny_ll
 
 
 def test_f32_stack_head_argmax_is_torch_argmax_across_thread_spans(tiny_llama_d64_dir, monkeypatch):
-    """The stack's argmax merges the threads' column blocks as torch.argmax does: the first index
-    of a maximum that sits in both threads' blocks, and the first NaN wherever the maximum is. A
-    float32 head whose rows are the step's own final-norm row (logit |h|^2) at chosen columns,
-    zero elsewhere."""
+    """The stack's argmax merges the threads' column blocks as torch.argmax does (a float32 head
+    planted with maxima, ties and NaNs: stack_helpers.check_head_argmax_across_thread_spans)."""
     monkeypatch.setenv(ENV_SWITCH, "1")
     loaded = load_model(tiny_llama_d64_dir, dtype=torch.float32, device="cpu")
     model, config = loaded.model, loaded.config
-    V, H = config.vocab_size, config.hidden_size
-    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
-    with torch.inference_mode():
-        meta = _decode_meta(STEPS[0])
-        model(torch.arange(meta.num_tokens) % V, meta.positions, meta, kv)
-        stack = model._decode_stack
-        meta = _decode_meta([(17, 1)])
-        ids = torch.tensor([7])
-        hidden = model(ids, meta.positions, meta, kv)[0]  # the step's final-norm row (rerun: same KV)
-        for top, nan, want in (((V // 8, V - 3), (), V // 8), ((V // 2 + 1, V - 1), (), V // 2 + 1),
-                               ((V // 8,), (V - 5,), V - 5), ((V - 2,), (V // 2 - 1, V - 9), V // 2 - 1)):
-            head = torch.zeros(V, H)
-            head[list(top)] = hidden
-            head[list(nan)] = float("nan")
-            data, scales = KERNELS.pack_weight_f32(head, WEIGHT_FORMATS["float32"])
-            stack.attach_head(data=data, scales=scales, format=WEIGHT_FORMATS["float32"], N=V)
-            logits, argmax = model.forward_logits(ids, meta.positions, meta, kv, torch.tensor([0]))
-            assert int(argmax[0]) == want == int(torch.argmax(logits[0]))
+
+    def attach(head: torch.Tensor) -> None:
+        data, scales = KERNELS.pack_weight_f32(head, WEIGHT_FORMATS["float32"])
+        model._decode_stack.attach_head(data=data, scales=scales, format=WEIGHT_FORMATS["float32"],
+                                        N=config.vocab_size)
+
+    stack_helpers.check_head_argmax_across_thread_spans(model, config, TABLES, BLOCK, POOL, attach)
 
 
 @pytest.mark.parametrize("fmt", ["float32", "bf16", "int8", "int4"])

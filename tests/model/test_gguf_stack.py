@@ -123,31 +123,18 @@ def test_gguf_stack_head_gives_the_logits_and_argmax_of_the_separate_head(tmp_pa
 
 
 def test_gguf_stack_head_argmax_is_torch_argmax_across_thread_spans(tmp_path, monkeypatch):
-    """The argmax merges the threads' spans of a row as torch.argmax does: the first index of
-    the maximum when it sits in two spans, and the first NaN wherever the maximum is. An F32
-    head whose rows are the step's own hidden state (logit |h|^2) at chosen columns, zero
-    elsewhere."""
+    """The argmax merges the threads' spans of a row as torch.argmax does (an F32 head planted
+    with maxima, ties and NaNs: stack_helpers.check_head_argmax_across_thread_spans)."""
     monkeypatch.setenv(ENV_SWITCH, "1")
     loaded = _load(tmp_path, "q4_k_m")
     model, config = loaded.model, loaded.config
     V, H = config.vocab_size, config.hidden_size
-    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
-    with torch.inference_mode():
-        meta = _decode_meta(STEPS[0])
-        model(torch.arange(meta.num_tokens) % V, meta.positions, meta, kv)
-        stack = model._decode_stack
-        meta = _decode_meta([(17, 1)])
-        ids = torch.tensor([7])
-        hidden = model(ids, meta.positions, meta, kv)[0]  # the step's final-norm row (rerun: same KV)
-        for top, nan, want in (((V // 8, V - 3), (), V // 8), ((V // 2 + 1, V - 1), (), V // 2 + 1),
-                               ((V // 8,), (V - 5,), V - 5), ((V - 2,), (V // 2 - 1, V - 9), V // 2 - 1)):
-            head = torch.zeros(V, H)
-            head[list(top)] = hidden
-            head[list(nan)] = float("nan")
-            stack.attach_head(blocks=head.view(torch.uint8).reshape(V, 4 * H), type=int(Q.F32), packed=None,
-                              bias=None, N=V)
-            logits, argmax = model.forward_logits(ids, meta.positions, meta, kv, torch.tensor([0]))
-            assert int(argmax[0]) == want == int(torch.argmax(logits[0]))
+
+    def attach(head: torch.Tensor) -> None:
+        model._decode_stack.attach_head(blocks=head.view(torch.uint8).reshape(V, 4 * H), type=int(Q.F32),
+                                        packed=None, bias=None, N=V)
+
+    stack_helpers.check_head_argmax_across_thread_spans(model, config, TABLES, BLOCK, POOL, attach)
 
 
 def test_gguf_stack_logits_pages_are_reused_only_once_dropped(tmp_path, monkeypatch):
