@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.fused_decode import ENV_SWITCH, STACK_MAX_CHUNK, WEIGHT_FORMATS, stored_values
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
 from cadence.model.kv_cache import KVCache
@@ -106,39 +105,15 @@ def test_f32_stack_long_context_spans_merge(tiny_llama_d64_dir, monkeypatch):
     torch.testing.assert_close(pool_kv[0], per_op[0], atol=2e-4, rtol=1e-4)
 
 
-def _decode_meta(spans):
-    return AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, TABLES)], BLOCK, POOL)
-
-
 @pytest.mark.parametrize("fmt", ["float32", "bf16", "int8", "int4"])
 def test_f32_stack_head_gives_the_logits_and_argmax_of_the_separate_head(tiny_llama_d64_dir, monkeypatch, fmt):
     """forward_logits (the packed LM head and its argmax in the stack's parallel region) gives the
-    bits of forward then compute_logits_and_argmax (linear_packed_f32 on the same packed head) and
-    writes the same KV; it declines steps with a prompt chunk (not every row sampled)."""
+    bits of forward then compute_logits_and_argmax (linear_packed_f32 on the same packed head),
+    the same KV, and declines prompt chunks (stack_helpers.check_head_gives_the_separate_heads_bits)."""
     monkeypatch.setenv(ENV_SWITCH, "1")
     loaded = load_model(tiny_llama_d64_dir, dtype=torch.float32, device="cpu")
-    model, config = loaded.model, loaded.config
-    model.set_decode_weight_format(fmt)
-    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
-    gen = torch.Generator().manual_seed(6)
-    with torch.inference_mode():
-        meta = _decode_meta(STEPS[0])
-        prompt = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
-        assert model.forward_logits(prompt, meta.positions, meta, kv, torch.tensor([16, 25, 28])) is None
-        model(prompt, meta.positions, meta, kv)
-        assert model._decode_stack.head_size == config.vocab_size
-        for spans in ([(17, 1), (9, 1), (3, 1)], [(18, 1)], [(19, 1), (10, 1)]):
-            meta = _decode_meta(spans)
-            ids = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
-            before = kv.storage.clone()
-            expected, expected_argmax = model.compute_logits_and_argmax(model(ids, meta.positions, meta, kv))
-            expected_kv = kv.storage.clone()
-            kv.storage.copy_(before)
-            logits, argmax = model.forward_logits(ids, meta.positions, meta, kv, torch.arange(len(spans)))
-            assert torch.isfinite(logits).all() and logits.abs().max() > 0
-            assert torch.equal(logits, expected)
-            assert torch.equal(argmax, expected_argmax) and torch.equal(argmax, expected.argmax(-1))
-            assert torch.equal(kv.storage, expected_kv)
+    loaded.model.set_decode_weight_format(fmt)
+    stack_helpers.check_head_gives_the_separate_heads_bits(loaded.model, loaded.config, TABLES, BLOCK, POOL)
 
 
 def test_f32_stack_head_argmax_is_torch_argmax_across_thread_spans(tiny_llama_d64_dir, monkeypatch):
