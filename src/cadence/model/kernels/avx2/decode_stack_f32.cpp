@@ -105,23 +105,9 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
                                    const at::Tensor& ctx_lens, double scale, const c10::optional<at::Tensor>& logits,
                                    const c10::optional<at::Tensor>& argmax) const {
 #if CADENCE_HAVE_AVX2
-  const int64_t T = x.dim() == 2 ? x.size(0) : 0;
-  float* lp = nullptr;
-  int64_t* ap = nullptr;
-  if (logits.has_value() && logits->defined()) {
-    TORCH_CHECK(head_N_ > 0, "DecodeStackF32: logits need attach_head first");
-    check_cpu_contiguous(*logits, "logits");
-    TORCH_CHECK(logits->scalar_type() == at::kFloat && logits->dim() == 2 && logits->size(0) == T &&
-                    logits->size(1) == head_N_,
-                "DecodeStackF32: logits [T, ", head_N_, "] float32");
-    lp = logits->data_ptr<float>();
-  }
-  if (argmax.has_value() && argmax->defined()) {
-    TORCH_CHECK(lp != nullptr, "DecodeStackF32: argmax needs logits");
-    check_cpu_contiguous(*argmax, "argmax");
-    TORCH_CHECK(argmax->scalar_type() == at::kLong && argmax->numel() == T, "DecodeStackF32: argmax [T] int64");
-    ap = argmax->data_ptr<int64_t>();
-  }
+  const HeadOutputs head("DecodeStackF32", logits, argmax, x.dim() == 2 ? x.size(0) : 0, head_N_);
+  float* lp = head.logits;
+  int64_t* ap = head.argmax;
   // The KV cache's storage type: float32, or float16 / bf16 (half the bytes attention streams).
   switch (kv.scalar_type()) {
     case at::kHalf:
