@@ -63,3 +63,61 @@ def solo_and_batch_logits(model, config, kv_dtype: torch.dtype, prefill: list[tu
         meta_all = AttentionMetadata.build(decode, block, pool)
         batch = model.compute_logits(model(token, meta_all.positions, meta_all, kv))
     return solo, batch
+
+
+def check_head_argmax_across_thread_spans(model, config, tables: list[list[int]], block: int, pool: int,
+                                          attach: Callable[[torch.Tensor], None]) -> None:
+    """A stack's argmax (the LM head in its parallel region) merges the threads' column spans of
+    a row as torch.argmax does: the first index of a maximum that sits in two spans, and the first
+    NaN wherever the maximum is. attach(head) gives the model's stack a float32 head [V, H] whose
+    rows are the step's own final-norm row (logit |h|^2) at chosen columns, zero elsewhere, and
+    NaN at others; forward_logits must return each case's torch.argmax."""
+    V, H = config.vocab_size, config.hidden_size
+    kv = KVCache(config, pool, block, torch.float32, "cpu")
+    with torch.inference_mode():
+        meta = AttentionMetadata.build([(0, 17, tables[0])], block, pool)
+        model(torch.arange(meta.num_tokens) % V, meta.positions, meta, kv)
+        meta = AttentionMetadata.build([(17, 1, tables[0])], block, pool)
+        ids = torch.tensor([7])
+        hidden = model(ids, meta.positions, meta, kv)[0]  # the step's final-norm row (rerun: same KV)
+        for top, nan, want in (((V // 8, V - 3), (), V // 8), ((V // 2 + 1, V - 1), (), V // 2 + 1),
+                               ((V // 8,), (V - 5,), V - 5), ((V - 2,), (V // 2 - 1, V - 9), V // 2 - 1)):
+            head = torch.zeros(V, H)
+            head[list(top)] = hidden
+            head[list(nan)] = float("nan")
+            attach(head)
+            logits, argmax = model.forward_logits(ids, meta.positions, meta, kv, torch.tensor([0]))
+            assert int(argmax[0]) == want == int(torch.argmax(logits[0]))
+
+
+def check_head_gives_the_separate_heads_bits(model, config, tables: list[list[int]], block: int,
+                                             pool: int) -> None:
+    """forward_logits (a stack's LM head and argmax in its parallel region) gives the bits of
+    forward then compute_logits_and_argmax, the argmax torch.argmax's (and the separate head's,
+    where it gives one), and writes the same KV; it declines a step with prompt chunks (not every
+    row sampled). Three sequences of 17, 9 and 3 prompt tokens, then decode steps."""
+    kv = KVCache(config, pool, block, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(6)
+
+    def meta_of(spans):
+        return AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, tables)], block, pool)
+
+    with torch.inference_mode():
+        meta = meta_of([(0, 17), (0, 9), (0, 3)])
+        prompt = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
+        assert model.forward_logits(prompt, meta.positions, meta, kv, torch.tensor([16, 25, 28])) is None
+        model(prompt, meta.positions, meta, kv)
+        assert model._decode_stack.head_size == config.vocab_size
+        for spans in ([(17, 1), (9, 1), (3, 1)], [(18, 1)], [(19, 1), (10, 1)]):
+            meta = meta_of(spans)
+            ids = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
+            before = kv.storage.clone()
+            expected, expected_argmax = model.compute_logits_and_argmax(model(ids, meta.positions, meta, kv))
+            expected_kv = kv.storage.clone()
+            kv.storage.copy_(before)
+            logits, argmax = model.forward_logits(ids, meta.positions, meta, kv, torch.arange(len(spans)))
+            assert torch.isfinite(logits).all() and logits.abs().max() > 0
+            assert torch.equal(logits, expected)
+            assert torch.equal(argmax, expected.argmax(-1))
+            assert expected_argmax is None or torch.equal(argmax, expected_argmax)
+            assert torch.equal(kv.storage, expected_kv)

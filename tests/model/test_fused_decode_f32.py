@@ -4,7 +4,7 @@
 Checked on tiny head_dim-64 Llama, Qwen2 (bias) and Qwen3 (q/k norms) checkpoints against the per-op float32 path
 over the same (rounded) weights and against the unrounded float32 reference, for each packed
 weight format: decodes and short chunks over scattered blocks, the KV it writes, batch and
-thread-count invariance, the fused argmax and bad input.
+thread-count invariance, the fused argmax, the LM head in the stack's call and bad input.
 """
 
 from __future__ import annotations
@@ -103,6 +103,32 @@ def test_f32_stack_long_context_spans_merge(tiny_llama_d64_dir, monkeypatch):
     finally:
         TABLES = saved
     torch.testing.assert_close(pool_kv[0], per_op[0], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bf16", "int8", "int4"])
+def test_f32_stack_head_gives_the_logits_and_argmax_of_the_separate_head(tiny_llama_d64_dir, monkeypatch, fmt):
+    """forward_logits (the packed LM head and its argmax in the stack's parallel region) gives the
+    bits of forward then compute_logits_and_argmax (linear_packed_f32 on the same packed head),
+    the same KV, and declines prompt chunks (stack_helpers.check_head_gives_the_separate_heads_bits)."""
+    monkeypatch.setenv(ENV_SWITCH, "1")
+    loaded = load_model(tiny_llama_d64_dir, dtype=torch.float32, device="cpu")
+    loaded.model.set_decode_weight_format(fmt)
+    stack_helpers.check_head_gives_the_separate_heads_bits(loaded.model, loaded.config, TABLES, BLOCK, POOL)
+
+
+def test_f32_stack_head_argmax_is_torch_argmax_across_thread_spans(tiny_llama_d64_dir, monkeypatch):
+    """The stack's argmax merges the threads' column blocks as torch.argmax does (a float32 head
+    planted with maxima, ties and NaNs: stack_helpers.check_head_argmax_across_thread_spans)."""
+    monkeypatch.setenv(ENV_SWITCH, "1")
+    loaded = load_model(tiny_llama_d64_dir, dtype=torch.float32, device="cpu")
+    model, config = loaded.model, loaded.config
+
+    def attach(head: torch.Tensor) -> None:
+        data, scales = KERNELS.pack_weight_f32(head, WEIGHT_FORMATS["float32"])
+        model._decode_stack.attach_head(data=data, scales=scales, format=WEIGHT_FORMATS["float32"],
+                                        N=config.vocab_size)
+
+    stack_helpers.check_head_argmax_across_thread_spans(model, config, TABLES, BLOCK, POOL, attach)
 
 
 @pytest.mark.parametrize("fmt", ["float32", "bf16", "int8", "int4"])

@@ -94,60 +94,26 @@ def _decode_meta(spans):
 
 @pytest.mark.parametrize("name", ["q4_k_m", "q3_k_mix", "bf16", "qwen3_q4_k_m"])
 def test_gguf_stack_head_gives_the_logits_and_argmax_of_the_separate_head(tmp_path, monkeypatch, name):
-    """forward_logits (the LM head and argmax in the stack's parallel region) gives the bits of
-    forward then compute_logits and argmax_rows, and writes the same KV; it declines steps with a
-    prompt chunk (not every row sampled)."""
+    """forward_logits gives the bits of forward then compute_logits and the argmax, the same KV,
+    and declines prompt chunks (stack_helpers.check_head_gives_the_separate_heads_bits)."""
     monkeypatch.setenv(ENV_SWITCH, "1")
     loaded = _load(tmp_path, name)
-    model, config = loaded.model, loaded.config
-    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
-    gen = torch.Generator().manual_seed(6)
-    with torch.inference_mode():
-        meta = _decode_meta(STEPS[0])
-        prompt = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
-        assert model.forward_logits(prompt, meta.positions, meta, kv, torch.tensor([16, 25, 28])) is None
-        model(prompt, meta.positions, meta, kv)
-        assert model._decode_stack.head_size == config.vocab_size
-        for spans in ([(17, 1), (9, 1), (3, 1)], [(18, 1)], [(19, 1), (10, 1)]):
-            meta = _decode_meta(spans)
-            ids = torch.randint(0, config.vocab_size, (meta.num_tokens,), generator=gen)
-            before = kv.storage.clone()
-            expected = model.compute_logits(model(ids, meta.positions, meta, kv))
-            expected_kv = kv.storage.clone()
-            kv.storage.copy_(before)
-            logits, argmax = model.forward_logits(ids, meta.positions, meta, kv, torch.arange(len(spans)))
-            assert torch.isfinite(logits).all() and logits.abs().max() > 0
-            assert torch.equal(logits, expected)
-            assert torch.equal(argmax, KERNELS.argmax_rows(expected))
-            assert torch.equal(kv.storage, expected_kv)
+    stack_helpers.check_head_gives_the_separate_heads_bits(loaded.model, loaded.config, TABLES, BLOCK, POOL)
 
 
 def test_gguf_stack_head_argmax_is_torch_argmax_across_thread_spans(tmp_path, monkeypatch):
-    """The argmax merges the threads' spans of a row as torch.argmax does: the first index of
-    the maximum when it sits in two spans, and the first NaN wherever the maximum is. An F32
-    head whose rows are the step's own hidden state (logit |h|^2) at chosen columns, zero
-    elsewhere."""
+    """The argmax merges the threads' spans of a row as torch.argmax does (an F32 head planted
+    with maxima, ties and NaNs: stack_helpers.check_head_argmax_across_thread_spans)."""
     monkeypatch.setenv(ENV_SWITCH, "1")
     loaded = _load(tmp_path, "q4_k_m")
     model, config = loaded.model, loaded.config
     V, H = config.vocab_size, config.hidden_size
-    kv = KVCache(config, POOL, BLOCK, torch.float32, "cpu")
-    with torch.inference_mode():
-        meta = _decode_meta(STEPS[0])
-        model(torch.arange(meta.num_tokens) % V, meta.positions, meta, kv)
-        stack = model._decode_stack
-        meta = _decode_meta([(17, 1)])
-        ids = torch.tensor([7])
-        hidden = model(ids, meta.positions, meta, kv)[0]  # the step's final-norm row (rerun: same KV)
-        for top, nan, want in (((V // 8, V - 3), (), V // 8), ((V // 2 + 1, V - 1), (), V // 2 + 1),
-                               ((V // 8,), (V - 5,), V - 5), ((V - 2,), (V // 2 - 1, V - 9), V // 2 - 1)):
-            head = torch.zeros(V, H)
-            head[list(top)] = hidden
-            head[list(nan)] = float("nan")
-            stack.attach_head(blocks=head.view(torch.uint8).reshape(V, 4 * H), type=int(Q.F32), packed=None,
-                              bias=None, N=V)
-            logits, argmax = model.forward_logits(ids, meta.positions, meta, kv, torch.tensor([0]))
-            assert int(argmax[0]) == want == int(torch.argmax(logits[0]))
+
+    def attach(head: torch.Tensor) -> None:
+        model._decode_stack.attach_head(blocks=head.view(torch.uint8).reshape(V, 4 * H), type=int(Q.F32),
+                                        packed=None, bias=None, N=V)
+
+    stack_helpers.check_head_argmax_across_thread_spans(model, config, TABLES, BLOCK, POOL, attach)
 
 
 def test_gguf_stack_logits_pages_are_reused_only_once_dropped(tmp_path, monkeypatch):

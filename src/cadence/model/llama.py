@@ -592,9 +592,23 @@ class LlamaForCausalLM(nn.Module):
         if self._decode_stack is None:
             self._decode_stack = build_decode_stack(self, kernels) or False
             self._attach_packed_int8(self._decode_stack)
+            self._attach_packed_head(self._decode_stack, kernels)
             if not self._decode_stack:
                 self._pack_per_op(kernels)
         return self._decode_stack
+
+    def _attach_packed_head(self, stack, kernels: ModuleType) -> None:
+        """Give the float32 stack the packed LM head (the one compute_logits runs, shared, not
+        copied) for forward_logits: a decode step's head and argmax in the stack's parallel
+        region. At b1 the separate head cost a second wake-up of the team, its Python and a fresh
+        [T, vocab] block's page faults every step. Not where the head has no packed float32 copy
+        (a bf16 model's stack) or caps its logits (computed after the head, outside the stack)."""
+        if not stack or not hasattr(stack, "attach_head") or self.config.final_logit_softcapping is not None:
+            return
+        packed = self._lm_head_for(kernels)
+        if isinstance(packed, tuple):
+            data, scales, fmt = packed
+            stack.attach_head(data=data, scales=scales, format=fmt, N=self.config.vocab_size)
 
     def _pack_per_op(self, kernels: ModuleType) -> None:
         """Without the fused stack (families other than plain Llama), a float32 model on a CPU
@@ -699,13 +713,13 @@ class LlamaForCausalLM(nn.Module):
 
     def forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                        kv: KVCache, sample_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """A decode step whose every row is sampled, through the GGUF stack with the LM head in its
-        parallel region: (logits [T, V] float32, their argmax [T] int64), the values forward then
-        compute_logits_and_argmax give (the same kernels and bits: gguf_stack.py), without the
-        head's own parallel region (a second wake-up of the threads), its Python and the separate
-        argmax. None where that does not apply (then the caller runs forward and
-        compute_logits_and_argmax): not a GGUF-native stack with its head, not every row a sample
-        row (a prompt chunk), or a step the stack does not take."""
+        """A decode step whose every row is sampled, through the fused stack with the LM head in its
+        parallel region (the GGUF stack, or the float32 one with its packed head): (logits [T, V]
+        float32, their argmax [T] int64), the values forward then compute_logits_and_argmax give
+        (the same kernels and bits), without the head's own parallel region (a second wake-up of
+        the threads), its Python and the separate argmax. None where that does not apply (then
+        the caller runs forward and compute_logits_and_argmax): no stack with a head, not every
+        row a sample row (a prompt chunk), or a step the stack does not take."""
         stack = self._decode_stack
         T = input_ids.shape[0]
         if (not stack or not getattr(stack, "head_size", 0) or sample_rows.shape[0] != T
@@ -728,7 +742,7 @@ class LlamaForCausalLM(nn.Module):
                        **head) -> torch.Tensor:
         """The fused stack's forward of the step's embeddings x [T, H] with the float32 rope
         tables (the local one too where sliding layers have their own base: Gemma 3) and the
-        layers' attention scale; `head`: logits / argmax outputs (GGUF stack)."""
+        layers' attention scale; `head`: logits / argmax outputs (a stack with its head)."""
         cos32, sin32 = tables[GLOBAL_ROPE]
         if LOCAL_ROPE in tables:
             head = dict(head, cos_local=tables[LOCAL_ROPE][0], sin_local=tables[LOCAL_ROPE][1])

@@ -127,7 +127,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("qkv"), py::arg("qkv_bias"), py::arg("o"), py::arg("gate_up"), py::arg("down"),
            py::arg("input_norm"), py::arg("post_norm"), py::arg("final_norm"), py::arg("num_heads"),
            py::arg("num_kv_heads"), py::arg("eps"), py::arg("format"))
-      .def("forward", &cadence_kernels::DecodeStackF32::forward, py::call_guard<py::gil_scoped_release>())
+      .def("forward", &cadence_kernels::DecodeStackF32::forward, py::arg("x"), py::arg("cos"), py::arg("sin"),
+           py::arg("kv"), py::arg("slots"), py::arg("block_tables"), py::arg("row_seq"), py::arg("ctx_lens"),
+           py::arg("scale"), py::arg("logits") = py::none(), py::arg("argmax") = py::none(),
+           py::call_guard<py::gil_scoped_release>())
+      .def("attach_head", &cadence_kernels::DecodeStackF32::attach_head, py::arg("data"), py::arg("scales"),
+           py::arg("format"), py::arg("N"),
+           "the packed LM head [N, H] (linear_packed_f32's data, scales, format) that forward's `logits` runs "
+           "in the same parallel region")
+      .def_property_readonly("head_size", &cadence_kernels::DecodeStackF32::head_size)
+      .def("new_logits", &cadence_kernels::DecodeStackF32::new_logits, py::arg("T"),
+           "an uninitialised [T, head_size] float32 tensor for forward's logits, on pages reused between steps")
       .def_property_readonly("num_layers", &cadence_kernels::DecodeStackF32::num_layers)
       .def("attach_qk_norms", &cadence_kernels::DecodeStackF32::attach_qk_norms, py::arg("q_norm"),
            py::arg("k_norm"), "per-layer q and k RMS norm weights [head_dim] (Qwen3), applied before rope")

@@ -67,6 +67,32 @@ struct StepRows {
   const int32_t* table(int64_t t) const { return btp + seqp[t] * max_blocks; }
 };
 
+// The LM head's outputs of a stack's forward (GGUF and float32 stacks), checked: logits [T, N]
+// float32 (N: the attached head's size, 0 without one) and each row's argmax [T] int64; null
+// where not given (argmax needs logits).
+struct HeadOutputs {
+  float* logits = nullptr;
+  int64_t* argmax = nullptr;
+
+  HeadOutputs(const char* who, const c10::optional<at::Tensor>& logits_, const c10::optional<at::Tensor>& argmax_,
+              int64_t T, int64_t N) {
+    if (logits_.has_value() && logits_->defined()) {
+      TORCH_CHECK(N > 0, who, ": logits need attach_head first");
+      check_cpu_contiguous(*logits_, "logits");
+      TORCH_CHECK(logits_->scalar_type() == at::kFloat && logits_->dim() == 2 && logits_->size(0) == T &&
+                      logits_->size(1) == N,
+                  who, ": logits [T, ", N, "] float32");
+      logits = logits_->data_ptr<float>();
+    }
+    if (argmax_.has_value() && argmax_->defined()) {
+      TORCH_CHECK(logits != nullptr, who, ": argmax needs logits");
+      check_cpu_contiguous(*argmax_, "argmax");
+      TORCH_CHECK(argmax_->scalar_type() == at::kLong && argmax_->numel() == T, who, ": argmax [T] int64");
+      argmax = argmax_->data_ptr<int64_t>();
+    }
+  }
+};
+
 // A step's activations that the team shares (each thread writes its share of columns or rows),
 // E per value (float, or bf16 bits): qkv [T, (Hq + 2 Hkv) D], attn [T, Hq D] (attention's output),
 // o [T, H], gate_up [T, 2 I], act [T, I] (silu(gate) * up), down [T, H].

@@ -9,6 +9,9 @@
 //   6. gate/up, then silu * up                  gate/up block pairs (packed interleaved)
 //   7. d = act @ Wdown                          column blocks
 //   8. residual += d; normed = norm(residual)   every thread on its own copy
+// and after the last layer, with an attached head and `logits`:
+//   9. logits = normed @ Whead^T                column blocks; each row's argmax: per-thread
+//                                               trackers, merged by thread 0
 #include "decode_stack_f32.h"
 
 #include <memory>
@@ -77,6 +80,15 @@ DecodeStackF32::DecodeStackF32(const std::vector<at::Tensor>& qkv, const std::ve
 #endif
 }
 
+void DecodeStackF32::attach_head(const at::Tensor& data, const at::Tensor& scales, int64_t format, int64_t N) {
+  TORCH_CHECK(!layers_.empty(), "DecodeStackF32: attach_head after construction");
+  const avx2::PackedWeight view = packed_view(data, scales, format, N);  // checks the packing
+  TORCH_CHECK(view.K == hidden_, "DecodeStackF32: the head's K is ", view.K, ", the hidden size ", hidden_);
+  head_ = Packed{data, scales};
+  head_N_ = N;
+  head_format_ = format;
+}
+
 void DecodeStackF32::attach_qk_norms(const std::vector<at::Tensor>& q_norm, const std::vector<at::Tensor>& k_norm) {
   attach_qk_norm_weights(layers_, q_norm, k_norm, head_dim_, at::kFloat, "DecodeStackF32");
 }
@@ -90,14 +102,19 @@ int64_t DecodeStackF32::weight_bytes() const {
 
 at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                                    const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
-                                   const at::Tensor& ctx_lens, double scale) const {
+                                   const at::Tensor& ctx_lens, double scale, const c10::optional<at::Tensor>& logits,
+                                   const c10::optional<at::Tensor>& argmax) const {
 #if CADENCE_HAVE_AVX2
+  const HeadOutputs head("DecodeStackF32", logits, argmax, x.dim() == 2 ? x.size(0) : 0, head_N_);
+  float* lp = head.logits;
+  int64_t* ap = head.argmax;
   // The KV cache's storage type: float32, or float16 / bf16 (half the bytes attention streams).
   switch (kv.scalar_type()) {
-    case at::kHalf: return forward_kv<c10::Half>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
+    case at::kHalf:
+      return forward_kv<c10::Half>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap);
     case at::kBFloat16:
-      return forward_kv<c10::BFloat16>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
-    default: return forward_kv<float>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale);
+      return forward_kv<c10::BFloat16>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap);
+    default: return forward_kv<float>(x, cos, sin, kv, slots, block_tables, row_seq, ctx_lens, scale, lp, ap);
   }
 #else
   TORCH_CHECK(false, "DecodeStackF32: built without AVX2/FMA");
@@ -109,7 +126,8 @@ at::Tensor DecodeStackF32::forward(const at::Tensor& x, const at::Tensor& cos, c
 template <typename KV>
 at::Tensor DecodeStackF32::forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                                       const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
-                                      const at::Tensor& ctx_lens, double scale) const {
+                                      const at::Tensor& ctx_lens, double scale, float* logits,
+                                      int64_t* argmax) const {
   const int64_t H = hidden_, Hq = heads_, Hkv = kv_heads_, D = head_dim_;
   const int64_t I = intermediate_, L = num_layers();
   const StepRows rows("DecodeStackF32", x, at::kFloat, H, cos, sin, kv, L, Hkv, D, slots, block_tables, row_seq, ctx_lens);
@@ -126,6 +144,9 @@ at::Tensor DecodeStackF32::forward_kv(const at::Tensor& x, const at::Tensor& cos
   const avx2::LayerItemCounters next_item(L);
   const float fscale = static_cast<float>(scale);
   const float eps = static_cast<float>(eps_);
+  // The head's argmax trackers: [team][T], each thread's over its column blocks (as
+  // linear_packed_f32 keeps them per thread).
+  std::vector<avx2::LaneArgmax8> trackers(argmax != nullptr ? team.size() * T : 0);
 
   team.run([&](StepThread<NUM_PHASES>& thread) {
     const avx2::FlushDenormals ftz;
@@ -189,6 +210,30 @@ at::Tensor DecodeStackF32::forward_kv(const at::Tensor& x, const at::Tensor& cos
       const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
       add_norm_rows<float>(residual.data(), buf.down.data(), next_norm.data_ptr<float>(), normed.data(), T, H, eps);
       thread.lap(7);
+    }
+    if (logits != nullptr) {
+      // 9. The LM head over this thread's column blocks of every final-norm row (each thread has
+      // the same bits of them), the argmax trackers fed from the stored tiles as in
+      // linear_packed_f32; thread 0 merges them once every column is written.
+      const avx2::PackedWeight pw = packed_view(head_.data, head_.scales, head_format_, head_N_);
+      const auto [b0, b1] = thread.share(avx2::packed_blocks(head_N_));
+      avx2::LaneArgmax8* mine = argmax != nullptr ? trackers.data() + thread.tid * T : nullptr;
+      avx2::gemm_blocks(normed.data(), H, T, pw, b0, b1,
+                        [&](int64_t m0, int mr, int64_t bb, int nb, __m256 acc[avx2::MAX_MR][2 * avx2::MAX_NB]) {
+                          avx2::for_tile_pieces(acc, m0, mr, bb, nb, head_N_, nullptr,
+                                                [&](int64_t row, int64_t col, int64_t n, __m256 v) {
+                                                  avx2::store_n(logits + row * head_N_ + col, v, n);
+                                                  if (mine != nullptr) mine[row].update(v, col, n);
+                                                });
+                        });
+      thread.sync();
+      if (argmax != nullptr && thread.tid == 0) {
+        for (int64_t t = 0; t < T; ++t) {
+          argmax[t] = avx2::lane_argmax_merge(trackers.data() + t, thread.nth, T);
+          if (argmax[t] < 0) argmax[t] = argmax_row(logits + t * head_N_, head_N_);  // saw a NaN
+        }
+      }
+      thread.lap(8);
     }
     if (thread.tid == 0) std::memcpy(out.data_ptr<float>(), normed.data(), sizeof(float) * T * H);
   });

@@ -13,15 +13,17 @@
 
 #include <array>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <vector>
 
+#include "../page_pool.h"
 #include "../team.h"
 
 namespace cadence_kernels {
 
-// Phases (StackTeam's phase_seconds): those of DecodeStack.
-class DecodeStackF32 : public StackTeam<8> {
+// Phases (StackTeam's phase_seconds): those of DecodeStack, then the LM head (and argmax).
+class DecodeStackF32 : public StackTeam<9> {
  public:
   // Per-layer weights in Hugging Face layout (float32 or bf16): qkv [Hq*D + 2*Hkv*D, H], qkv_bias
   // (same count, or empty), o [H, Hq*D], gate_up [2I, H], down [H, I], norms [H]. Packed here in
@@ -36,14 +38,29 @@ class DecodeStackF32 : public StackTeam<8> {
   // Hkv, D] float32, float16 or bfloat16 (K/V stored rounded to it, attention computes in float32); slots [T] int64; block_tables [S, max_blocks] int32; row_seq [T] int64;
   // ctx_lens [T] int64 (row t attends over [0, ctx_lens[t]), itself included). Writes this step's
   // K/V into the cache; returns the final-norm hidden states [T, H] float32.
+  // With `logits` ([T, head_size] float32; attach_head first): also the LM head over the
+  // final-norm rows into it, and with `argmax` ([T] int64) each row's torch.argmax, in the same
+  // parallel region.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                      const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
-                     const at::Tensor& ctx_lens, double scale) const;
+                     const at::Tensor& ctx_lens, double scale, const c10::optional<at::Tensor>& logits = c10::nullopt,
+                     const c10::optional<at::Tensor>& argmax = c10::nullopt) const;
 
   // Per-layer q and k RMS norm weights ([D] each; Qwen3), applied to each head of the projections
   // before rope as rope_write_kv's q_norm / k_norm do (qk_norm_row, the model's eps).
   void attach_qk_norms(const std::vector<at::Tensor>& q_norm, const std::vector<at::Tensor>& k_norm);
   bool has_qk_norms() const { return !layers_.empty() && layers_[0].q_norm.defined(); }
+
+  // The model's LM head [N = vocab, H], packed as linear_packed_f32 takes it (data, scales,
+  // format: the model's packed head, referenced, not copied), for forward's `logits`: a decode
+  // step's logits and their argmax in the stack's own parallel region, the bits
+  // linear_packed_f32 gives, without waking the team a second time.
+  void attach_head(const at::Tensor& data, const at::Tensor& scales, int64_t format, int64_t N);
+  // The attached head's N (the vocabulary), 0 without one.
+  int64_t head_size() const { return head_N_; }
+  // An uninitialised [T, head_size] float32 tensor for forward's `logits`, on pages kept mapped
+  // from one step's logits to the next (page_pool.h).
+  at::Tensor new_logits(int64_t T) const { return PagePool::take(logits_pool_, T, head_N_); }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t weight_format() const { return format_; }
@@ -56,10 +73,12 @@ class DecodeStackF32 : public StackTeam<8> {
 
  private:
   // forward with the cache's storage type KV (float, c10::Half or c10::BFloat16).
+  // With logits (and argmax) non-null, the head runs after the last layer.
   template <typename KV>
   at::Tensor forward_kv(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                         const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& row_seq,
-                        const at::Tensor& ctx_lens, double scale) const;
+                        const at::Tensor& ctx_lens, double scale, float* logits, int64_t* argmax) const;
+
   struct Packed {
     at::Tensor data, scales;
   };
@@ -70,6 +89,9 @@ class DecodeStackF32 : public StackTeam<8> {
   };
   std::vector<Layer> layers_;
   at::Tensor final_norm_;
+  Packed head_;  // undefined until attach_head
+  int64_t head_N_ = 0, head_format_ = 0;
+  std::shared_ptr<PagePool> logits_pool_ = PagePool::create();
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_, format_;
   double eps_;
 };

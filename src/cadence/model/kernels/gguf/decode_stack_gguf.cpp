@@ -299,22 +299,9 @@ at::Tensor DecodeStackGGUF::forward(const at::Tensor& x, const at::Tensor& cos, 
   }
   const float* clp = any_local ? cl.data_ptr<float>() : nullptr;
   const float* slp_ = any_local ? sl_.data_ptr<float>() : nullptr;
-  float* lp = nullptr;
-  int64_t* ap = nullptr;
-  if (logits.has_value() && logits->defined()) {
-    TORCH_CHECK(head_.N > 0, "DecodeStackGGUF: logits need attach_head first");
-    check_cpu_contiguous(*logits, "logits");
-    TORCH_CHECK(logits->scalar_type() == at::kFloat && logits->dim() == 2 && logits->size(0) == T &&
-                    logits->size(1) == head_.N,
-                "DecodeStackGGUF: logits [T, ", head_.N, "] float32");
-    lp = logits->data_ptr<float>();
-  }
-  if (argmax.has_value() && argmax->defined()) {
-    TORCH_CHECK(lp != nullptr, "DecodeStackGGUF: argmax needs logits");
-    check_cpu_contiguous(*argmax, "argmax");
-    TORCH_CHECK(argmax->scalar_type() == at::kLong && argmax->numel() == T, "DecodeStackGGUF: argmax [T] int64");
-    ap = argmax->data_ptr<int64_t>();
-  }
+  const HeadOutputs head("DecodeStackGGUF", logits, argmax, T, head_.N);
+  float* lp = head.logits;
+  int64_t* ap = head.argmax;
   // The KV cache's storage type: float32, or float16 / bf16 (--kv-cache-dtype; attention_f32.h).
   switch (kv.scalar_type()) {
     case at::kHalf:
