@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,32 +41,12 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from cadence.bench.server_process import launch_cli
 
 
 def start(args: list[str], log_path: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "cadence.cli", "serve", "--port", str(port),
-           "--log-level", "warning", *args]
-    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                            env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited; see {log_path}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"server not ready; see {log_path}")
+    """`cadence serve ARGS` on a free port, healthy."""
+    return launch_cli(["serve", *args], log_path)
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -53,7 +53,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,6 +63,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from cadence.bench.server_process import launch_cli
 from cadence.core.step_cost import StepFeatures
 from cadence.sim.think_time import ThinkTime, add_think_arguments
 from cadence.server.proc_stat import command_line, cpu_seconds, descendants, thread_cpu_seconds
@@ -71,33 +71,6 @@ from cadence.server.proc_stat import command_line, cpu_seconds, descendants, thr
 WORDS = ("the model reads each token of the prompt and writes keys and values into blocks of "
          "its cache while the scheduler packs prefill chunks next to decode steps under a "
          "budget so that streams keep flowing and long documents do not stall them").split()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(args: list[str], log_path: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "cadence.cli", *args, "--port", str(port),
-           "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                            env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{args[0]} exited; see {log_path}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"not ready; see {log_path}")
 
 
 COUNTERS = ("cadence:prefix_cache_hits_total", "cadence:prefix_cache_queries_total",
@@ -451,7 +424,7 @@ def main() -> int:
         rows_of_n = []
         trace = [f"--trace={os.path.join(out_dir, f'trace-{n}.jsonl')}"] if args.traces else []
         try:
-            proc, first_url = start(["serve", *model, "--data-parallel-size", str(n),
+            proc, first_url = launch_cli(["serve", *model, "--data-parallel-size", str(n),
                                      "--routing-policy", "cache-aware",
                                      *args.serve_args.split(), *trace],
                                     os.path.join(out_dir, f"serve-{n}.log"))
@@ -460,7 +433,7 @@ def main() -> int:
             routers = {"cache-aware": first_url}
             for policy in args.policies.split(","):
                 if policy not in routers:
-                    p, u = start(["router", "--worker", *workers, "--routing-policy", policy],
+                    p, u = launch_cli(["router", "--worker", *workers, "--routing-policy", policy],
                                  os.path.join(out_dir, f"router-{n}-{policy}.log"))
                     procs.append(p)
                     routers[policy] = u

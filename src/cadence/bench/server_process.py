@@ -37,6 +37,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch_cli(args: list[str], log_path: str, timeout_s: float = 900.0) -> tuple[subprocess.Popen, str]:
+    """Start `python -m cadence.cli ARGS --port P` (any subcommand that serves /health: serve,
+    router) with its output in `log_path`; return (process, base URL) once /health answers 200.
+    For benchmarks that keep the process across phases and stop it themselves. Idle OpenMP threads
+    sleep (OMP_WAIT_POLICY=PASSIVE), as the server sets for itself, so they do not spin on cores
+    the load generator shares."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "cadence.cli", *args, "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+                            env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerStartError(f"{args[0]} exited; see {log_path}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise ServerStartError(f"{args[0]} not ready after {timeout_s:.0f} s; see {log_path}")
+
+
 def serve_command(setting: ServeSetting, port: int, extra_args: tuple[str, ...] = ()) -> list[str]:
     return [
         sys.executable, "-m", "cadence.cli", "serve",
