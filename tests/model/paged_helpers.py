@@ -81,3 +81,21 @@ def bad_prefill_attention_calls(dtype):
         ("1-D int32", (q, cache, cache, 1.0, table.long(), 8)),
         ("caches", (q, kv, kv, 1.0, table, 8)),
     ]
+
+
+def random_sequences_in_pool(lengths, heads, kv_heads, dim, pool, block_size):
+    """Random q [n, heads, dim], k/v [n, kv_heads, dim] per sequence, an empty paged cache pair
+    [pool, block_size, kv_heads, dim] and each sequence's block table, drawn from one shuffled
+    pool (so tables are scattered and disjoint). Uses torch's global generator: seed it first."""
+    qs = [torch.randn(n, heads, dim) for n in lengths]
+    ks = [torch.randn(n, kv_heads, dim) for n in lengths]
+    vs = [torch.randn(n, kv_heads, dim) for n in lengths]
+    k_cache = torch.zeros(pool, block_size, kv_heads, dim)
+    v_cache = torch.zeros_like(k_cache)
+    perm = torch.randperm(pool).tolist()
+    tables, cursor = [], 0
+    for n in lengths:
+        need = -(-n // block_size)
+        tables.append(perm[cursor:cursor + need])
+        cursor += need
+    return qs, ks, vs, k_cache, v_cache, tables

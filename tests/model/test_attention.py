@@ -11,6 +11,8 @@ from cadence.model.attention_metadata import AttentionMetadata
 from cadence.model.config import ModelConfig
 from cadence.model.kv_cache import KVCache, kv_bytes_per_block
 
+from .paged_helpers import random_sequences_in_pool
+
 HEADS, KV_HEADS, DIM = 4, 2, 8
 
 
@@ -35,18 +37,9 @@ def dense_reference(q, k, v):
 def test_paged_attention_matches_dense_for_any_chunking(block_size):
     torch.manual_seed(0)
     lengths = [13, 7, 1, 20]
-    qs = [torch.randn(n, HEADS, DIM) for n in lengths]
-    ks = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
-    vs = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
     pool = 64
-    k_cache = torch.zeros(pool, block_size, KV_HEADS, DIM)
-    v_cache = torch.zeros_like(k_cache)
-    perm = torch.randperm(pool).tolist()
-    tables, cursor = [], 0
-    for n in lengths:
-        need = -(-n // block_size)
-        tables.append(perm[cursor:cursor + need])
-        cursor += need
+    qs, ks, vs, k_cache, v_cache, tables = random_sequences_in_pool(
+        lengths, HEADS, KV_HEADS, DIM, pool, block_size)
     # Step 1: every sequence but the last token of each; step 2: the rest (decodes + a chunk).
     outputs = [[] for _ in lengths]
     cuts = [max(n - 1, 0) if n > 1 else 0 for n in lengths]

@@ -10,6 +10,8 @@ import torch
 from cadence.model.attention import paged_attention
 from cadence.model.attention_metadata import AttentionMetadata
 
+from .paged_helpers import random_sequences_in_pool
+
 HEADS, KV_HEADS, DIM = 4, 2, 8
 
 
@@ -36,18 +38,9 @@ def test_windowed_and_capped_paged_attention_match_dense(block_size, window, sof
     torch.manual_seed(block_size)
     lengths = [37, 9, 22, 3, 30]
     cuts = [(20, 36), (4, 8), (21, 21), (1, 2), (10, 29)]  # step boundaries per sequence
-    qs = [torch.randn(n, HEADS, DIM) for n in lengths]
-    ks = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
-    vs = [torch.randn(n, KV_HEADS, DIM) for n in lengths]
     pool = 128
-    k_cache = torch.zeros(pool, block_size, KV_HEADS, DIM)
-    v_cache = torch.zeros_like(k_cache)
-    perm = torch.randperm(pool).tolist()
-    tables, cursor = [], 0
-    for n in lengths:
-        need = -(-n // block_size)
-        tables.append(perm[cursor:cursor + need])
-        cursor += need
+    qs, ks, vs, k_cache, v_cache, tables = random_sequences_in_pool(
+        lengths, HEADS, KV_HEADS, DIM, pool, block_size)
     outputs = [[] for _ in lengths]
     scale = DIM ** -0.5
     for step in range(3):
