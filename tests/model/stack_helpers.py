@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
+import pytest
 import torch
 
 from cadence.model.attention_metadata import AttentionMetadata
@@ -121,3 +122,19 @@ def check_head_gives_the_separate_heads_bits(model, config, tables: list[list[in
             assert torch.equal(argmax, expected.argmax(-1))
             assert expected_argmax is None or torch.equal(argmax, expected_argmax)
             assert torch.equal(kv.storage, expected_kv)
+
+
+def check_stack_rejects_bad_kv_addresses(stack, config, dtype: torch.dtype, pool: int, block: int) -> None:
+    """A stack's forward refuses, with a clear error, a slot past the cache, a context longer
+    than its block table covers and a block id outside the pool (no out-of-bounds access)."""
+    kv = KVCache(config, pool, block, dtype, "cpu")
+    x = torch.zeros(1, config.hidden_size, dtype=dtype)
+    cos = torch.zeros(1, 64)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    one = torch.ones(1, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="slot"):
+        stack.forward(x, cos, cos, kv.storage, torch.tensor([pool * block]), table, one - 1, one, 0.125)
+    with pytest.raises(RuntimeError, match="ctx_len"):
+        stack.forward(x, cos, cos, kv.storage, one, table, one - 1, one * 9, 0.125)
+    with pytest.raises(RuntimeError, match="block id"):
+        stack.forward(x, cos, cos, kv.storage, one, torch.tensor([[pool]], dtype=torch.int32), one - 1, one, 0.125)

@@ -16,7 +16,7 @@ from cadence.model.fused_decode import ENV_SWITCH, STACK_MAX_CHUNK
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
 from cadence.model.kv_cache import KVCache
 from cadence.model.loader import load_model
-from .stack_helpers import on_one_thread, solo_and_batch_logits
+from .stack_helpers import check_stack_rejects_bad_kv_addresses, on_one_thread, solo_and_batch_logits
 
 KERNELS = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None or not KERNELS.has_avx512bf16(),
@@ -162,14 +162,4 @@ def test_packed_gemm_and_stack_reject_bad_input(tiny_llama_d64_dir, monkeypatch)
                                    torch.zeros(1, 3, 16, 2, dtype=torch.bfloat16), 16, None)
     loaded = load_model(tiny_llama_d64_dir, dtype=torch.bfloat16, device="cpu")
     _, _, stack = run_steps(loaded, [[(0, 1), (0, 1), (0, 1)]], True, monkeypatch)
-    kv = KVCache(loaded.config, POOL, BLOCK, loaded.dtype, "cpu")
-    x = torch.zeros(1, loaded.config.hidden_size, dtype=torch.bfloat16)
-    cos = torch.zeros(1, 64)
-    table = torch.tensor([[0, 1]], dtype=torch.int32)
-    one = torch.ones(1, dtype=torch.int64)
-    with pytest.raises(RuntimeError, match="slot"):
-        stack.forward(x, cos, cos, kv.storage, torch.tensor([POOL * BLOCK]), table, one - 1, one, 0.125)
-    with pytest.raises(RuntimeError, match="ctx_len"):
-        stack.forward(x, cos, cos, kv.storage, one, table, one - 1, one * 9, 0.125)
-    with pytest.raises(RuntimeError, match="block id"):
-        stack.forward(x, cos, cos, kv.storage, one, torch.tensor([[POOL]], dtype=torch.int32), one - 1, one, 0.125)
+    check_stack_rejects_bad_kv_addresses(stack, loaded.config, torch.bfloat16, POOL, BLOCK)

@@ -14,10 +14,9 @@ import torch
 
 from cadence.model.fused_decode import ENV_SWITCH, STACK_MAX_CHUNK, WEIGHT_FORMATS, stored_values
 from cadence.model.kernels.cpu_ops import load_cpu_kernels
-from cadence.model.kv_cache import KVCache
 from cadence.model.loader import load_model
 from . import stack_helpers
-from .stack_helpers import on_one_thread, solo_and_batch_logits
+from .stack_helpers import check_stack_rejects_bad_kv_addresses, on_one_thread, solo_and_batch_logits
 
 KERNELS = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None or not hasattr(KERNELS, "DecodeStackF32")
@@ -225,17 +224,7 @@ def test_packed_f32_and_stack_reject_bad_input(tiny_llama_d64_dir, monkeypatch):
         KERNELS.linear_packed_f32(torch.zeros(2, 64), data, scales, 0, 16)
     loaded = load_model(tiny_llama_d64_dir, dtype=torch.float32, device="cpu")
     _, _, stack = run_steps(loaded.model, loaded.config, [[(0, 1), (0, 1), (0, 1)]], True, monkeypatch)
-    kv = KVCache(loaded.config, POOL, BLOCK, torch.float32, "cpu")
-    x = torch.zeros(1, loaded.config.hidden_size)
-    cos = torch.zeros(1, 64)
-    table = torch.tensor([[0, 1]], dtype=torch.int32)
-    one = torch.ones(1, dtype=torch.int64)
-    with pytest.raises(RuntimeError, match="slot"):
-        stack.forward(x, cos, cos, kv.storage, torch.tensor([POOL * BLOCK]), table, one - 1, one, 0.125)
-    with pytest.raises(RuntimeError, match="ctx_len"):
-        stack.forward(x, cos, cos, kv.storage, one, table, one - 1, one * 9, 0.125)
-    with pytest.raises(RuntimeError, match="block id"):
-        stack.forward(x, cos, cos, kv.storage, one, torch.tensor([[POOL]], dtype=torch.int32), one - 1, one, 0.125)
+    check_stack_rejects_bad_kv_addresses(stack, loaded.config, torch.float32, POOL, BLOCK)
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
