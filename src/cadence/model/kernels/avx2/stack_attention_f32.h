@@ -1,8 +1,8 @@
 // Phase 3 of a layer in the float32 fused stacks (DecodeStackF32, DecodeStackGGUF): every row's
 // attention over the paged cache as (row, span) items (attention_f32.h), taken dynamically by
-// the team, then each (row, query head)'s span partials merged. Which thread runs an item or a
-// merge does not change its bits (the items and their merge order depend on the rows' context
-// lengths only).
+// the team (longest first: SpanItems::by_length), then each (row, query head)'s span partials
+// merged. Which thread runs an item or a merge does not change its bits (the items and their
+// merge order depend on the rows' context lengths only).
 #pragma once
 
 #include <atomic>
@@ -38,8 +38,8 @@ inline void attention_phase_f32(StepThread<PHASES>& thread, SpanItems& plan, std
                                 const float* qkv, int64_t Hq, int64_t Hkv, int64_t D, const KV* kc, const KV* vc,
                                 const StepRows& rows, float scale, std::vector<float>& scores, float* attn) {
   const int64_t qkv_width = (Hq + 2 * Hkv) * D, G = Hq / Hkv, items = plan.items();
-  for (int64_t i = next_item.fetch_add(1); i < items; i = next_item.fetch_add(1)) {
-    const int64_t t = plan.row[i];
+  for (int64_t k = next_item.fetch_add(1); k < items; k = next_item.fetch_add(1)) {
+    const int64_t i = plan.by_length[k], t = plan.row[i];
     const auto [p0, p1] = plan.positions(i, rows.lenp[t]);
     dispatch_f32_head_dim(D, [&](auto dim) {
       attend_span_f32<decltype(dim)::value, KV>(qkv + t * qkv_width, G, Hkv, kc, vc, rows.table(t), rows.block_size,
