@@ -12,13 +12,15 @@ two of its layers. Two numbers decide what that costs:
   A step runs at the layer boundary nearest to a pace after the last one's start, so steps
   start a pace apart on average and at most half a segment more (at the last boundary before
   the pace was up, they started 35-80 ms apart for a 75 ms pace: more steps than the share).
-  (Measured on the 2-core Zen 4 host, SmolLM2-135M: a 3-row decode step takes 6.1 ms alone
-  (6.9 ms with CADENCE_ISA=avx2) but 9-11.5 ms between two prompt layers, whose work has
-  evicted the weights from the caches: at 0.1 a pace of 100-125 ms, so the cap (80 ms at the
-  default target) sets it there. At 0.15 (70-80 ms) a Poisson mix at 2 req/s (AVX2) served
-  0.84-0.87x disagg's goodput in one run; at 0.1 1.22-2.1x the former fixed pace's in one
-  call, within this host's run-to-run spread. At 0.2 (a 55-69 ms pace)
-  the document's TTFT was already 1.34-1.44x eager's in-process, over issue 34's 1.3x bound.)
+  (Measured on the 2-core Zen 4 host, SmolLM2-135M: a 3-row decode step at context 300 takes
+  5.5-7.5 ms alone and 6-8.5 ms between two prompt layers, 0.4 ms of it schedule and outputs,
+  and a warm rerun of the same plan is about as slow, so the caches cost little (earlier,
+  at context ~50-100 on older code: 6.1 ms alone, 9-11.5 ms paused): at 0.1 a pace of 70-100
+  ms, so the cap (80 ms at the default target) mostly sets it there. At 0.15 (70-80 ms) a
+  Poisson mix at 2 req/s (AVX2) served 0.84-0.87x disagg's goodput in one run; at 0.1
+  1.22-2.1x the former fixed pace's in one call, within this host's run-to-run spread. At 0.2
+  (a 55-69 ms pace) the document's TTFT was already 1.34-1.44x eager's in-process, over issue
+  34's 1.3x bound.)
 - the chunk: the pauses are at layer boundaries (between two layers and between a layer's
   attention and its MLP), so a pause is due at most one such segment late; the chunk is the
   largest whose segment fits in SEGMENT_SHARE of the pace (from the measured segment time per
