@@ -95,29 +95,43 @@ struct OffsetSteps {
   static constexpr int X16_GEMV_PAIRS = 2;  // a decode row's octets four at a time (eight no faster)
   static constexpr int AVX2_GEMV_OCTETS = 4;
 
-  // Group j of R rows x O octets (maddubs, no VNNI): per (row, octet) and 8 k the two maddubs'
-  // int16 pair sums are added (4 products of q <= 63: <= 32004, exact), one madd multiplies them
-  // by the 16 k's scale (int16 pairs of the signed sc) into the block's int32 sum.
+  // Group j of R rows x O octets (maddubs, no VNNI): its two 16-k scales' halves (half_avx2). The
+  // rows' tiles (R > 1) call the two halves straight: in a loop over them GCC tested each half's
+  // k-octet bounds at run time, and Q6_K's AVX2 M = 32 GEMM stayed ~20% slower than before the
+  // tile dedupe (1217d7b; docs/performance.md, issue 30). The decode GEMV (R = 1) keeps the loop
+  // (its rate did not move either way).
   template <int R, int O>
   static void group_avx2(const avx2::QuantizedRows& xq, int64_t m0, int64_t k0, const uint8_t* const* b, int j,
                          __m256i (&block_sum)[R][O]) {
+    if constexpr (R > 1) {
+      half_avx2<R, O>(xq, m0, k0, b, j, 0, block_sum);
+      half_avx2<R, O>(xq, m0, k0, b, j, 1, block_sum);
+    } else {
+      for (int p = 0; p < 2; ++p) half_avx2<R, O>(xq, m0, k0, b, j, p, block_sum);
+    }
+  }
+
+  // Scale 2j + p's 16 k (k-octets 2p, 2p + 1 of group j): per (row, octet) and 8 k the two
+  // maddubs' int16 pair sums are added (4 products of q <= 63: <= 32004, exact), one madd
+  // multiplies them by the scale (int16 pairs of the signed sc) into the block's int32 sum.
+  template <int R, int O>
+  static void half_avx2(const avx2::QuantizedRows& xq, int64_t m0, int64_t k0, const uint8_t* const* b, int j, int p,
+                        __m256i (&block_sum)[R][O]) {
     // Byte c of 8 scales into both bytes of int16 lanes 2c and 2c + 1 (then >> 8: sign-extended).
     const __m256i scale_twice = _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
                                                  4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
-    for (int p = 0; p < 2; ++p) {
-      __m256i sc16[O];
-      for (int i = 0; i < O; ++i) {
-        int64_t scales;
-        std::memcpy(&scales, b[i] + OFFSET_HEADER_SCALES + (2 * j + p) * 8, sizeof(scales));
-        sc16[i] = _mm256_srai_epi16(_mm256_shuffle_epi8(_mm256_set1_epi64x(scales), scale_twice), 8);
-      }
-      for (int kk = 2 * p; kk < 2 * p + 2; ++kk) {
-        __m256i lo[O], hi[O];
-        for (int i = 0; i < O; ++i) U::unpack_256(b[i], j, kk, lo[i], hi[i]);
-        maddubs_pairs<R, O>(xq, m0, k0 + kk * 8, lo, hi, [&](int r, int i, __m256i pairs) {
-          block_sum[r][i] = _mm256_add_epi32(block_sum[r][i], _mm256_madd_epi16(pairs, sc16[i]));
-        });
-      }
+    __m256i sc16[O];
+    for (int i = 0; i < O; ++i) {
+      int64_t scales;
+      std::memcpy(&scales, b[i] + OFFSET_HEADER_SCALES + (2 * j + p) * 8, sizeof(scales));
+      sc16[i] = _mm256_srai_epi16(_mm256_shuffle_epi8(_mm256_set1_epi64x(scales), scale_twice), 8);
+    }
+    for (int kk = 2 * p; kk < 2 * p + 2; ++kk) {
+      __m256i lo[O], hi[O];
+      for (int i = 0; i < O; ++i) U::unpack_256(b[i], j, kk, lo[i], hi[i]);
+      maddubs_pairs<R, O>(xq, m0, k0 + kk * 8, lo, hi, [&](int r, int i, __m256i pairs) {
+        block_sum[r][i] = _mm256_add_epi32(block_sum[r][i], _mm256_madd_epi16(pairs, sc16[i]));
+      });
     }
   }
 

@@ -14,12 +14,25 @@ namespace gguf {
 
 #if CADENCE_HAVE_AVX2
 
+// One R-row 256-bit tile of kquant_rows_avx2 as a function of its own. Inlined into
+// kquant_x8_columns beside every other tile, GCC unrolled the tile's k-octet loop, reordered the
+// int16 adds across the rows and spilled their sums (Q4_K's driver: 129 ymm stack accesses; the
+// R = 4 tile here: none in its k-octet loop), and the AVX2 tier's M = 32 GEMM lost a quarter of
+// its rate in the tile dedupe (1217d7b; docs/performance.md, issue 30). Out of line, each tile's
+// registers are allocated for it alone, as they were before.
+template <class T, int R>
+__attribute__((noinline)) void kquant_row_tile_avx2(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0,
+                                                    const uint8_t* packed, int64_t octet_bytes, int64_t K, float* out,
+                                                    int64_t ldo, int64_t n0) {
+  T::template tile_avx2<R, 1>(xq, half_sums, m0, packed, octet_bytes, K, out, ldo, n0);
+}
+
 // Rows [m0, m0 + rows) against the octet at `packed` in 256-bit tiles of R rows, then fewer.
 template <class T, int R>
 inline void kquant_rows_avx2(const avx2::QuantizedRows& xq, const int32_t* half_sums, int64_t m0, int64_t rows,
                              const uint8_t* packed, int64_t octet_bytes, int64_t K, float* out, int64_t ldo, int64_t n0) {
   int64_t m = m0;
-  for (; m + R <= m0 + rows; m += R) T::template tile_avx2<R, 1>(xq, half_sums, m, packed, octet_bytes, K, out, ldo, n0);
+  for (; m + R <= m0 + rows; m += R) kquant_row_tile_avx2<T, R>(xq, half_sums, m, packed, octet_bytes, K, out, ldo, n0);
   if constexpr (R > 1) {
     if (m < m0 + rows) kquant_rows_avx2<T, R - 1>(xq, half_sums, m, m0 + rows - m, packed, octet_bytes, K, out, ldo, n0);
   }
