@@ -298,6 +298,26 @@ def test_large_repacked_copy_sits_on_whole_huge_pages():
     del weight  # the copy's memory is unmapped with it
 
 
+@pytest.mark.skipif(KERNELS is None, reason="needs the compiled kernels")
+def test_small_repacked_copies_share_huge_page_chunks():
+    """Repacked copies that would waste over an eighth of whole 2 MiB pages of their own (a 1B
+    model's q and k: 2.36 and 0.59 MB) are carved one after the other from a shared chunk of huge
+    pages (huge_pages.h HugePageArena), each 64-byte aligned; each computes what its row-wise
+    blocks compute, also after the other one is freed (a chunk lives while any copy of it does)."""
+    K = 2048
+    q = GGUFWeight.from_data(Q.Q4_K, (2048, K), random_blocks(Q.Q4_K, 2048, K, seed=27))
+    k = GGUFWeight.from_data(Q.Q6_K, (512, K), random_blocks(Q.Q6_K, 512, K, seed=28))
+    first, second = q.packed.data_ptr(), k.packed.data_ptr()
+    assert first % 64 == 0 and second % 64 == 0
+    # The next slice of the same chunk, or (the chunk full) the start of a new 2 MiB-aligned one.
+    assert second == first + (q.packed.numel() + 63) // 64 * 64 or second % (2 << 20) == 0
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(29))
+    expected = KERNELS.gguf_linear(x, k.blocks, int(Q.Q6_K), 512, K, None, None)
+    del q
+    torch.testing.assert_close(k.linear(x), expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+    torch.testing.assert_close(k.linear(x[:1]), k.linear(x)[:1], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.IQ3_S, Q.TQ1_0, Q.Q8_1])
 def test_unsupported_types_raise_naming_the_type(qtype):
     with pytest.raises(ValueError, match=rf"{qtype.name} is not supported.*Q4_K.*Q6_K"):
