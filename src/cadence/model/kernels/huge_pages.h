@@ -6,7 +6,8 @@
 // and blocks under 2 MiB are never marked: a copy of 2 MiB or more whose own whole pages waste at most
 // an eighth gets them (memory of its own, 2 MiB-aligned); smaller copies (q, k, v, o of a 1B model,
 // 0.6-2.4 MB each, ~13% of its step's bytes: all on 4 KiB pages before, per /proc/self/smaps) share
-// chunks of whole huge pages (HugePageArena). Without THP (`never`, or PR_SET_THP_DISABLE) the advice
+// chunks of whole huge pages (HugePageArena), and so do the float32 stack's packed weights
+// (huge_page_zeros, pack_weight_f32). Without THP (`never`, or PR_SET_THP_DISABLE) the advice
 // does nothing and every copy is on 4 KiB pages, as torch's allocation would be.
 #pragma once
 
@@ -46,7 +47,7 @@ inline void* map_huge_pages(int64_t size) {
 class HugePageArena {
  public:
   static constexpr int64_t CHUNK_BYTES = 16 * HUGE_PAGE_BYTES;
-  static constexpr int64_t MIN_BYTES = 64 << 10;  // smaller copies: a negligible share of a step's bytes
+  static constexpr int64_t MIN_BYTES = 16 << 10;  // smaller copies: a negligible share of a step's bytes
   static constexpr int64_t ALIGN = 64;            // a cache line: what the kernels' loads assume
 
   // An uninitialised [rows, cols] uint8 tensor carved from the process's current chunk (a new
@@ -107,6 +108,18 @@ inline at::Tensor huge_page_bytes(int64_t rows, int64_t cols) {
     if (t.defined()) return t;
   }
   return at::empty({rows, cols}, at::kByte);
+}
+
+// A zero-filled tensor of `sizes` and `dtype` on huge pages by huge_page_bytes' rules (the float32
+// stack's packed weights: SmolLM2's are 0.05-1.2 MB each, none 2 MiB).
+inline at::Tensor huge_page_zeros(at::IntArrayRef sizes, at::ScalarType dtype) {
+  int64_t numel = 1;
+  for (const int64_t s : sizes) numel *= s;
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  if (bytes == 0) return at::empty(sizes, at::TensorOptions().dtype(dtype));
+  at::Tensor t = huge_page_bytes(1, bytes);
+  t.zero_();
+  return t.view(dtype).view(sizes);
 }
 
 }  // namespace cadence_kernels

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../huge_pages.h"
 #include "../ops.h"
 #include "packed_gemm_f32.h"
 
@@ -42,8 +43,9 @@ int64_t first_packed_column(int64_t b, int64_t N, bool interleave_halves) {
 std::tuple<at::Tensor, at::Tensor> pack_weight_int4(const at::Tensor& w, bool interleave_halves) {
   const int64_t N = w.size(0), K = w.size(1), groups = K / INT8_GROUP;
   const int64_t blocks = avx2::packed_blocks(N);
-  auto data = at::zeros({blocks, K / 2, PACK_COLS}, w.options().dtype(at::kByte));
-  auto scales = at::zeros({blocks, groups, 2, PACK_COLS}, w.options().dtype(at::kHalf));
+  // Streamed whole by every decode step: on huge pages (huge_pages.h).
+  auto data = huge_page_zeros({blocks, K / 2, PACK_COLS}, at::kByte);
+  auto scales = huge_page_zeros({blocks, groups, 2, PACK_COLS}, at::kHalf);
   uint8_t* dp = data.data_ptr<uint8_t>();
   c10::Half* sp = scales.data_ptr<c10::Half>();
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
@@ -93,8 +95,8 @@ std::tuple<at::Tensor, at::Tensor> pack_weight_f32(at::Tensor w, int64_t format,
               "pack_weight_f32: interleaving halves needs N a multiple of 32, got ", N);
   const int64_t blocks = avx2::packed_blocks(N);
   const int64_t bytes = avx2::format_bytes(fmt);
-  auto data = at::zeros({blocks, K, PACK_COLS * bytes}, w.options().dtype(at::kByte));
-  auto scales = fmt == WeightFormat::INT8 ? at::zeros({blocks, K / INT8_GROUP, PACK_COLS}, w.options().dtype(at::kFloat))
+  auto data = huge_page_zeros({blocks, K, PACK_COLS * bytes}, at::kByte);  // as pack_weight_int4's
+  auto scales = fmt == WeightFormat::INT8 ? huge_page_zeros({blocks, K / INT8_GROUP, PACK_COLS}, at::kFloat)
                                           : at::empty({0}, w.options().dtype(at::kFloat));
   uint8_t* dp = data.data_ptr<uint8_t>();
   float* sp = scales.data_ptr<float>();
