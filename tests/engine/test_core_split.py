@@ -378,3 +378,60 @@ def test_interleave_steps_decodes_between_the_layers_of_a_prompt_chunk():
     engine, _ = fake_engine(2, executor=fake, core_split="interleave", target_itl_ms=5.0)
     assert drive(engine, WORKLOAD) == expected
     assert engine.split_stepper.interleave and fake.nested_decodes >= 3
+
+
+def test_interleave_runs_decode_steps_between_row_blocks_of_a_layer(monkeypatch, tiny_llama_d64_dir):
+    """--core-split interleave on a model whose layers compute each row alone (int8 packed
+    GEMMs, the paged attention kernel): the prompt chunk's ops run over row blocks, decode steps
+    run between two blocks of one layer's op, and the tokens are the colocated run's."""
+    from cadence.core import interleave_pace
+    from cadence.model.fused_decode import has_f32_stack
+    from cadence.model.kernels.cpu_ops import load_cpu_kernels
+    from cadence.model.loader import load_model
+    from cadence.model.pause_points import PausePoints
+
+    kernels = load_cpu_kernels()
+    if kernels is None or not has_f32_stack(kernels):
+        pytest.skip("needs the CPU kernels built for a tier with AVX2 and FMA")
+    loaded = load_model(tiny_llama_d64_dir, dtype="float32", device="cpu", quantization="int8")
+    tok = loaded.tokenizer
+    doc = tok.encode("Paged attention stores keys and values in fixed-size blocks. " * 12)
+    streams = [tok.encode(t) for t in ("The quick brown fox jumps.", "Hello world! How are you?")]
+    workload = [(at(0), [("s0", streams[0]), ("s1", streams[1])]), (decoding("s1"), [("doc", doc)])]
+
+    def engine_run(core_split: str):
+        cfg = EngineConfig(scheduler=SchedulerConfig(
+            policy="adaptive", max_model_len=1000, split_prefill_chunk=40, core_split=core_split,
+            target_itl_ms=0.5), cache=CacheConfig(block_size=16, num_blocks=200), startup_profile=False)
+        engine = LLMEngine.from_loaded(loaded, cfg)
+        engine._split_cores = 2
+        tokens = drive(engine, workload)
+        stepper = engine.split_stepper
+        engine.close()
+        return tokens, stepper
+
+    colocated, _ = engine_run("off")
+    # Blocks of 16 rows; a pace of 0.4 ms: a decode step is due at nearly every pause point.
+    monkeypatch.setattr(interleave_pace, "ROW_BLOCK", 16)
+    monkeypatch.setattr(interleave_pace, "MIN_ROW_BLOCK", 16)
+    # The decode steps that ran at a pause between two row blocks (the stepper counts them all).
+    steppers: list[SplitStepper] = []
+    inside_decodes = []
+    inside, original_init = PausePoints.inside, SplitStepper.__init__
+
+    def counted(points):
+        before = steppers[-1].num_overlapped_decode_steps
+        inside(points)
+        if steppers[-1].num_overlapped_decode_steps > before:
+            inside_decodes.append(points.row_block)
+
+    def remember(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        steppers.append(self)
+
+    monkeypatch.setattr(PausePoints, "inside", counted)
+    monkeypatch.setattr(SplitStepper, "__init__", remember)
+    interleaved, stepper = engine_run("interleave")
+    assert interleaved == colocated
+    assert stepper.interleave and stepper._rows_split
+    assert len(inside_decodes) >= 3

@@ -161,7 +161,8 @@ class SchedulerConfig:
             "Under 'interleave' (where short prompts are interjected between layers) the first "
             "chunk's size and the smallest: later chunks are the largest whose layer segment "
             "fits a quarter of the decode pace, from their measured time, within "
-            "--max-num-batched-tokens."
+            "--max-num-batched-tokens (all of it where the model pauses between row blocks "
+            "of a layer's ops: core/interleave_pace.py)."
         },
     )
 

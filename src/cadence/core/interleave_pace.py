@@ -21,25 +21,45 @@ two of its layers. Two numbers decide what that costs:
   1.22-2.1x the former fixed pace's in one call, within this host's run-to-run spread. At 0.2
   (a 55-69 ms pace) the document's TTFT was already 1.34-1.44x eager's in-process, over issue
   34's 1.3x bound.)
-- the chunk: the pauses are at layer boundaries (between two layers and between a layer's
-  attention and its MLP), so a pause is due at most one such segment late; the chunk is the
-  largest whose segment fits in SEGMENT_SHARE of the pace (from the measured segment time per
-  chunk token; steps then start at most 1.125 paces apart), within the step's token budget.
-  Larger chunks cost less per token (the GEMMs run in longer tiles, fewer steps' fixed work):
-  a 1650-token document took 1.10x as long in
+- the chunk and its pause points: the pauses are at layer boundaries (between two layers and
+  between a layer's attention and its MLP) and, where the model computes each row the same
+  whatever rows share its ops (packed integer or GGUF GEMMs, every row's attention through the
+  paged kernel: the default model; LlamaDecoderLayer._blocks), between row blocks of those
+  ops (model/pause_points.py): a block's attention rows need only the keys of earlier rows,
+  which earlier blocks wrote, so the blocks run in order and give the bits of the whole op
+  (invariant 1). A pause between blocks costs a time compare when no step is due. The row
+  block is the largest whose longest op piece (measured seconds per row) fits SEGMENT_SHARE
+  of the pace, ROW_BLOCK before a measurement, at least MIN_ROW_BLOCK; a step then waits at
+  most about a block for its turn, not a layer segment, so the chunk is no longer bounded by
+  the pace: once the model has shown it splits rows, chunks are the token budget (a
+  1650-token document in one step, eager's per-token cost; blocks of 128-512 rows cost
+  nothing measurable against the whole ops: 0.89-0.97x, SmolLM2 Q4_1, 2 cores, one
+  `cpu_excl` call). Elsewhere (float weights through torch's GEMM, the flash prefill
+  kernel) the ops run whole and the chunk is the largest whose segment fits SEGMENT_SHARE of
+  the pace (from the measured segment time per chunk token; steps then start at most 1.125
+  paces apart), within the step's token budget. Larger chunks cost less per token (the GEMMs
+  run in longer tiles, fewer steps' fixed work): a 1650-token document took 1.10x as long in
   512-token chunks as in one step there, 0.97-1.0x in 1024-token ones; the longest segment
-  measured 48-68 us per chunk token (SmolLM2, 2 cores), so a 75 ms pace keeps the first chunk's
-  512 tokens there.
+  measured 48-68 us per chunk token (SmolLM2, 2 cores), so a 75 ms pace keeps the first
+  chunk's 512 tokens there.
 """
 
 from __future__ import annotations
 
-# Decode seconds per second of prefill while a prompt's chunk is paused for decode steps.
-DECODE_SHARE = 0.1
+import os
+
+# Decode seconds per second of prefill while a prompt's chunk is paused for decode steps
+# (CADENCE_DECODE_SHARE sets it for A/B runs).
+DECODE_SHARE = float(os.environ.get("CADENCE_DECODE_SHARE", "0.1"))
 # The longest pace, as a share of the ITL target (a margin for the step's own variation).
 PACE_CAP = 0.8
-# The longest layer segment of a chunk, as a share of the pace.
+# The longest piece of a chunk between two pause points (a layer segment, or a row block of
+# one), as a share of the pace.
 SEGMENT_SHARE = 0.25
+# Rows per block of a layer's ops before the blocks are measured, and the fewest (smaller
+# blocks run the GEMMs in short tiles and pay the pause check and the ops' fixed work more often).
+ROW_BLOCK = 256
+MIN_ROW_BLOCK = 64
 
 
 def interleave_pace_s(decode_step_s: float | None, target_itl_s: float) -> float:
@@ -52,11 +72,23 @@ def interleave_pace_s(decode_step_s: float | None, target_itl_s: float) -> float
 
 
 def interleave_chunk_tokens(segment_s_per_token: float | None, pace_s: float, first: int,
-                            budget: int) -> int:
+                            budget: int, rows_split: bool = False) -> int:
     """Prompt tokens of the next interleaved chunk: the largest whose longest layer segment
     (measured seconds per chunk token) fits SEGMENT_SHARE of the pace, at least `first` (the
-    chunk before any measurement, --split-prefill-chunk) and at most the token budget."""
+    chunk before any measurement, --split-prefill-chunk) and at most the token budget; the
+    budget where the model pauses between row blocks (rows_split: the segment bounds nothing)."""
+    if rows_split:
+        return budget
     if segment_s_per_token is None or segment_s_per_token <= 0:
         return min(first, budget)
     fits = int(SEGMENT_SHARE * pace_s / segment_s_per_token)
     return max(min(first, budget), min(budget, fits))
+
+
+def interleave_row_block(block_s_per_row: float | None, pace_s: float, budget: int) -> int:
+    """Rows per block of a chunk's layer ops: the most whose longest block (measured seconds
+    per row) fits SEGMENT_SHARE of the pace, at least MIN_ROW_BLOCK, ROW_BLOCK before any
+    measurement, at most the token budget."""
+    if block_s_per_row is None or block_s_per_row <= 0:
+        return min(ROW_BLOCK, budget)
+    return max(MIN_ROW_BLOCK, min(budget, int(SEGMENT_SHARE * pace_s / block_s_per_row)))

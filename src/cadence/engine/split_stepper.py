@@ -22,6 +22,7 @@ may (invariant 1).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -30,9 +31,10 @@ from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from cadence.core.core_split import CoreSplit, SplitDecision
-from cadence.core.interleave_pace import interleave_chunk_tokens, interleave_pace_s
+from cadence.core.interleave_pace import interleave_chunk_tokens, interleave_pace_s, interleave_row_block
 from cadence.core.plan import StepOutput, StepPlan
 from cadence.executor.thread_team import ThreadTeam, set_thread_count, torch_threads
+from cadence.model.pause_points import PausePoints
 
 
 class SplitStepper:
@@ -64,10 +66,13 @@ class SplitStepper:
                            and getattr(engine.executor, "can_pause", False))
         self._last_decode_t = 0.0
         # Interleave's measurements (core/interleave_pace.py): the seconds the chunk is paused
-        # for one decode step (schedule, forward, outputs sent), and the chunk's longest layer
-        # segment per chunk token (running averages).
+        # for one decode step (schedule, forward, outputs sent), the chunk's longest layer
+        # segment per chunk token and its longest row block per row (running averages), and
+        # whether the model pauses between row blocks (then the segment bounds no chunk).
         self._paused_decode_s: float | None = None
         self._segment_s_per_token: float | None = None
+        self._block_s_per_row: float | None = None
+        self._rows_split = False
         self._budget = cfg.max_num_batched_tokens
         if pin is None:  # CADENCE_PIN_TEAMS=1 pins the prefill team to its cores
             # Off by default: on a host shared with other processes a pinned team cannot move
@@ -139,14 +144,15 @@ class SplitStepper:
 
     def _interleave_chunk(self) -> int:
         return interleave_chunk_tokens(self._segment_s_per_token, self.pace_s(),
-                                       self.chunk_tokens, self._budget)
+                                       self.chunk_tokens, self._budget, self._rows_split)
 
     def _interleaved(self, plan: StepPlan) -> list[Any]:
         """The prefill stream's `plan` on every core of this thread; between two of its layers
         the decode stream's next step whenever one is due (this boundary is the nearest to a
         pace after the last one's start: core/interleave_pace.py), and short prompts
         that arrived meanwhile (interjected whole), their tokens sent at once (the engine
-        loop's emit hook)."""
+        loop's emit hook). Where the model runs a layer's ops over row blocks, a due decode
+        step also runs between two blocks (model/pause_points.py)."""
         engine, sched, split = self.engine, self.scheduler, self.split
         cores = split.num_cores
         set_thread_count(cores)
@@ -157,16 +163,20 @@ class SplitStepper:
         # longest one so far, interjections and decode steps left out.
         segment = {"start": time.perf_counter(), "longest": 0.0}
 
+        def due_at() -> float:
+            """When a row blocks' pause is due: a pace after the last decode step's start."""
+            return self._last_decode_t + pace if sched.num_decode_rows() else math.inf
+
         def between_layers() -> None:
             t0 = time.perf_counter()
-            seg = t0 - segment["start"]
-            segment["longest"] = max(segment["longest"], seg)
+            segment["longest"] = max(segment["longest"], t0 - segment["start"])
             try:
-                paused(t0, seg)
+                paused(t0, points.piece_s)
             finally:
                 segment["start"] = time.perf_counter()
+                points.due_at = due_at()
 
-        def paused(t0: float, seg: float) -> None:
+        def paused(t0: float, piece: float) -> None:
             if engine._poll_arrivals is not None:
                 engine._poll_arrivals()
             # A short prompt that arrived during the chunk runs here whole (the colocated
@@ -174,10 +184,10 @@ class SplitStepper:
             if sched.may_interject(plan) and sched.interjection_wanted(plan):
                 engine._interject(plan)
                 t0 = time.perf_counter()
-            # Due at the boundary nearest to the pace's end (the next one is about a segment
-            # away): steps start a pace apart on average, so they take the share of the
-            # prefill's time the pace was set for.
-            if t0 + seg / 2 - self._last_decode_t < pace or not sched.num_decode_rows():
+            # Due at the pause point nearest to the pace's end (the next one is about a piece
+            # away: a layer segment, or a row block): steps start a pace apart on average, so
+            # they take the share of the prefill's time the pace was set for.
+            if t0 + piece / 2 - self._last_decode_t < pace or not sched.num_decode_rows():
                 return
             dplan = sched.schedule_decodes()
             if dplan.is_empty and not _moves_blocks(dplan):
@@ -200,14 +210,20 @@ class SplitStepper:
                 emitted.extend(outs)
             self._paused_decode_s = _ema(self._paused_decode_s, time.perf_counter() - t0)
 
+        points = PausePoints(between_layers, interleave_row_block(self._block_s_per_row, pace, self._budget))
+        points.due_at = due_at()
+
         t_start = engine._clock()
         t0 = time.perf_counter()
         try:
-            out = engine.executor.execute(plan, between_layers=between_layers)
+            out = engine.executor.execute(plan, between_layers=points)
         except Exception as exc:  # fails the prefill stream's requests, not the engine
             sched.drop_prefill(plan)
             return emitted + engine._fail_plan(plan, exc)
         split.observe_prefill(time.perf_counter() - t0)
+        self._rows_split = self._rows_split or points.split_rows
+        if points.longest_block_s > 0:
+            self._block_s_per_row = _ema(self._block_s_per_row, points.longest_block_s / points.row_block)
         if segment["longest"] > 0 and plan.num_prefill_tokens >= self.chunk_tokens:
             # Full-size chunks only: a short one's fixed work per segment would count per token.
             self._segment_s_per_token = _ema(self._segment_s_per_token,

@@ -39,11 +39,12 @@ from cadence.model.config import ModelConfig
 from cadence.model.fused_decode import (INTEGER_FORMATS, WEIGHT_FORMATS, build_decode_stack, has_f32_stack,
                                         lm_head_format, resolve_weight_format, round_weights_to_format,
                                         step_fits_stack, takes_stack)
-from cadence.model.gguf_modules import linear_side_by_side
+from cadence.model.gguf_modules import GGUFLinear, linear_side_by_side
 from cadence.model.gguf_stack import build_gguf_decode_stack
 from cadence.model.kernels.cpu_ops import cpu_kernels_for
 from cadence.model.kv_cache import KVCache
 from cadence.model.moe import SparseMoeBlock, layer_mlps
+from cadence.model.pause_points import PausePoints
 from cadence.model.rope import RotaryEmbedding, apply_rope
 
 # bf16 GEMMs with at most this many rows use the AVX512-BF16 kernel (memory-bound decode); larger
@@ -63,7 +64,8 @@ SMALL_GEMM_MAX_ROWS = 8
 PACKED_GEMM_MAX_ROWS = int(os.environ.get("CADENCE_PACKED_GEMM_MAX_ROWS", "0")) or None
 
 # A callback the layer-by-layer forward makes between two layers (and mid-layer): the engine
-# runs an interjected short prompt there (cadence.engine.llm_engine).
+# runs an interjected short prompt there (cadence.engine.llm_engine). A PausePoints one may
+# also be called between row blocks of a layer's ops (model/pause_points.py).
 BetweenLayers = Callable[[], None]
 
 
@@ -121,6 +123,12 @@ def _uses_packed(packed: tuple | None, x: torch.Tensor) -> bool:
     if packed[0].format not in _INTEGER_FORMAT_IDS:
         return packed[0].all_rows or x.shape[0] <= PACKED_FLOAT_MAX_ROWS
     return PACKED_GEMM_MAX_ROWS is None or x.shape[0] <= PACKED_GEMM_MAX_ROWS
+
+
+def _gguf_blocks(linears: list[nn.Module]) -> bool:
+    """Whether every one of these projections computes on its GGUF blocks (gguf_native), whose
+    kernel gives a row the same bits whatever rows share the call."""
+    return all(isinstance(lin, GGUFLinear) for lin in linears)
 
 
 def _return_freed_memory() -> None:
@@ -279,25 +287,9 @@ class LlamaAttention(_FusedProjections):
         num_tokens = x.shape[0]
         k_cache, v_cache = kv.k[self.layer_idx], kv.v[self.layer_idx]
         packed = self.packed if _uses_packed(self.packed, x) else None
-        if packed is not None:
-            qkv = packed[0].linear(x, self.fused_bias, kernels)  # [T, Hq*D + 2*Hkv*D]
-        else:
-            qkv = self._qkv(x, kernels).contiguous()  # [T, Hq*D + 2*Hkv*D]
+        qkv = self._project_qkv(x, packed, kernels)  # [T, Hq*D + 2*Hkv*D]
         if self.kernel_rope:
-            if cos32 is None:  # no rope on this layer: the identity rotation
-                cos32 = torch.ones(num_tokens, self.head_dim)
-                sin32 = torch.zeros(num_tokens, self.head_dim)
-            # Norms each q and k head (with q/k norms: the fused stacks' row function), rotates q
-            # and k in place and stores k, v at their slots.
-            norms = {}
-            if self.q_norm is not None:
-                norms = dict(q_norm=self.q_norm.weight.detach(), k_norm=self.k_norm.weight.detach(),
-                             eps=self.q_norm.eps)
-            kernels.rope_write_kv(qkv, cos32, sin32, self.num_heads, self.num_kv_heads,
-                                  k_cache, v_cache, meta.slot_mapping, **norms)
-            q = qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim).contiguous()
-            kv_new = qkv[:, self.q_size:].view(num_tokens, 2, self.num_kv_heads, self.head_dim)
-            k_new, v_new = kv_new[:, 0], kv_new[:, 1]
+            q, k_new, v_new = self._rope_write(qkv, cos32, sin32, meta.slot_mapping, kv, kernels)
         else:
             cos = None if cos32 is None else cos32.to(qkv.dtype)
             sin = None if sin32 is None else sin32.to(qkv.dtype)
@@ -310,11 +302,71 @@ class LlamaAttention(_FusedProjections):
         else:
             attn = paged_attention_cpu(kernels, q, k_new, v_new, k_cache, v_cache, meta,
                                        self.scale, window)  # [T, Hq, D]
+        return self._project_o(attn.reshape(num_tokens, -1), packed, kernels)
+
+    def rows_split_exactly(self, x: torch.Tensor, meta: AttentionMetadata, kernels: ModuleType) -> bool:
+        """Whether forward_cpu_rows gives any block of this step's rows the bits forward_cpu
+        gives them: GEMMs that compute each row alone (the packed ones, or GGUF blocks), the
+        kernels' rope and cache write (per row), and every row's attention through the paged
+        decode kernel over its own context [0, position] (a row needs only the keys of earlier
+        rows, written by earlier blocks)."""
+        q_like = x.new_empty(0, self.num_heads, self.head_dim)
+        if not (self.kernel_rope and rows_share_decode_kernel(q_like, kernels)
+                and self._kernel_window(q_like, meta, kernels)[0]):
+            return False
+        return _uses_packed(self.packed, x) or _gguf_blocks([self.q_proj, self.k_proj, self.v_proj, self.o_proj])
+
+    def forward_cpu_rows(self, x: torch.Tensor, rows: slice, cos32: torch.Tensor | None,
+                         sin32: torch.Tensor | None, meta: AttentionMetadata, kv: KVCache,
+                         kernels: ModuleType) -> torch.Tensor:
+        """forward_cpu of the rows `rows` of the step's x [T, H] (in order, after every earlier
+        block), where rows_split_exactly -> [n, H]; stores their K/V."""
+        x_rows = x[rows]  # [n, H]
+        packed = self.packed if _uses_packed(self.packed, x) else None
+        qkv = self._project_qkv(x_rows, packed, kernels)  # [n, Hq*D + 2*Hkv*D]
+        cos_rows = None if cos32 is None else cos32[rows]
+        sin_rows = None if sin32 is None else sin32[rows]
+        q = self._rope_write(qkv, cos_rows, sin_rows, meta.slot_mapping[rows], kv, kernels)[0]
+        window = self._kernel_window(q, meta, kernels)[1]
+        k_cache, v_cache = kv.k[self.layer_idx], kv.v[self.layer_idx]
+        attn = kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.row_seq_index[rows],
+                                       meta.row_ctx_lens[rows], self.scale, window or 0)  # [n, Hq, D]
+        return self._project_o(attn.reshape(x_rows.shape[0], -1), packed, kernels)
+
+    def _project_qkv(self, x: torch.Tensor, packed: tuple | None, kernels: ModuleType) -> torch.Tensor:
+        """x [T, H] -> qkv [T, Hq*D + 2*Hkv*D], contiguous (packed: the step's packed weights)."""
         if packed is not None:
-            return packed[1].linear(attn.reshape(num_tokens, -1), None, kernels)
+            return packed[0].linear(x, self.fused_bias, kernels)
+        return self._qkv(x, kernels).contiguous()
+
+    def _rope_write(self, qkv: torch.Tensor, cos32: torch.Tensor | None, sin32: torch.Tensor | None,
+                    slots: torch.Tensor, kv: KVCache, kernels: ModuleType
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The kernels' (q/k norms,) rope and cache write of qkv [T, ...] (rotated in place; k, v
+        stored at `slots`) -> q [T, Hq, D] contiguous, k_new, v_new [T, Hkv, D] (views)."""
+        num_tokens = qkv.shape[0]
+        if cos32 is None:  # no rope on this layer: the identity rotation
+            cos32 = torch.ones(num_tokens, self.head_dim)
+            sin32 = torch.zeros(num_tokens, self.head_dim)
+        # Norms each q and k head (with q/k norms: the fused stacks' row function), rotates q
+        # and k in place and stores k, v at their slots.
+        norms = {}
+        if self.q_norm is not None:
+            norms = dict(q_norm=self.q_norm.weight.detach(), k_norm=self.k_norm.weight.detach(),
+                         eps=self.q_norm.eps)
+        kernels.rope_write_kv(qkv, cos32, sin32, self.num_heads, self.num_kv_heads,
+                              kv.k[self.layer_idx], kv.v[self.layer_idx], slots, **norms)
+        q = qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim).contiguous()
+        kv_new = qkv[:, self.q_size:].view(num_tokens, 2, self.num_kv_heads, self.head_dim)
+        return q, kv_new[:, 0], kv_new[:, 1]
+
+    def _project_o(self, attn: torch.Tensor, packed: tuple | None, kernels: ModuleType) -> torch.Tensor:
+        """attention [T, Hq*D] -> o projection [T, H]."""
+        if packed is not None:
+            return packed[1].linear(attn, None, kernels)
         if not isinstance(self.o_proj, nn.Linear):  # GGUF-native: its own blocks
-            return self.o_proj(attn.reshape(num_tokens, -1))
-        return fused_linear(attn.reshape(num_tokens, -1), self.o_proj.weight, None, kernels, self.quantize_inputs)
+            return self.o_proj(attn)
+        return fused_linear(attn, self.o_proj.weight, None, kernels, self.quantize_inputs)
 
 
 class LlamaMLP(_FusedProjections):
@@ -369,6 +421,11 @@ class LlamaMLP(_FusedProjections):
         return fused_linear(self._activated(gate_up, kernels), self.down_proj.weight, self.down_proj.bias,
                             kernels, self.quantize_inputs)
 
+    def rows_split_exactly(self, x: torch.Tensor) -> bool:
+        """Whether forward_cpu computes each row of x [T, H] alone (so any block of them gets
+        the bits the whole step does): the packed GEMMs or GGUF blocks, row-wise activation."""
+        return _uses_packed(self.packed, x) or _gguf_blocks([self.gate_proj, self.up_proj, self.down_proj])
+
     def _activated(self, gate_up: torch.Tensor, kernels: ModuleType) -> torch.Tensor:
         """[gate | up] [T, 2I] -> act(gate) * up [T, I], contiguous."""
         if self.gelu and gate_up.dtype == torch.float32 and hasattr(kernels, "gelu_tanh_mul"):
@@ -415,8 +472,17 @@ class LlamaDecoderLayer(nn.Module):
                     kv: KVCache, kernels: ModuleType, between: BetweenLayers | None = None) -> torch.Tensor:
         """Compiled-kernel path. normed = input_layernorm(residual); residual [T, H] is updated in
         place (+= attention, += MLP); returns next_norm(residual), the next layer's input.
-        `between` is called once between the attention and the MLP (see LlamaForCausalLM.forward)."""
-        attn = self.self_attn.forward_cpu(normed, cos32, sin32, meta, kv, kernels)
+        `between` is called once between the attention and the MLP (see LlamaForCausalLM.forward);
+        PausePoints with a row block also pause between row blocks of the ops (_blocks)."""
+        blocks = self._blocks(normed, meta, kernels, between)
+        if blocks is None:
+            attn = self.self_attn.forward_cpu(normed, cos32, sin32, meta, kv, kernels)
+        else:
+            attn = torch.empty_like(residual)  # [T, H]
+            for n, rows in enumerate(blocks):
+                if n:
+                    between.inside()
+                attn[rows] = self.self_attn.forward_cpu_rows(normed, rows, cos32, sin32, meta, kv, kernels)
         mlp_norm = self.post_attention_layernorm
         if self.sandwich:
             attn = kernels.rms_norm(attn.contiguous(), mlp_norm.weight, mlp_norm.eps)
@@ -424,11 +490,33 @@ class LlamaDecoderLayer(nn.Module):
         normed = kernels.add_rms_norm(residual, attn.contiguous(), mlp_norm.weight, mlp_norm.eps)
         if between is not None:
             between()
-        mlp = self.mlp.forward_cpu(normed, kernels)
+        if blocks is None:
+            mlp = self.mlp.forward_cpu(normed, kernels)
+        else:
+            mlp = torch.empty_like(residual)  # [T, H]
+            for n, rows in enumerate(blocks):
+                if n:
+                    between.inside()
+                mlp[rows] = self.mlp.forward_cpu(normed[rows], kernels)
         if self.sandwich:
             post = self.post_feedforward_layernorm
             mlp = kernels.rms_norm(mlp.contiguous(), post.weight, post.eps)
         return kernels.add_rms_norm(residual, mlp, next_norm.weight, next_norm.eps)
+
+    def _blocks(self, x: torch.Tensor, meta: AttentionMetadata, kernels: ModuleType,
+                between: BetweenLayers | None) -> list[slice] | None:
+        """The row blocks this step's attention and MLP run in, with a pause point between two
+        (PausePoints.inside), or None (the ops whole): only where each row's numbers are the
+        same in any block (invariant 1: rows_split_exactly), and the step is over one block.
+        The norms and residual adds run whole after the blocks (they are per row anyway)."""
+        if not isinstance(between, PausePoints) or not 0 < between.row_block < x.shape[0]:
+            return None
+        if not (isinstance(self.mlp, LlamaMLP) and self.mlp.rows_split_exactly(x)
+                and self.self_attn.rows_split_exactly(x, meta, kernels)):
+            return None
+        between.split_rows = True
+        size = between.row_block
+        return [slice(r, min(r + size, x.shape[0])) for r in range(0, x.shape[0], size)]
 
 
 GLOBAL_ROPE, LOCAL_ROPE = "global", "local"
@@ -682,7 +770,10 @@ class LlamaForCausalLM(nn.Module):
         between_layers: called between two layers (and between a layer's attention and its
         MLP) of the layer-by-layer paths, not inside the fused decode stack. It may run a whole
         other forward on this model and cache (an interjected short prompt): this forward's
-        own state lives in its local tensors, and the other one writes other KV blocks.
+        own state lives in its local tensors, and the other one writes other KV blocks. A
+        PausePoints (model/pause_points.py) is also offered the pauses between row blocks of a
+        layer's ops, where each row's numbers do not depend on the blocks
+        (LlamaDecoderLayer._blocks).
         """
         x = self._embed(input_ids)  # [T, H]
         kernels = self._kernels_for(x, kv) if use_kernels else None
