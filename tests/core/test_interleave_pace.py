@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cadence.core.interleave_pace import (DECODE_SHARE, PACE_CAP, SEGMENT_SHARE,
-                                          interleave_chunk_tokens, interleave_pace_s)
+from cadence.core.interleave_pace import (DECODE_SHARE, MIN_ROW_BLOCK, PACE_CAP, ROW_BLOCK, SEGMENT_SHARE,
+                                          interleave_chunk_tokens, interleave_pace_s, interleave_row_block)
 
 
 def test_the_pace_keeps_decode_steps_to_their_share_of_the_prefill():
@@ -32,3 +32,16 @@ def test_the_chunk_is_the_largest_whose_layer_segment_fits_the_pace():
     # Before any measurement: the first chunk (within the budget).
     assert interleave_chunk_tokens(None, pace, 512, 2048) == 512
     assert interleave_chunk_tokens(None, pace, 512, 256) == 256
+    # A model that pauses between row blocks: the segment bounds nothing, the chunk is the budget.
+    assert interleave_chunk_tokens(1.0, pace, 512, 2048, rows_split=True) == 2048
+
+
+def test_the_row_block_is_the_largest_whose_piece_fits_the_pace():
+    pace = 0.04
+    per_row = 5e-5  # seconds of the longest row block's op piece per row
+    rows = interleave_row_block(per_row, pace, budget=2048)
+    assert rows == int(SEGMENT_SHARE * pace / per_row) and rows * per_row <= SEGMENT_SHARE * pace
+    # Before a measurement ROW_BLOCK; never under MIN_ROW_BLOCK nor over the budget.
+    assert interleave_row_block(None, pace, 2048) == ROW_BLOCK
+    assert interleave_row_block(1.0, pace, 2048) == MIN_ROW_BLOCK
+    assert interleave_row_block(1e-9, pace, 2048) == 2048

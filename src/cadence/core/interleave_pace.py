@@ -9,8 +9,8 @@ two of its layers. Two numbers decide what that costs:
   DECODE_SHARE of the prefill's time: pace = step x (1 + 1 / DECODE_SHARE), so a document's
   TTFT grows by about that share while the streams get a token as often as it allows. It is
   never longer than PACE_CAP x the ITL target (the target holds however slow the steps are).
-  A step runs at the layer boundary nearest to a pace after the last one's start, so steps
-  start a pace apart on average and at most half a segment more (at the last boundary before
+  A step runs at the pause point nearest to a pace after the last one's start, so steps
+  start a pace apart on average and at most half a piece more (at the last boundary before
   the pace was up, they started 35-80 ms apart for a 75 ms pace: more steps than the share).
   (Measured on the 2-core Zen 4 host, SmolLM2-135M: a 3-row decode step at context 300 takes
   5.5-7.5 ms alone and 6-8.5 ms between two prompt layers, 0.4 ms of it schedule and outputs,
@@ -20,7 +20,10 @@ two of its layers. Two numbers decide what that costs:
   Poisson mix at 2 req/s (AVX2) served 0.84-0.87x disagg's goodput in one run; at 0.1
   1.22-2.1x the former fixed pace's in one call, within this host's run-to-run spread. At 0.2
   (a 55-69 ms pace) the document's TTFT was already 1.34-1.44x eager's in-process, over issue
-  34's 1.3x bound.)
+  34's 1.3x bound, with 300-512-token chunks. With the pauses between row blocks below (the
+  document in one chunk), doc-burst over HTTP in two calls (docs/performance.md): at 0.15
+  TTFT 1.01-1.24x eager's, stall 0.058-0.084 s (disagg 0.037-0.042 s; 0.1 on main: 0.090-0.099
+  s); at 0.2 and 0.25 1.20-1.85x, stalls 0.038-0.115 s: hence 0.15.)
 - the chunk and its pause points: the pauses are at layer boundaries (between two layers and
   between a layer's attention and its MLP) and, where the model computes each row the same
   whatever rows share its ops (packed integer or GGUF GEMMs, every row's attention through the
@@ -50,7 +53,7 @@ import os
 
 # Decode seconds per second of prefill while a prompt's chunk is paused for decode steps
 # (CADENCE_DECODE_SHARE sets it for A/B runs).
-DECODE_SHARE = float(os.environ.get("CADENCE_DECODE_SHARE", "0.1"))
+DECODE_SHARE = float(os.environ.get("CADENCE_DECODE_SHARE", "0.15"))
 # The longest pace, as a share of the ITL target (a margin for the step's own variation).
 PACE_CAP = 0.8
 # The longest piece of a chunk between two pause points (a layer segment, or a row block of
