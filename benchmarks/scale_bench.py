@@ -141,10 +141,37 @@ def timed(fn, repeats: int) -> tuple[float, float]:
     return statistics.median(walls), (time.process_time() - cpu0) / repeats
 
 
+# The fused stacks' phases (thread 0's wall seconds per phase; barrier waits count to the phase
+# before them): DecodeStackGGUF's 9, the LM head last.
+STACK_PHASES = ("qkv", "rope", "attention", "o", "norm", "gate_up", "down", "norm2", "head")
+
+
+def phase_flops(c: ModelConfig, batch: int, context: int) -> dict[str, tuple[float, float]]:
+    """Per stack phase with arithmetic: (GEMM FLOPs, attention FLOPs) of one decode step."""
+    L, H, I = c.num_layers, c.hidden_size, c.intermediate_size
+    return {"qkv": (2 * batch * L * H * (c.q_size + 2 * c.kv_size), 0.0),
+            "attention": (0.0, 2 * 2 * batch * L * c.q_size * context),
+            "o": (2 * batch * L * c.q_size * H, 0.0),
+            "gate_up": (2 * batch * L * 2 * H * I, 0.0),
+            "down": (2 * batch * L * I * H, 0.0),
+            "head": (2 * batch * c.vocab_size * H, 0.0)}
+
+
+def stack_phases(loaded: LoadedModel) -> tuple[list[float], int] | None:
+    """The fused stack's last step: thread 0's seconds per phase and its team size (None
+    without a stack)."""
+    stack = getattr(loaded.model, "_decode_stack", None)
+    if not stack or not hasattr(stack, "phase_seconds"):
+        return None
+    return list(stack.phase_seconds()), int(stack.last_team)
+
+
 def decode_step_s(loaded: LoadedModel, batch: int, context: int, steps: int,
-                  kv_budget: float, kv_dtype: torch.dtype) -> tuple[float, float, bool]:
+                  kv_budget: float, kv_dtype: torch.dtype,
+                  phases: list | None = None) -> tuple[float, float, bool]:
     """(median wall seconds, CPU seconds of one decode step of `batch` sequences at `context`
-    over a KV cache stored in kv_dtype, shared context)."""
+    over a KV cache stored in kv_dtype, shared context). `phases`: gets each timed step's
+    stack_phases()."""
     shared = batch * context * kv_bytes_per_token(loaded, kv_dtype) > kv_budget
     per_seq = context // BLOCK_SIZE + 1
     if shared:  # one context's blocks read by all, a private last block each for the new K/V
@@ -159,7 +186,13 @@ def decode_step_s(loaded: LoadedModel, batch: int, context: int, steps: int,
     executor.kv_cache.storage.normal_(0, 1)
     chunks = tuple(ScheduledChunk(f"d{i}", (100 + i,), context, tables[i], True, GREEDY, 1, is_prefill=False)
                    for i in range(batch))
-    wall, cpu = timed(lambda: executor.execute(StepPlan(0, chunks, BLOCK_SIZE)), steps)
+    def step():
+        executor.execute(StepPlan(0, chunks, BLOCK_SIZE))
+        if phases is not None:
+            phases.append(stack_phases(loaded))
+    wall, cpu = timed(step, steps)
+    if phases:
+        del phases[0]  # the warm-up's
     del executor
     return wall, cpu, shared
 
@@ -213,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-llamacpp", action="store_true")
     p.add_argument("--tg", type=int, default=128,
                    help="llama-bench's generated tokens (tg128; fewer for a quick 8B run on a loaded host)")
+    p.add_argument("--phases", action="store_true",
+                   help="after each decode row: the fused stack's thread-0 time per phase (median over the "
+                        "steps), the team size, and each phase's own floor (its FLOPs at the peaks)")
     p.add_argument("--quiet-load", type=float, default=0.0,
                    help="before each round, wait until the 1-minute load average is below this (0: never)")
     p.add_argument("--quiet-wait-s", type=float, default=600.0)
@@ -271,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         return rates[0]
 
     def decode_row_kv(batch: int, context: int, kv_dtype: torch.dtype) -> float:
-        step, cpu, shared = decode_step_s(loaded, batch, context, args.decode_steps, budget, kv_dtype)
+        steps_phases: list = []
+        step, cpu, shared = decode_step_s(loaded, batch, context, args.decode_steps, budget, kv_dtype,
+                                          steps_phases if args.phases else None)
         bytes_ = weights + batch * context * kv_bytes_per_token(loaded, kv_dtype)
         byte_floor_s = bytes_ / machine.bandwidth
         # The roofline floor: the bytes a step reads at the bandwidth, or its FLOPs at the peaks
@@ -286,7 +324,26 @@ def main(argv: list[str] | None = None) -> int:
               f"{bytes_ / step / 1e9:.1f} GB/s; FLOPs {flop_floor_s * 1e3:.1f} ms at the {peaks.gemm_kind}); "
               f"CPU {cpu * 1e3:.0f} ms{'  shared ctx' if shared else ''}"
               f"{f'  KV {kv_dtype}'.replace('torch.', '') if len(kv_dtypes) > 1 else ''}", flush=True)
+        if args.phases:
+            phase_row(batch, context, [p for p in steps_phases if p], floor_s)
         return batch / step
+
+    def phase_row(batch: int, context: int, rows: list[tuple[list[float], int]], floor_s: float) -> None:
+        """Thread 0's median seconds per phase; each phase's floor (its FLOPs at the peaks) and
+        the phase's share of the step's floor."""
+        if not rows:
+            print("    phases: no fused stack ran")
+            return
+        flops = phase_flops(c, batch, context)
+        parts = []
+        for i, name in enumerate(STACK_PHASES[:len(rows[0][0])]):
+            t = statistics.median(r[0][i] for r in rows)
+            own = peaks.seconds(*flops[name]) if name in flops else 0.0
+            parts.append(f"{name} {t * 1e3:.1f}" + (f" (floor {own * 1e3:.1f} = {own / t:.0%})" if own and t else "")
+                         + f" {t / floor_s:.0%}")
+        total = statistics.median(sum(r[0]) for r in rows)
+        print(f"    phases ms (thread 0; floor of the phase = its share; then ms / step floor): "
+              + ", ".join(parts) + f"; sum {total * 1e3:.1f}; teams {[r[1] for r in rows]}", flush=True)
 
     for r in range(args.rounds):
         if args.quiet_load:
