@@ -111,3 +111,25 @@ def test_a_short_prompt_runs_inside_a_long_step_as_the_engine_interjects_it(inte
     else:
         assert short.ttft_s > long_alone - 0.05
         assert long.ttft_s == pytest.approx(long_alone)
+
+
+def test_a_turn_arriving_during_a_decode_step_joins_after_the_next_step():
+    # The engine loop reads its socket between two layers only of steps with prompt tokens; a
+    # turn arriving during a decode-only step is read at its end, prepared while the busy loop
+    # runs the next step without it, and admitted after that one (engine/engine_loop.py).
+    cache = CacheConfig(block_size=16, num_blocks=1 << 12)
+
+    def arrivals(second_s: float) -> ConversationWorkload:
+        return ConversationWorkload((Conversation(0, 0.0, 0, (Turn(100, 40, 0.0),)),
+                                     Conversation(1, second_s, 1, (Turn(100, 4, 0.0),))),
+                                    {0: 16, 1: 16})
+
+    alone = simulate_fleet(arrivals(1e6), 1, "round-robin", COST, SCHED, cache)
+    steps = [s for s in alone.steps if s[1] < 1e5]  # the first conversation's steps
+    assert steps[0][3] > 0 and all(s[3] == 0 for s in steps[1:])  # one prompt step, then decodes
+    k = 3  # the second turn arrives in the middle of the third decode step
+    arrive = steps[k][1] + steps[k][2] / 2
+    res = simulate_fleet(arrivals(arrive), 1, "round-robin", COST, SCHED, cache)
+    second = next(r for r in res.requests if r.conv_id == 1)
+    assert second.sent_s == pytest.approx(arrive)
+    assert second.scheduled_s == pytest.approx(steps[k + 2][1])  # not steps[k + 1]'s start

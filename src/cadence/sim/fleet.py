@@ -10,8 +10,14 @@ engine turn). Conversations (sim/conversations.py) are closed loops: a turn is s
 previous answer has ended plus its think time, so routing changes when later turns arrive.
 
 Event loop: the earliest of (next turn sent, a replica's step ending). A turn is routed at once
-and joins its replica's scheduler (a busy replica takes it at its next step, as the engine
-does); a replica with work starts its next step when the last one ends. `hop_s` is what a
+and reaches its replica's scheduler the way the engine loop (engine/engine_loop.py) admits it:
+an idle replica takes it at once; a busy one reads its socket between two layers of a step with
+prompt tokens (there it joins the scheduler, and a short prompt may be interjected), but not
+during a decode-only step: a turn arriving then is read at that step's end, prepared (tokenized)
+in an admission thread while the loop, busy, runs its next step without it, and admitted after
+that one (or during it, if it has prompt tokens). So it misses one step, which is a long prefill
+step when another prompt is waiting. A replica with work starts its next step when the last
+one ends. `hop_s` is what a
 request spends outside the engines before its first token reaches the client (HTTP to the
 router, its /tokenize call, HTTP to the replica, streaming back): added to every TTFT, and to
 the time between an answer and the next turn's arrival.
@@ -126,6 +132,10 @@ class _Replica:
         self.work_left = 0.0  # solo seconds of it (and of interjections into it) still to do
         self.interjected_s = 0.0  # wall seconds interjections added to it
         self.plan = None
+        # Turns that arrived during a decode-only step (not read yet), and those read at a
+        # step's end and being prepared during the next step (engine_loop's admission).
+        self.inbox: list[Request] = []
+        self.preparing: list[Request] = []
 
 
 def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: str,
@@ -224,11 +234,35 @@ def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: st
         live[req_id] = (req, counter, [])
         stack_work(host.cpu_per_request_s if host is not None else 0.0)
         params = SamplingParams(max_tokens=spec.output_tokens, temperature=0.0, ignore_eos=True)
-        chosen.scheduler.add_request(Request(req_id, list(tokens), params, now))
+        request = Request(req_id, list(tokens), params, now)
         if chosen.step_end is None:
+            chosen.scheduler.add_request(request)
             start_step(chosen, now)
-        elif chosen.scheduler.may_interject(chosen.plan):
-            interject(chosen, now)
+        elif not chosen.plan.num_prefill_tokens:
+            chosen.inbox.append(request)  # the loop reads its socket only at the step's end
+        else:
+            admit_during_step(chosen, [request], now)
+
+    def admit_during_step(replica: _Replica, requests: list[Request], now: float) -> None:
+        """The engine polls its socket between two layers of a step with prompt tokens: the
+        turns join the scheduler there, and a short one may run inside the step."""
+        for request in requests:
+            replica.scheduler.add_request(request)
+        if requests and replica.scheduler.may_interject(replica.plan):
+            interject(replica, now)
+
+    def admit_at_turn(replica: _Replica, now: float) -> None:
+        """The engine loop's turn between two steps: the turns prepared during the step that
+        just ended join the scheduler, those that arrived during it are read and start their
+        preparation; an idle loop waits for that (a few ms, not modelled), a busy one steps
+        without them."""
+        ready, replica.preparing, replica.inbox = replica.preparing, replica.inbox, []
+        for request in ready:
+            replica.scheduler.add_request(request)
+        if not replica.scheduler.has_unfinished():
+            ready, replica.preparing = replica.preparing, []
+            for request in ready:
+                replica.scheduler.add_request(request)
 
     def start_step(replica: _Replica, now: float) -> None:
         nonlocal steps
@@ -317,7 +351,11 @@ def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: st
         updates = replica.scheduler.update(plan, out)
         replica.scheduler.observe_step(plan, wall)
         deliver(replica, updates, now)
+        admit_at_turn(replica, now)
         start_step(replica, now)
+        if replica.step_end is not None and replica.plan.num_prefill_tokens and replica.preparing:
+            ready, replica.preparing = replica.preparing, []
+            admit_during_step(replica, ready, now)
 
     while True:
         busy = [r for r in replicas if r.step_end is not None]
