@@ -147,13 +147,17 @@ class CpuSampler:
         self.samples.append((time.monotonic(), cpu_by_role(self.pids)))
 
 
-def read_traces(paths: list[str]) -> tuple[dict[str, tuple[int, dict]], list[list[dict]]]:
+def read_traces(paths: list[str]
+                ) -> tuple[dict[str, tuple[int, dict]], list[list[dict]], list[list[dict] | None]]:
     """The replicas' --trace files: each finished request's timeline by its id (with the
-    replica's index) and each replica's steps."""
+    replica's index), each replica's steps, and each one's startup profile (its meta line's
+    rows: what its scheduler planned prompt chunks from; None where the trace has none)."""
     timelines: dict[str, tuple[int, dict]] = {}
     steps: list[list[dict]] = []
+    profiles: list[list[dict] | None] = []
     for index, path in enumerate(paths):
         mine = []
+        profiles.append(None)
         if os.path.exists(path):
             with open(path) as f:
                 for line in f:
@@ -165,8 +169,10 @@ def read_traces(paths: list[str]) -> tuple[dict[str, tuple[int, dict]], list[lis
                         timelines[rec["req_id"]] = (index, rec)
                     elif rec.get("type") == "step":
                         mine.append(rec)
+                    elif rec.get("type") == "meta" and rec.get("startup_profile"):
+                        profiles[-1] = rec["startup_profile"]
         steps.append(mine)
-    return timelines, steps
+    return timelines, steps, profiles
 
 
 def attach_engine_records(row: dict, timelines: dict, steps: list[list[dict]]) -> list[list]:
@@ -524,9 +530,12 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     p.kill()
         if args.traces:  # written at the replicas' exit
-            timelines, steps = read_traces([os.path.join(out_dir, f"trace-{n}.{i}.jsonl")
-                                            for i in range(n)])
+            timelines, steps, profiles = read_traces(
+                [os.path.join(out_dir, f"trace-{n}.{i}.jsonl") for i in range(n)])
             for row in rows_of_n:
+                # Replica i's startup profile: `cadence sim --compare` seeds simulated replica
+                # i's scheduler with it, so its chunk plans are the engine's.
+                row["engine_profiles"] = profiles
                 window_steps = attach_engine_records(row, timelines, steps)
                 with open(os.path.join(out_dir, f"steps-{n}-{row['policy']}.json"), "w") as f:
                     json.dump(window_steps, f)

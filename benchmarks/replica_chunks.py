@@ -5,8 +5,9 @@ one deterministic run, no step jitter).
 Why: the simulator's TTFT for the mostly-cached turns of a multi-turn chat (least-loaded's and
 cache-aware's median request) is set by how many steps their uncached tail is prefilled in, and
 that is the slo policy's floor plan, which each engine makes from its own startup profile while
-the simulated schedulers make it from the pricing profile (docs/performance.md, "Replicas and
-routing": workload P's least-loaded). Prints, per policy and by uncached tokens, the requests
+the simulated schedulers make it from the pricing profile unless the run recorded the engines'
+startup profiles (their trace meta lines; docs/performance.md, "Replicas and routing": workload
+P's least-loaded). Prints, per policy and by uncached tokens, the requests
 and their mean chunks, real and simulated.
 
     PYTHONPATH=src .venv/bin/python benchmarks/replica_chunks.py --run /tmp/h4/p1
@@ -24,7 +25,7 @@ from cadence.core.scheduler import Scheduler
 from cadence.sim.cli import _saved_profile
 from cadence.sim.conversations import from_replica_bench
 from cadence.sim.fleet import simulate_fleet
-from cadence.sim.fleet_compare import kv_blocks_of, run_host
+from cadence.sim.fleet_compare import engine_calibrations, kv_blocks_of, run_host
 
 MISS_BIN = 200  # uncached tokens per row of the table
 
@@ -63,7 +64,8 @@ def sim_chunks(row: dict, profile, cache: CacheConfig) -> dict[str, list[int]]:
         host, cost = run_host(row, profile.cost_model)
         simulate_fleet(from_replica_bench(row), row["replicas"], row["policy"], cost,
                        SchedulerConfig(), cache, hop_s=row.get("hop_s") or 0.0,
-                       calibration=profile.calibration, host=host)
+                       calibration=profile.calibration, host=host,
+                       replica_calibrations=engine_calibrations(row, cache.block_size))
     finally:
         Scheduler.schedule, Scheduler.schedule_interjection = schedule, interject
     return chunks

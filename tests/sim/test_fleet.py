@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.step_cost import StepCostCoefficients, StepFeatures
+from cadence.core.step_profile import DEFAULT_SHAPES, build_plan
 from cadence.sim.conversations import (Conversation, ConversationWorkload, Turn,
                                        from_replica_bench, synthetic)
 from cadence.sim.cost_model import RooflineCostModel
@@ -133,3 +135,35 @@ def test_a_turn_arriving_during_a_decode_step_joins_after_the_next_step():
     second = next(r for r in res.requests if r.conv_id == 1)
     assert second.sent_s == pytest.approx(arrive)
     assert second.scheduled_s == pytest.approx(steps[k + 2][1])  # not steps[k + 1]'s start
+
+
+def _profile(coefficients):
+    """A startup profile (the engine's synthetic steps) of a machine with these costs."""
+    plans = [build_plan(s, 16, 1 << 20) for s in DEFAULT_SHAPES]
+    return [(p, sum(c * x for c, x in zip(coefficients.as_tuple(),
+                                           StepFeatures.of_plan(p).raw_vector())))
+            for p in plans]
+
+
+def test_each_replica_plans_chunks_from_its_engines_own_startup_profile():
+    # A 700-token turn arrives while another decodes: the slo floor plans its chunks from the
+    # scheduler's prior. Cheap fixed costs per step make chunking look free (many chunks), a
+    # dear per-op step makes it costly (few); a replica given its engine's profile plans as
+    # that engine did, whatever profile seeds the others.
+    cheap = _profile(StepCostCoefficients(0.002, 0.0005, 0.0008, 1e-7, 0.0, 0.0))
+    dear = _profile(StepCostCoefficients(0.002, 0.0005, 0.0008, 1e-7, 0.0, 0.06))
+    work = ConversationWorkload((Conversation(0, 0.0, 0, (Turn(100, 300, 0.0),)),
+                                 Conversation(1, 0.5, 1, (Turn(700, 4, 0.0),))), {0: 16, 1: 16})
+    cache = CacheConfig(block_size=16, num_blocks=1 << 12)
+
+    def prompt_steps(**kw):
+        res = simulate_fleet(work, 1, "round-robin", COST, SchedulerConfig(policy="slo"), cache,
+                             **kw)
+        return [s for s in res.steps if s[1] >= 0.5 and s[3] > 0]
+
+    assert len(prompt_steps(calibration=cheap)) > len(prompt_steps(calibration=dear)) >= 1
+    assert prompt_steps(calibration=cheap, replica_calibrations=[dear]) == \
+        prompt_steps(calibration=dear)
+    # A replica without a recorded profile falls back to `calibration`.
+    assert prompt_steps(calibration=cheap, replica_calibrations=[None]) == \
+        prompt_steps(calibration=cheap)

@@ -9,8 +9,9 @@ import statistics
 
 import pytest
 
+from cadence.core.step_profile import ProfileShape, build_plan, profile_rows
 from cadence.sim.cli import main
-from cadence.sim.fleet_compare import medians_over_runs
+from cadence.sim.fleet_compare import engine_calibrations, medians_over_runs
 
 
 def _row(run, policy, real_p50, sim_p50, real_hit=0.5, sim_hit=0.4):
@@ -76,3 +77,16 @@ def test_profiles_are_one_for_all_runs_or_one_per_run(tmp_path, capsys):
         (tmp_path / p).write_text("{}")
     assert main(["--compare", *runs, "--calibration", *profiles]) == 2
     assert "one per --compare run" in capsys.readouterr().err
+
+
+def test_a_runs_engine_profiles_seed_its_replicas_schedulers():
+    # replica_bench.py copies each engine's startup profile from its trace's meta line into
+    # the row (`engine_profiles`); the replay rebuilds each replica's (plan, seconds) samples,
+    # None where an engine recorded none, and nothing for runs from before the meta line had it.
+    shapes = [ProfileShape(decodes=4), ProfileShape(chunk=256), ProfileShape(decodes=2, chunk=128)]
+    samples = [(build_plan(s, 16, 1 << 20), 0.01 * (i + 1)) for i, s in enumerate(shapes)]
+    engines = engine_calibrations({"engine_profiles": [profile_rows(samples), None]}, 16)
+    assert engines[1] is None
+    assert [(p.chunks, s) for p, s in engines[0]] == [(p.chunks, s) for p, s in samples]
+    assert engine_calibrations({"engine_profiles": [None, []]}, 16) is None
+    assert engine_calibrations({}, 16) is None

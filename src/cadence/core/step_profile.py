@@ -26,7 +26,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from cadence.core.plan import ScheduledChunk, StepOutput, StepPlan
 from cadence.core.sampling_params import SamplingParams
@@ -298,3 +298,26 @@ def shape_of(plan: StepPlan) -> ProfileShape:
         chunk=chunks[0].num_new_tokens if chunks else 0,
         chunk_start=chunks[0].start_pos if chunks else 0,
     )
+
+
+def profile_rows(samples: Sequence[tuple[StepPlan, float]]) -> list[dict]:
+    """(plan, seconds) samples as JSON rows, {shape fields..., "seconds"}: what a saved
+    profile (`cadence sim --save-calibration`) and an engine's trace meta line
+    (`startup_profile`) hold, so that the same steps can be rebuilt (plans_of_rows)."""
+    return [{**asdict(shape_of(plan)), "seconds": seconds} for plan, seconds in samples]
+
+
+def plans_of_rows(rows: Sequence[dict], block_size: int) -> list[tuple[StepPlan, float]]:
+    """The (plan, seconds) samples of profile_rows' rows (fields beyond the shape and
+    "seconds", such as a saved profile's "rounds", are ignored); rows whose plan cannot be
+    built or whose time is not positive are left out. KeyError / TypeError / ValueError on a
+    malformed row."""
+    fields = ProfileShape.__dataclass_fields__
+    samples = []
+    for row in rows:
+        seconds = float(row["seconds"])
+        plan = build_plan(ProfileShape(**{k: v for k, v in row.items() if k in fields}),
+                          block_size, num_blocks=1 << 30)
+        if plan is not None and seconds > 0:
+            samples.append((plan, seconds))
+    return samples

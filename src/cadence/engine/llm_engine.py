@@ -24,6 +24,7 @@ from cadence.core.plan import SampledToken, StepOutput, StepPlan
 from cadence.core.prompt_truncation import truncate_prompt
 from cadence.core.request import Request
 from cadence.core.sampling_params import SamplingParams
+from cadence.core.step_profile import profile_rows
 from cadence.engine.config import EngineConfig, resolve_num_blocks
 from cadence.engine.outputs import RequestOutput
 from cadence.engine.request_text import RequestText
@@ -191,12 +192,15 @@ class LLMEngine:
         self.model_name = loaded.name
         self.model_config = loaded.config
         if cfg.trace_path:
-            # Stalls over the ITL target are attributed as they happen and written too.
+            # Stalls over the ITL target are attributed as they happen and written too. The
+            # startup profile is what the slo policy plans prompt chunks from (its prior), so a
+            # replay of this trace can plan them as this engine did (`cadence sim --compare`).
             self.telemetry.add_listener(TraceWriter(
                 cfg.trace_path, stall_target_s=sched_cfg.target_itl_ms / 1000.0,
                 meta={"model": loaded.name, "scheduler": dataclasses.asdict(sched_cfg),
                       "num_cores": _engine_cores(),
-                      "cache": dataclasses.asdict(cache_cfg)}))
+                      "cache": dataclasses.asdict(cache_cfg),
+                      "startup_profile": profile_rows(self.profile_samples)}))
 
     @classmethod
     def from_parts(

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from cadence.core.plan import StepPlan
 from cadence.core.step_cost import CURVE_MIN_TOKENS, StepFeatures, fit_coefficients
-from cadence.core.step_profile import ProfileShape, build_plan, shape_of
+from cadence.core.step_profile import plans_of_rows, profile_rows
 from cadence.sim.cost_model import LinearCostModel, StackRowCurve
 
 Samples = list[tuple[StepPlan, float]]
@@ -92,7 +91,7 @@ def save_profile(path: str | Path, samples: Samples, machine: str = "",
                  rounds: list[list[float]] | None = None) -> None:
     """Write a profile; `rounds` (each sample's seconds per round, in the samples' order) keeps
     the host's spread for a simulation with step jitter (`cadence sim --step-jitter`)."""
-    rows = [{**asdict(shape_of(p)), "seconds": s} for p, s in samples]
+    rows = profile_rows(samples)
     if rounds is not None:
         if len(rounds) != len(rows):
             raise ValueError("rounds must give one list of seconds per sample")
@@ -118,14 +117,11 @@ def load_profile_rounds(path: str | Path, block_size: int = 16) -> list[tuple[St
 def _load_rows(path: str | Path, block_size: int) -> list[tuple[StepPlan, float, list[float]]]:
     try:
         data = json.loads(Path(path).read_text())
-        rows = data["samples"]
         samples = []
-        for row in rows:
-            seconds = float(row.pop("seconds"))
-            times = [float(t) for t in row.pop("rounds", ())]
-            plan = build_plan(ProfileShape(**row), block_size, num_blocks=1 << 30)
-            if plan is not None and seconds > 0:
-                samples.append((plan, seconds, times))
+        for row in data["samples"]:
+            built = plans_of_rows([row], block_size)
+            if built:
+                samples.append((*built[0], [float(t) for t in row.get("rounds", ())]))
     except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a cadence step profile: {exc}") from exc
     if not samples:

@@ -142,17 +142,23 @@ def simulate_fleet(workload: ConversationWorkload, num_replicas: int, policy: st
                    cost_model: CostModel, sched: SchedulerConfig, cache: CacheConfig,
                    load_weight: float = 0.25, hop_s: float = 0.0, vocab_size: int = 49152,
                    calibration: list | None = None, host: HostCpu | None = None,
-                   jitter: StepJitter | None = None, max_steps: int = 10_000_000) -> FleetResult:
+                   jitter: StepJitter | None = None, max_steps: int = 10_000_000,
+                   replica_calibrations: list[list | None] | None = None) -> FleetResult:
     """Serve every conversation of `workload` on `num_replicas` simulated replicas routed by
     `policy` (round-robin | least-loaded | cache-aware); deterministic for a given input.
     `host`: the replicas share its cores with the serving stack (sim/host_cpu.py), so a step
     takes its cost model's seconds only while the cores are not oversubscribed; None: each
     replica computes on cores of its own. `jitter`: each step's time drawn from a profile's
     measured spread (sim/step_jitter.py, seeded); near saturation one run's TTFT p50 moves with
-    a few steps' luck, so `cadence sim --compare` takes the median over seeds."""
+    a few steps' luck, so `cadence sim --compare` takes the median over seeds.
+    `calibration` seeds every replica's scheduler (the profile samples an engine's startup
+    profile would give); `replica_calibrations[i]`, where given, seeds replica i's instead:
+    a measured engine's own startup profile, which its slo policy planned chunks from."""
     if num_replicas < 1:
         raise ValueError("num_replicas must be >= 1")
-    replicas = [_Replica(i, sched, cache, calibration) for i in range(num_replicas)]
+    own = list(replica_calibrations or [])[:num_replicas]
+    own += [None] * (num_replicas - len(own))
+    replicas = [_Replica(i, sched, cache, own[i] or calibration) for i in range(num_replicas)]
     selector = ReplicaSelector(policy, load_weight)
     for r in replicas:
         selector.events[r.worker.url] = _PoolPrefixes(r.scheduler)  # type: ignore[assignment]

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cadence.core.config import CacheConfig, SchedulerConfig
+from cadence.core.step_profile import plans_of_rows
 from cadence.sim.conversations import from_replica_bench
 from cadence.sim.cost_model import CostModel
 from cadence.sim.fleet import FleetResult, simulate_fleet
@@ -81,10 +82,13 @@ def compare_runs(paths: list[str], profiles: list[RunProfile], args,
                 if host is not None:
                     console.print(f"{row['replicas']} x {row['policy']}: {row_cost.name}; "
                                   f"{host.describe()}")
+            # Each replica's scheduler plans chunks from its engine's startup profile where the
+            # run recorded it, else from the pricing profile.
+            engines = engine_calibrations(row, cache.block_size)
             sim: FleetResult = median_run([
                 simulate_fleet(workload, row["replicas"], row["policy"], row_cost, sched, cache,
                                args.cache_load_weight, hop, calibration=profile.calibration,
-                               host=host, jitter=j)
+                               host=host, jitter=j, replica_calibrations=engines)
                 for j in jitters(profile.rounds, getattr(args, "sim_seeds", 0))])
             real_p50 = row["ttft_p50"]
             error = _error(sim.ttft_p50, real_p50)
@@ -154,6 +158,22 @@ def kv_blocks_of(args_of_run: dict) -> int | None:
     if "--num-kv-blocks" in words:
         return int(words[words.index("--num-kv-blocks") + 1])
     return None
+
+
+def engine_calibrations(row: dict, block_size: int) -> list[list | None] | None:
+    """Each replica's startup profile as (plan, seconds) samples, from a replica_bench.py row
+    (`engine_profiles`: the engines' trace meta lines); None for a replica without one, and
+    None for a row without any (runs before the engines recorded them).
+
+    Why: an engine's slo policy plans a prompt's chunks from its own startup profile (the
+    prior of its step-cost model), timed at its start beside the other replica's; the pricing
+    profile (cal.json) is another moment's, and a plan made from it cut the ~180 uncached
+    tokens of a mostly cached turn into 3 chunks where the engine ran them whole."""
+    rows = row.get("engine_profiles")
+    if not rows:
+        return None
+    engines = [plans_of_rows(r, block_size) or None if r else None for r in rows]
+    return engines if any(engines) else None
 
 
 def jitters(rounds: list | None, seeds: int) -> list[StepJitter | None]:
