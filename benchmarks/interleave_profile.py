@@ -19,6 +19,32 @@ import sys
 import time
 
 
+def token_times(engine) -> dict[str, list[float]]:
+    """Each request's token times (perf_counter), taken as the engine hands the tokens out
+    (the interjection emit hook too, as the engine loop has it); the caller adds step()'s."""
+    times: dict[str, list[float]] = {}
+
+    def emit(outs) -> None:
+        now = time.perf_counter()
+        for o in outs:
+            if o.new_token_ids:
+                times.setdefault(o.req_id, []).append(now)
+
+    engine.set_interjection_hooks(lambda: None, emit)
+    return times
+
+
+def start_streams(engine, rng, names: list[str], max_tokens: int, decoded: int) -> None:
+    """The doc-burst's chat streams (30-token prompts), stepped until each decoded `decoded`."""
+    from cadence.core.sampling_params import SamplingParams
+
+    for r in names:
+        engine.add_request(r, [rng.randrange(100, 40000) for _ in range(30)],
+                           SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    while any(engine.scheduler.get_request(r).num_output_tokens < decoded for r in names):
+        engine.step()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -41,21 +67,9 @@ def main() -> int:
     rng = random.Random(0)
     for rnd in range(args.rounds):
         for mode, engine in engines.items():
-            times: dict[str, list[float]] = {}
-
-            def emit(outs, times=times):
-                now = time.perf_counter()
-                for o in outs:
-                    if o.new_token_ids:
-                        times.setdefault(o.req_id, []).append(now)
-
-            engine.set_interjection_hooks(lambda: None, emit)
+            times = token_times(engine)
             streams = [f"s{rnd}{i}" for i in range(3)]
-            for r in streams:
-                engine.add_request(r, [rng.randrange(100, 40000) for _ in range(30)],
-                                   SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True))
-            while any(engine.scheduler.get_request(r).num_output_tokens < 5 for r in streams):
-                engine.step()
+            start_streams(engine, rng, streams, 400, 5)
             chunks: list[int] = []
             execute = engine.executor.execute
 

@@ -27,13 +27,16 @@ two of its layers. Two numbers decide what that costs:
 - the chunk and its pause points: the pauses are at layer boundaries (between two layers and
   between a layer's attention and its MLP) and, where the model computes each row the same
   whatever rows share its ops (packed integer or GGUF GEMMs, every row's attention through the
-  paged kernel: the default model; LlamaDecoderLayer._blocks), between row blocks of those
+  paged kernel: the default model; LlamaDecoderLayer._splits_rows), between row blocks of those
   ops (model/pause_points.py): a block's attention rows need only the keys of earlier rows,
   which earlier blocks wrote, so the blocks run in order and give the bits of the whole op
-  (invariant 1). A pause between blocks costs a time compare when no step is due. The row
-  block is the largest whose longest op piece (measured seconds per row) fits SEGMENT_SHARE
-  of the pace, ROW_BLOCK before a measurement, at least MIN_ROW_BLOCK; a step then waits at
-  most about a block for its turn, not a layer segment, so the chunk is no longer bounded by
+  (invariant 1). A pause between blocks costs a time compare when no step is due. The blocks
+  of each op group (a layer's attention, its MLP) are the size whose slowest block, at the
+  previous group of that kind's slowest seconds per row, takes SEGMENT_SHARE of the pace
+  (model/pause_points.py: a layer's attention rows slow down along the chunk, so the rate is
+  measured inside the forward, not carried from an earlier chunk), ROW_BLOCK before a
+  measurement, at least MIN_ROW_BLOCK; a step then waits at most about half a block past the
+  pace for its turn, not a layer segment, so the chunk is no longer bounded by
   the pace: once the model has shown it splits rows, chunks are the token budget (a
   1650-token document in one step, eager's per-token cost; blocks of 128-512 rows cost
   nothing measurable against the whole ops: 0.89-0.97x, SmolLM2 Q4_1, 2 cores, one

@@ -31,6 +31,7 @@ from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from cadence.core.core_split import CoreSplit, SplitDecision
+from cadence.core import interleave_pace
 from cadence.core.interleave_pace import interleave_chunk_tokens, interleave_pace_s, interleave_row_block
 from cadence.core.plan import StepOutput, StepPlan
 from cadence.executor.thread_team import ThreadTeam, set_thread_count, torch_threads
@@ -190,10 +191,12 @@ class SplitStepper:
             if t0 + piece / 2 - self._last_decode_t < pace or not sched.num_decode_rows():
                 return
             dplan = sched.schedule_decodes()
+            self._last_decode_t = t0
             if dplan.is_empty and not _moves_blocks(dplan):
+                # Rows but nothing to step (none seen in doc-burst runs): the next try is a
+                # pace away, not at every row block's pause from here on.
                 engine._finish_step(dplan, StepOutput(step_id=dplan.step_id), engine._clock())
                 return
-            self._last_decode_t = t0
             t_start = engine._clock()
             try:
                 out = engine.executor.execute(dplan)
@@ -210,7 +213,9 @@ class SplitStepper:
                 emitted.extend(outs)
             self._paused_decode_s = _ema(self._paused_decode_s, time.perf_counter() - t0)
 
-        points = PausePoints(between_layers, interleave_row_block(self._block_s_per_row, pace, self._budget))
+        points = PausePoints(between_layers, interleave_row_block(self._block_s_per_row, pace, self._budget),
+                             block_s=interleave_pace.SEGMENT_SHARE * pace,
+                             min_rows=interleave_pace.MIN_ROW_BLOCK)
         points.due_at = due_at()
 
         t_start = engine._clock()
@@ -222,8 +227,8 @@ class SplitStepper:
             return emitted + engine._fail_plan(plan, exc)
         split.observe_prefill(time.perf_counter() - t0)
         self._rows_split = self._rows_split or points.split_rows
-        if points.longest_block_s > 0:
-            self._block_s_per_row = _ema(self._block_s_per_row, points.longest_block_s / points.row_block)
+        if points.s_per_row:  # the next chunk's first blocks (later ones adapt in the forward)
+            self._block_s_per_row = _ema(self._block_s_per_row, max(points.s_per_row.values()))
         if segment["longest"] > 0 and plan.num_prefill_tokens >= self.chunk_tokens:
             # Full-size chunks only: a short one's fixed work per segment would count per token.
             self._segment_s_per_token = _ema(self._segment_s_per_token,

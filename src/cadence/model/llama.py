@@ -473,13 +473,13 @@ class LlamaDecoderLayer(nn.Module):
         """Compiled-kernel path. normed = input_layernorm(residual); residual [T, H] is updated in
         place (+= attention, += MLP); returns next_norm(residual), the next layer's input.
         `between` is called once between the attention and the MLP (see LlamaForCausalLM.forward);
-        PausePoints with a row block also pause between row blocks of the ops (_blocks)."""
-        blocks = self._blocks(normed, meta, kernels, between)
-        if blocks is None:
+        PausePoints with a row block also pause between row blocks of the ops (_splits_rows)."""
+        blocks = self._splits_rows(normed, meta, kernels, between)
+        if not blocks:
             attn = self.self_attn.forward_cpu(normed, cos32, sin32, meta, kv, kernels)
         else:
             attn = torch.empty_like(residual)  # [T, H]
-            for n, rows in enumerate(blocks):
+            for n, rows in enumerate(between.row_slices(normed.shape[0], "attention")):
                 if n:
                     between.inside()
                 attn[rows] = self.self_attn.forward_cpu_rows(normed, rows, cos32, sin32, meta, kv, kernels)
@@ -490,11 +490,11 @@ class LlamaDecoderLayer(nn.Module):
         normed = kernels.add_rms_norm(residual, attn.contiguous(), mlp_norm.weight, mlp_norm.eps)
         if between is not None:
             between()
-        if blocks is None:
+        if not blocks:
             mlp = self.mlp.forward_cpu(normed, kernels)
         else:
             mlp = torch.empty_like(residual)  # [T, H]
-            for n, rows in enumerate(blocks):
+            for n, rows in enumerate(between.row_slices(normed.shape[0], "mlp")):
                 if n:
                     between.inside()
                 mlp[rows] = self.mlp.forward_cpu(normed[rows], kernels)
@@ -503,20 +503,17 @@ class LlamaDecoderLayer(nn.Module):
             mlp = kernels.rms_norm(mlp.contiguous(), post.weight, post.eps)
         return kernels.add_rms_norm(residual, mlp, next_norm.weight, next_norm.eps)
 
-    def _blocks(self, x: torch.Tensor, meta: AttentionMetadata, kernels: ModuleType,
-                between: BetweenLayers | None) -> list[slice] | None:
-        """The row blocks this step's attention and MLP run in, with a pause point between two
-        (PausePoints.inside), or None (the ops whole): only where each row's numbers are the
-        same in any block (invariant 1: rows_split_exactly), and the step is over one block.
-        The norms and residual adds run whole after the blocks (they are per row anyway)."""
+    def _splits_rows(self, x: torch.Tensor, meta: AttentionMetadata, kernels: ModuleType,
+                     between: BetweenLayers | None) -> bool:
+        """Whether this step's attention and MLP run over row blocks (PausePoints.row_slices),
+        with a pause point between two (PausePoints.inside), not whole: only where each row's
+        numbers are the same in any block (invariant 1: rows_split_exactly), and the step is
+        over one block. The norms and residual adds run whole after the blocks (they are per
+        row anyway)."""
         if not isinstance(between, PausePoints) or not 0 < between.row_block < x.shape[0]:
-            return None
-        if not (isinstance(self.mlp, LlamaMLP) and self.mlp.rows_split_exactly(x)
-                and self.self_attn.rows_split_exactly(x, meta, kernels)):
-            return None
-        between.split_rows = True
-        size = between.row_block
-        return [slice(r, min(r + size, x.shape[0])) for r in range(0, x.shape[0], size)]
+            return False
+        return (isinstance(self.mlp, LlamaMLP) and self.mlp.rows_split_exactly(x)
+                and self.self_attn.rows_split_exactly(x, meta, kernels))
 
 
 GLOBAL_ROPE, LOCAL_ROPE = "global", "local"
@@ -773,7 +770,7 @@ class LlamaForCausalLM(nn.Module):
         own state lives in its local tensors, and the other one writes other KV blocks. A
         PausePoints (model/pause_points.py) is also offered the pauses between row blocks of a
         layer's ops, where each row's numbers do not depend on the blocks
-        (LlamaDecoderLayer._blocks).
+        (LlamaDecoderLayer._splits_rows).
         """
         x = self._embed(input_ids)  # [T, H]
         kernels = self._kernels_for(x, kv) if use_kernels else None
