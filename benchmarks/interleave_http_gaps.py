@@ -62,9 +62,10 @@ def main() -> int:
                 steps.append(rec)
     steps.sort(key=lambda s: s["t_end"])
     for rep, (summary, results) in enumerate(zip(summaries, runs)):
-        doc = results[-1]
+        # In the order they ended: the document (its prompt the longest) first.
+        doc = max(results, key=lambda r: r["prompt_tokens"])
         window = (doc["sent"], doc["times"][0] + 1.0)
-        stream = max(results[:-1], key=lambda r: max(
+        stream = max((r for r in results if r is not doc), key=lambda r: max(
             (b - a for a, b in zip(r["times"], r["times"][1:]) if b >= window[0] and a <= window[1]),
             default=0))
         print(json.dumps({"rep": rep, "max_stall_s": round(summary["max_stall_s"], 4),
@@ -79,7 +80,9 @@ def main() -> int:
             decodes = [s for s in steps if s["num_decode_tokens"] and not s["num_prefill_tokens"]]
             end_a = max((s["t_end"] for s in decodes if s["t_end"] <= a), default=None)
             end_b = max((s["t_end"] for s in decodes if s["t_end"] <= b), default=None)
-            between = [s for s in steps if end_a is not None and end_a < s["t_end"] <= end_b]
+            if end_a is None or end_b is None:  # past the trace's last flushed line
+                continue
+            between = [s for s in steps if end_a < s["t_end"] <= end_b]
             print(f"  gap {1e3 * gap:.1f} ms at +{1e3 * (a - doc['sent']):.0f} ms after the doc's send: "
                   f"engine {1e3 * (end_b - end_a):.1f} ms, delivery {1e3 * (a - end_a):.1f} / "
                   f"{1e3 * (b - end_b):.1f} ms; steps between: "

@@ -23,7 +23,11 @@ two of its layers. Two numbers decide what that costs:
   34's 1.3x bound, with 300-512-token chunks. With the pauses between row blocks below (the
   document in one chunk), doc-burst over HTTP in two calls (docs/performance.md): at 0.15
   TTFT 1.01-1.24x eager's, stall 0.058-0.084 s (disagg 0.037-0.042 s; 0.1 on main: 0.090-0.099
-  s); at 0.2 and 0.25 1.20-1.85x, stalls 0.038-0.115 s: hence 0.15.)
+  s); at 0.2 and 0.25 1.20-1.85x, stalls 0.038-0.115 s: hence 0.15. In-process, where the
+  largest gap is the pace plus about half a block plus the steps' jitter, 0.15 gave 46-60 ms
+  and 0.25 40-47 ms; over HTTP, with the blocks sized inside the forward, 0.15 and 0.2
+  measured 0.093-0.185 s on the best tier (the code before: 0.060-0.183 s) and 0.060-0.091 s
+  on AVX2 (0.062-0.109 s) in one call each: no share steadier than another, 0.15 stays.)
 - the chunk and its pause points: the pauses are at layer boundaries (between two layers and
   between a layer's attention and its MLP) and, where the model computes each row the same
   whatever rows share its ops (packed integer or GGUF GEMMs, every row's attention through the
