@@ -93,6 +93,44 @@ inline void prefetch_rows(const KV* const* rows, int64_t off, int n, int64_t byt
       _mm_prefetch(reinterpret_cast<const char*>(rows[j] + off) + b, _MM_HINT_T1);
 }
 
+// The K rows of the span a thread attends next (same layer), fetched into L2 line by line while
+// this span's value pass runs: a decode row's item starts by copying its K rows from DRAM, and
+// with nothing computing during that copy the 8B shape's attention (8 KV heads x 128 dims: 512 KB
+// of float16 K per item) spent ~40% of its time in it (batch 32 at context 512, AVX2). The value
+// pass reads its V rows from L2 (copied there from the lines its score pass prefetched), so DRAM
+// is otherwise idle during it. Prefetches change no arithmetic.
+template <typename KV>
+class NextKRows {
+ public:
+  NextKRows() = default;
+  // Positions [p0, p1) of the sequence with block table `table`, rows of `row_bytes` at `stride`
+  // elements apart in kc.
+  NextKRows(const KV* kc, const int32_t* table, int64_t block_size, int64_t stride, int64_t p0, int64_t p1)
+      : kc_(kc), table_(table), block_size_(block_size), stride_(stride), pos_(p0), end_(p1),
+        row_lines_(stride * static_cast<int64_t>(sizeof(KV)) / 64) {}
+  // One more line of the next span's K rows (none once all are fetched).
+  void step() {
+    if (pos_ >= end_) return;
+    if (line_ == 0) row_ = reinterpret_cast<const char*>(kc_ + slot(pos_) * stride_);
+    _mm_prefetch(row_ + 64 * line_, _MM_HINT_T1);
+    if (++line_ == row_lines_) {
+      line_ = 0;
+      ++pos_;
+    }
+  }
+  // Lines left to fetch.
+  int64_t left() const { return pos_ >= end_ ? 0 : (end_ - pos_) * row_lines_ - line_; }
+
+ private:
+  int64_t slot(int64_t pos) const {
+    return static_cast<int64_t>(table_[pos / block_size_]) * block_size_ + pos % block_size_;
+  }
+  const KV* kc_ = nullptr;
+  const int32_t* table_ = nullptr;
+  int64_t block_size_ = 1, stride_ = 0, pos_ = 0, end_ = 0, row_lines_ = 1, line_ = 0;
+  const char* row_ = nullptr;
+};
+
 // Lane i of the result: the horizontal sum of v[i].
 inline __m128 transpose_sum4(const __m256 v[4]) {
   const __m256 a = _mm256_hadd_ps(v[0], v[1]);
@@ -173,15 +211,17 @@ inline void scores_pass_wide(const float* q, const KV* const* krow, int64_t koff
 // [i0, i1) of the span (at element voff of each row), 32 dims at a time, key by key in order:
 // from zero when `first`, else continuing the sums in acc_io (a span taken in pieces sums exactly
 // as in one pass).
+// next_k (may be null): a line of the next span's K rows fetched every 2^line_shift keys.
 template <int D, int HC, typename KV>
 inline void values_range(const float* p, const KV* const* vrow, int64_t voff, int64_t i0, int64_t i1,
-                         float* acc_io, bool first) {
+                         float* acc_io, bool first, NextKRows<KV>* next_k = nullptr, int line_shift = 0) {
   for (int d0 = 0; d0 < D; d0 += 32) {
     __m256 acc[HC][4];
     for (int h = 0; h < HC; ++h)
       for (int c = 0; c < 4; ++c)
         acc[h][c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc_io + h * D + d0 + 8 * c);
     for (int64_t i = i0; i < i1; ++i) {
+      if (next_k != nullptr && (i & ((int64_t{1} << line_shift) - 1)) == 0) next_k->step();
       __m256 w[HC];
       for (int h = 0; h < HC; ++h) w[h] = _mm256_broadcast_ss(p + h * ATTN_SPAN + i);
       const KV* v = vrow[i] + voff + d0;
@@ -196,8 +236,9 @@ inline void values_range(const float* p, const KV* const* vrow, int64_t voff, in
 }
 
 template <int D, int HC, typename KV>
-inline void values_pass(const float* p, const KV* const* vrow, int64_t voff, int64_t span, float* acc_out) {
-  values_range<D, HC, KV>(p, vrow, voff, 0, span, acc_out, true);
+inline void values_pass(const float* p, const KV* const* vrow, int64_t voff, int64_t span, float* acc_out,
+                        NextKRows<KV>* next_k = nullptr, int line_shift = 0) {
+  values_range<D, HC, KV>(p, vrow, voff, 0, span, acc_out, true, next_k, line_shift);
 }
 
 // q: the row's Hq = G * Hkv query heads [Hq, D] (head h reads KV head h / G); kc, vc: the layer's
@@ -206,7 +247,8 @@ inline void values_pass(const float* p, const KV* const* vrow, int64_t voff, int
 template <int D, typename KV = float>
 void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const KV* kc, const KV* vc,
                      const int32_t* table, int64_t block_size, int64_t p0, int64_t p1, float scale,
-                     float* scores, float* max_out, float* sum_out, float* acc_out, bool copy_rows) {
+                     float* scores, float* max_out, float* sum_out, float* acc_out, bool copy_rows,
+                     NextKRows<KV> next_k = {}) {
   static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
   const int64_t stride = Hkv * D, Hq = G * Hkv;
   const int64_t span = p1 - p0;
@@ -264,13 +306,20 @@ void attend_span_f32(const float* q, int64_t G, int64_t Hkv, const KV* kc, const
   }
   gather(vrow);
   // Pass 3: acc[h] = sum_i p[h, i] * v_(p0 + i), per KV head for up to DECODE_HEADS_PER_PASS
-  // of its query heads at once and 32 dims at a time (each V load feeds all of them).
+  // of its query heads at once and 32 dims at a time (each V load feeds all of them); the next
+  // span's K lines spread evenly over the pass's key steps.
+  const int64_t key_steps = Hkv * ((G + DECODE_HEADS_PER_PASS - 1) / DECODE_HEADS_PER_PASS) * (D / 32) * span;
+  const int64_t lines = next_k.left();
+  int line_shift = 0;
+  while (lines > 0 && (key_steps >> (line_shift + 1)) >= lines) ++line_shift;
+  NextKRows<KV>* prefetch = lines > 0 ? &next_k : nullptr;
   for (int64_t kh = 0; kh < Hkv; ++kh)
     for (int64_t g0 = 0; g0 < G; g0 += DECODE_HEADS_PER_PASS) {
       const int64_t h0 = kh * G + g0;
       const int heads = static_cast<int>(std::min<int64_t>(DECODE_HEADS_PER_PASS, G - g0));
       dispatch_heads<DECODE_HEADS_PER_PASS>(heads, [&](auto hc) {
-        values_pass<D, decltype(hc)::value, KV>(scores + h0 * ATTN_SPAN, vrow, kh * D, span, acc_out + h0 * D);
+        values_pass<D, decltype(hc)::value, KV>(scores + h0 * ATTN_SPAN, vrow, kh * D, span, acc_out + h0 * D,
+                                                prefetch, line_shift);
       });
     }
 }

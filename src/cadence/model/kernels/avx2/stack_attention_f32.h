@@ -38,14 +38,24 @@ inline void attention_phase_f32(StepThread<PHASES>& thread, SpanItems& plan, std
                                 const float* qkv, int64_t Hq, int64_t Hkv, int64_t D, const KV* kc, const KV* vc,
                                 const StepRows& rows, float scale, std::vector<float>& scores, float* attn) {
   const int64_t qkv_width = (Hq + 2 * Hkv) * D, G = Hq / Hkv, items = plan.items();
-  for (int64_t k = next_item.fetch_add(1); k < items; k = next_item.fetch_add(1)) {
+  // Each thread claims its next item before computing the current one, whose value pass then
+  // prefetches the next one's K rows (NextKRows).
+  for (int64_t k = next_item.fetch_add(1); k < items;) {
+    const int64_t next = next_item.fetch_add(1);
     const int64_t i = plan.by_length[k], t = plan.row[i];
     const auto [p0, p1] = plan.positions(i, rows.lenp[t]);
+    NextKRows<KV> next_k;
+    if (next < items) {
+      const int64_t ni = plan.by_length[next], nt = plan.row[ni];
+      const auto [n0, n1] = plan.positions(ni, rows.lenp[nt]);
+      next_k = NextKRows<KV>(kc, rows.table(nt), rows.block_size, Hkv * D, n0, n1);
+    }
     dispatch_f32_head_dim(D, [&](auto dim) {
       attend_span_f32<decltype(dim)::value, KV>(qkv + t * qkv_width, G, Hkv, kc, vc, rows.table(t), rows.block_size,
                                                 p0, p1, scale, scores.data(), plan.max_of(i), plan.sum_of(i),
-                                                plan.acc_of(i), plan.copy[t]);
+                                                plan.acc_of(i), plan.copy[t], next_k);
     });
+    k = next;
   }
   thread.sync();
   const auto [h0, h1] = thread.share(rows.T * Hq);
