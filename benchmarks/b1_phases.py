@@ -5,11 +5,15 @@ One process, one kernel tier (CADENCE_ISA), the model loaded by `LLM` with defau
   1. in the engine: a one-token prompt, then --steps greedy decode steps (after --warmup), each
      step's wall time, executor time and the stack's thread-0 phase clock
      (`DecodeStackGGUF.phase_seconds`: qkv, rope, attention, o, norm, gate_up, down, norm, head);
+     and per thread its start, its time in the stack and its barrier waits per phase;
   2. the GEMV set alone: the same weights through the per-op kernels (`GGUFWeight.linear_many`:
      q/k/v together, gate/up together, o, down, the head), one row, layer by layer as a step
      reads them, --passes passes; each phase's calls timed one by one (so ~5-10 us of Python per
      call is in these numbers: 2 ms at 16 layers x 4 calls + the head is an upper bound on that);
-  3. how much of the weights' memory is on transparent huge pages (/proc/self/smaps: the
+  3. the engine's Python around the stack: perf_counter spans around the step's pieces (schedule,
+     inputs, embedding, rope rows, the stack call, sampling, observe_step, finish and its parts),
+     --steps more steps with the spans in place (each span adds ~1 us), medians per step;
+  4. how much of the weights' memory is on transparent huge pages (/proc/self/smaps: the
      AnonHugePages of the mappings each weight's bytes lie in, counted once per mapping).
 Bytes per phase are what the GEMMs read (the repacked octets, or the blocks). Reports, never asserts.
 
@@ -29,6 +33,8 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
+
+from cadence.executor import model_runner  # noqa: E402
 
 from cadence.core.sampling_params import SamplingParams  # noqa: E402
 from cadence.engine.llm import LLM  # noqa: E402
@@ -75,7 +81,7 @@ def engine_phases(llm: LLM, steps: int, warmup: int):
     model = engine.executor.model
     params = SamplingParams(temperature=0.0, max_tokens=steps + warmup + 1, ignore_eos=True)
     engine.add_request("p", [1], params)
-    walls, execs, phases = [], [], []
+    walls, execs, phases, threads = [], [], [], []
     start = time.perf_counter()
     n = 0
     while engine.has_unfinished():
@@ -86,8 +92,128 @@ def engine_phases(llm: LLM, steps: int, warmup: int):
             walls.append(now - start)
             execs.append(engine.last_executed[1])
             phases.append(model._decode_stack.phase_seconds())
+            threads.append(model._decode_stack.thread_seconds())
         start = now
-    return walls, execs, phases
+    return walls, execs, phases, threads
+
+
+def print_thread_balance(threads) -> None:
+    """Per thread, medians over the steps: its start after thread 0, its busy and barrier time in
+    the stack, and its barrier time per phase (a thread that waits finished its share early)."""
+    team = min(len(t) for t in threads)
+    print(f"threads (median over steps, ms): {'start':>6} {'in stack':>9} {'waits':>6}  waits per phase "
+          f"({', '.join(PHASES)})")
+    for tid in range(team):
+        start = statistics.median(t[tid][0] for t in threads)
+        wall = statistics.median(sum(t[tid][1]) for t in threads)
+        wait = statistics.median(sum(t[tid][2]) for t in threads)
+        per_phase = [statistics.median(t[tid][2][p] for t in threads) for p in range(len(PHASES))]
+        print(f"  thread {tid}: {start * 1e3:20.3f} {wall * 1e3:9.2f} {wait * 1e3:6.2f}  "
+              f"{' '.join(f'{w * 1e3:.3f}' for w in per_phase)}")
+
+
+class Spans:
+    """perf_counter spans around methods of live objects (wrap), summed per step (end_step);
+    restore() puts the originals back."""
+
+    def __init__(self):
+        self.current: dict[str, float] = {}
+        self.steps: list[dict[str, float]] = []
+        self._undo: list = []
+
+    def timed(self, fn, label):
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.current[label] = self.current.get(label, 0.0) + time.perf_counter() - t
+        return wrapper
+
+    def wrap(self, obj, name: str, label: str) -> None:
+        had = name in vars(obj)
+        old = vars(obj)[name] if had else None
+        setattr(obj, name, self.timed(getattr(obj, name), label))
+        self._undo.append((obj, name, had, old))
+
+    def wrap_classmethod(self, cls, name: str, label: str) -> None:
+        old = vars(cls)[name]
+        setattr(cls, name, staticmethod(self.timed(getattr(cls, name), label)))
+        self._undo.append((cls, name, True, old))
+
+    def end_step(self) -> None:
+        self.steps.append(self.current)
+        self.current = {}
+
+    def restore(self) -> None:
+        for obj, name, had, old in reversed(self._undo):
+            if had:
+                setattr(obj, name, old)
+            else:
+                delattr(obj, name)
+        self._undo.clear()
+
+
+class _TimedStack:
+    """The fused stack with its forward timed (everything else passed through)."""
+
+    def __init__(self, stack, spans: Spans):
+        self._stack = stack
+        self.forward = spans.timed(stack.forward, "stack call")
+
+    def __getattr__(self, name):
+        return getattr(self._stack, name)
+
+
+SPAN_ORDER = ("step", "schedule", "execute", "inputs", "forward_logits", "embed", "rope rows", "stack call",
+              "sample", "observe_step", "finish", "update", "outputs", "record_step", "stats")
+
+
+def engine_spans(llm: LLM, steps: int, warmup: int) -> None:
+    """Spans around a b1 step's pieces (module docstring, 3.), medians per step in ms, nested
+    spans indented under the one that holds them; 'Python' is the step less the stack call."""
+    engine = llm.engine
+    model = engine.executor.model
+    spans = Spans()
+    spans.wrap(engine, "step", "step")
+    spans.wrap(engine.scheduler, "schedule", "schedule")
+    spans.wrap(engine.executor, "execute", "execute")
+    spans.wrap_classmethod(model_runner.ModelInputs, "from_plan", "inputs")
+    spans.wrap(model, "forward_logits", "forward_logits")
+    spans.wrap(model, "_embed", "embed")
+    spans.wrap(model, "_rope_tables", "rope rows")
+    spans.wrap(model_runner, "sample", "sample")
+    spans.wrap(engine.scheduler, "observe_step", "observe_step")
+    spans.wrap(engine, "_finish_step", "finish")
+    spans.wrap(engine.scheduler, "update", "update")
+    spans.wrap(engine, "_output_for", "outputs")
+    spans.wrap(engine.telemetry, "record_step", "record_step")
+    spans.wrap(engine.scheduler, "stats", "stats")
+    stack = model._decode_stack
+    model._decode_stack = _TimedStack(stack, spans)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=steps + warmup + 1, ignore_eos=True)
+        engine.add_request("spans", [1], params)
+        n = 0
+        while engine.has_unfinished():
+            engine.step()
+            n += 1
+            if n <= warmup + 1:
+                spans.current = {}
+            else:
+                spans.end_step()
+    finally:
+        model._decode_stack = stack
+        spans.restore()
+    med = {k: statistics.median(s.get(k, 0.0) for s in spans.steps) for k in SPAN_ORDER}
+    nested = {"inputs", "forward_logits", "sample", "update", "outputs", "record_step", "stats"}
+    deeper = {"embed", "rope rows", "stack call"}
+    print(f"engine spans, median per step over {len(spans.steps)} steps (ms):")
+    for k in SPAN_ORDER:
+        indent = 6 if k in deeper else 4 if k in nested else 2
+        print(f"{' ' * indent}{k:<{24 - indent}} {med[k] * 1e3:7.3f}")
+    python = statistics.median(s["step"] - s.get("stack call", 0.0) for s in spans.steps)
+    print(f"  Python (step less the stack call) {python * 1e3:.3f} ms")
 
 
 def gemv_alone(model, passes: int):
@@ -132,7 +258,7 @@ def main() -> int:
     llm = LLM(args.model, startup_profile=False)
     model = llm.engine.executor.model
     print(f"{describe()}; load {os.getloadavg()[0]:.2f}", flush=True)
-    walls, execs, phases = engine_phases(llm, args.steps, args.warmup)
+    walls, execs, phases, threads = engine_phases(llm, args.steps, args.warmup)
     layers = model.model.layers
     ws = [[lin.gguf_weight for lin in _projections(layer)] for layer in layers]
     head = model.lm_head.gguf_weight
@@ -141,6 +267,11 @@ def main() -> int:
     med = [statistics.median(s[i] for s in phases) for i in range(len(PHASES))]
     print(f"engine step median {statistics.median(walls) * 1e3:.2f} ms, executor {statistics.median(execs) * 1e3:.2f},"
           f" stack phases sum {sum(med) * 1e3:.2f} ms (median per phase)")
+    print_thread_balance(threads)
+    parts = model._decode_stack.thread_parts(args.threads)
+    print(f"GEMV parts now (ThreadSplit bounds; CADENCE_THREAD_SPLIT={os.environ.get('CADENCE_THREAD_SPLIT', 'fit')}):"
+          f" {' '.join(f'{b:.3f}' for b in parts)}")
+    engine_spans(llm, args.steps, args.warmup)
     alone = gemv_alone(model, args.passes)
     print(f"{'phase':>10} {'in stack ms':>12} {'GB/s':>7} {'alone ms':>9} {'GB/s':>7} {'MB':>7}")
     for name, sec in zip(PHASES, med):

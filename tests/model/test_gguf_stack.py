@@ -88,6 +88,21 @@ def test_gguf_stack_rows_do_not_depend_on_batch_or_threads(tmp_path, monkeypatch
     assert torch.equal(solo[0], batch[0])
 
 
+@pytest.mark.parametrize("first", ["0.3", "0.75"])
+def test_gguf_stack_bits_do_not_depend_on_the_threads_parts(tmp_path, monkeypatch, first):
+    """The GEMV phases split their bytes by the stack's ThreadSplit (team.h), fitted to the
+    threads' rates; any parts give the per-op path's bits (CADENCE_THREAD_SPLIT fixes thread 0's
+    part when the stack is built)."""
+    monkeypatch.setenv("CADENCE_THREAD_SPLIT", first)
+    loaded = _load(tmp_path, "q4_k_m")
+    model, config = loaded.model, loaded.config
+    stack_logits, stack_kv, stack = run_steps(model, config, STEPS, True, monkeypatch)
+    assert stack.thread_parts(2) == pytest.approx([0.0, float(first), 1.0])
+    per_op_logits, per_op_kv, _ = run_steps(model, config, STEPS, False, monkeypatch)
+    assert torch.equal(stack_kv, per_op_kv)
+    assert torch.equal(stack_logits, per_op_logits)
+
+
 def _decode_meta(spans):
     return AttentionMetadata.build([(s, n, t) for (s, n), t in zip(spans, TABLES)], BLOCK, POOL)
 

@@ -181,6 +181,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("weight_bytes", &cadence_kernels::DecodeStackGGUF::weight_bytes)
       .def("phase_seconds", &cadence_kernels::DecodeStackGGUF::phase_seconds,
            "last forward: thread 0's seconds per phase (qkv, rope, attention, o, norm, gate_up, down, norm, head)")
+      .def("thread_seconds", &cadence_kernels::DecodeStackGGUF::thread_seconds,
+           "last forward, per thread: (start after thread 0, [seconds per phase], [of which at barriers])")
+      .def("thread_parts", &cadence_kernels::DecodeStackGGUF::thread_parts, py::arg("threads"),
+           "the GEMV phases' part bounds (threads + 1 fractions) the next step on that many threads takes")
       .def_property_readonly("last_team", &cadence_kernels::DecodeStackGGUF::last_team);
   m.def("has_avx512bf16", &cadence_kernels::has_avx512bf16, "whether linear_bf16 is compiled in");
 }

@@ -17,7 +17,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -147,19 +150,107 @@ class SoloSchedule {
   std::atomic<int> next_solo_steps_{FIRST_SOLO_STEPS};
 };
 
-// Diagnostics of a stack's last forward: thread 0's nanoseconds per phase and the team size.
+// Each thread's part of a step's GEMVs, fitted to the rates the threads streamed at (a stack's
+// feedback: StepTeam::run with balanced phases). Equal bytes do not finish together: on the test
+// host thread 1 wakes from its futex at each step's start and streams a little slower, and
+// thread 0 waited 0.6-1.1 ms a step at the barriers against 0.2-0.5 ms (docs/performance.md).
+// After each clean team step, every thread's rate in the balanced phases (its part over its
+// busy time there, barrier waits left out) moves the parts a fifth of the way to the split that
+// would have finished together. Which thread computes a column never changes its bits.
+// CADENCE_THREAD_SPLIT (read when a stack is built) fixes the parts instead: `equal` (the split
+// before this fit; an A/B switch), or a fraction F in (0, 1): thread 0 takes F, the others equal
+// parts of the rest (experiments, and the tests' uneven splits).
+class ThreadSplit {
+ public:
+  static constexpr double STEP = 0.2;    // how far one step's rates move the parts
+  static constexpr double SPREAD = 0.5;  // a part stays within (1 +- SPREAD) / nth
+  ThreadSplit() {
+    const char* mode = std::getenv("CADENCE_THREAD_SPLIT");
+    if (mode == nullptr || std::strcmp(mode, "fit") == 0) return;
+    fit_ = false;
+    char* end = nullptr;
+    const double first = std::strtod(mode, &end);
+    TORCH_CHECK(std::strcmp(mode, "equal") == 0 || (end != mode && *end == '\0' && first > 0.0 && first < 1.0),
+                "CADENCE_THREAD_SPLIT: fit, equal or thread 0's fraction in (0, 1), got ", mode);
+    if (std::strcmp(mode, "equal") != 0) fixed_first_ = first;
+  }
+  // The parts' cumulative bounds for a team of nth: nth + 1 fractions from 0 to 1.
+  std::vector<double> bounds(int nth) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<double> cum(nth + 1, 0.0);
+    for (int t = 0; t < nth; ++t) {
+      double part = static_cast<int>(part_.size()) == nth ? part_[t] : 1.0 / nth;
+      if (fixed_first_ > 0.0 && nth > 1) part = t == 0 ? fixed_first_ : (1.0 - fixed_first_) / (nth - 1);
+      cum[t + 1] = cum[t] + part;
+    }
+    cum[nth] = 1.0;
+    return cum;
+  }
+  // One step's busy nanoseconds per thread in the balanced phases, at the bounds it ran with.
+  void observe(const std::vector<double>& cum, const std::vector<int64_t>& busy_ns) {
+    const int nth = static_cast<int>(busy_ns.size());
+    if (nth < 2 || !fit_) return;
+    std::vector<double> rate(nth);
+    double total = 0.0;
+    for (int t = 0; t < nth; ++t) {
+      if (busy_ns[t] <= 0) return;
+      rate[t] = (cum[t + 1] - cum[t]) / static_cast<double>(busy_ns[t]);
+      total += rate[t];
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (static_cast<int>(part_.size()) != nth) part_.assign(nth, 1.0 / nth);
+    double sum = 0.0;
+    for (int t = 0; t < nth; ++t) {
+      const double moved = part_[t] + STEP * (rate[t] / total - part_[t]);
+      part_[t] = std::clamp(moved, (1.0 - SPREAD) / nth, (1.0 + SPREAD) / nth);
+      sum += part_[t];
+    }
+    for (double& p : part_) p /= sum;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<double> part_;  // empty: equal parts
+  bool fit_ = true;            // refit by observe (CADENCE_THREAD_SPLIT unset or `fit`)
+  double fixed_first_ = 0.0;   // > 0: thread 0's fixed fraction
+};
+
+// Diagnostics of a stack's last forward: thread 0's nanoseconds per phase, the team size, and
+// per thread its start (ns after the region's first thread), its wall time per phase and the
+// part of it spent waiting at the team's barriers (how balanced the threads' shares were).
 template <int PHASES>
 class StepStats {
  public:
-  void record(const std::array<int64_t, PHASES>& phase_ns, int team) {
+  using PhaseNs = std::array<int64_t, PHASES>;
+  void record(const PhaseNs& phase_ns, int team) {
     std::lock_guard<std::mutex> lock(mutex_);
     last_phase_ns_ = phase_ns;
     last_team_ = team;
+  }
+  // Thread tid's times in a step on `team` threads (every thread calls it).
+  void record_thread(int tid, int team, int64_t start_ns, const PhaseNs& wall_ns, const PhaseNs& wait_ns) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (static_cast<int>(threads_.size()) != team) threads_.assign(team, ThreadTimes{});
+    threads_[tid] = ThreadTimes{start_ns, wall_ns, wait_ns};
   }
   std::vector<double> phase_seconds() const {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<double> out;
     for (int p = 0; p < PHASES; ++p) out.push_back(last_phase_ns_[p] * 1e-9);
+    return out;
+  }
+  // Per thread of the last step: (start delay, [wall per phase], [barrier wait per phase]), seconds.
+  std::vector<std::tuple<double, std::vector<double>, std::vector<double>>> thread_seconds() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::tuple<double, std::vector<double>, std::vector<double>>> out;
+    for (const ThreadTimes& t : threads_) {
+      std::vector<double> wall, wait;
+      for (int p = 0; p < PHASES; ++p) {
+        wall.push_back(t.wall_ns[p] * 1e-9);
+        wait.push_back(t.wait_ns[p] * 1e-9);
+      }
+      out.emplace_back(t.start_ns * 1e-9, std::move(wall), std::move(wait));
+    }
     return out;
   }
   int last_team() const {
@@ -168,55 +259,88 @@ class StepStats {
   }
 
  private:
+  struct ThreadTimes {
+    int64_t start_ns = 0;
+    PhaseNs wall_ns{}, wait_ns{};
+  };
   mutable std::mutex mutex_;
-  std::array<int64_t, PHASES> last_phase_ns_{};
+  PhaseNs last_phase_ns_{};
   int last_team_ = 0;
+  std::vector<ThreadTimes> threads_;
 };
 
 // One thread of a step's team (StepTeam::run): its index and team size, the team barrier, and
-// thread 0's wall time per phase (diagnostics: a stack's phase_seconds()).
+// its wall time per phase and the part of it spent at the barrier (diagnostics: a stack's
+// phase_seconds() for thread 0, thread_seconds() for all).
 template <int PHASES>
 class StepThread {
  public:
-  StepThread(int tid_, int nth_, TeamBarrier* barrier) : tid(tid_), nth(nth_), barrier_(barrier) {}
+  StepThread(int tid_, int nth_, TeamBarrier* barrier, const double* bounds = nullptr)
+      : tid(tid_), nth(nth_), barrier_(barrier), bounds_(bounds) {}
   const int tid, nth;
   // Waits for the whole team (nothing on a team of one).
   void sync() {
-    if (barrier_ != nullptr) barrier_->wait();
+    if (barrier_ == nullptr) return;
+    const auto start = std::chrono::steady_clock::now();
+    barrier_->wait();
+    waited_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   }
-  // Thread 0: the time since the last lap counts to `phase` (barrier waits count to the phase
-  // before them).
+  // The time since the last lap counts to `phase`, and so do the barrier waits in it.
   void lap(int phase) {
-    if (tid != 0) return;
     const auto now = std::chrono::steady_clock::now();
     phase_ns_[phase] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark_).count();
+    wait_ns_[phase] += waited_ns_;
+    waited_ns_ = 0;
     mark_ = now;
   }
   // This thread's part [begin, end) of `total` units split in near-equal runs over the team.
   std::pair<int64_t, int64_t> share(int64_t total) const { return {total * tid / nth, total * (tid + 1) / nth}; }
+  // This thread's part [lo, hi) of a balanced phase's work, as fractions (ThreadSplit; equal
+  // parts without one), and of `total` units: the runs meet exactly and the last ends at total.
+  std::pair<double, double> part() const {
+    if (bounds_ == nullptr) return {static_cast<double>(tid) / nth, static_cast<double>(tid + 1) / nth};
+    return {bounds_[tid], bounds_[tid + 1]};
+  }
+  std::pair<int64_t, int64_t> balanced_share(int64_t total) const {
+    const auto [lo, hi] = part();
+    const auto at = [&](double f, int t) {
+      return t == nth ? total : std::clamp<int64_t>(std::llround(f * static_cast<double>(total)), 0, total);
+    };
+    return {at(lo, tid), at(hi, tid + 1)};
+  }
   const std::array<int64_t, PHASES>& phase_ns() const { return phase_ns_; }
+  const std::array<int64_t, PHASES>& wait_ns() const { return wait_ns_; }
+  std::chrono::steady_clock::time_point started() const { return started_; }
 
  private:
   TeamBarrier* const barrier_;  // null on a team of one
-  std::array<int64_t, PHASES> phase_ns_{};
-  std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
+  const double* const bounds_;  // the team's part bounds (nth + 1), or null: equal parts
+  std::array<int64_t, PHASES> phase_ns_{}, wait_ns_{};
+  int64_t waited_ns_ = 0;  // at the barrier since the last lap
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point mark_ = started_;
 };
 
 // One step of a fused stack on its team: the thread count (all `threads`, or one during a solo
 // period: SoloSchedule), then run(body) calls body(StepThread&) on every thread of one OpenMP
-// parallel region, records thread 0's phase times, and tells the schedule whether a thread was
-// pushed off its core.
+// parallel region, records thread 0's phase times (and every thread's), and tells the schedule
+// whether a thread was pushed off its core. With balanced phases (a bit mask of phase indices),
+// the threads' parts of those phases (StepThread::part) come from the stack's ThreadSplit, and
+// each clean team step's busy time in them refits it.
 template <int PHASES>
 class StepTeam {
  public:
-  StepTeam(SoloSchedule& solo, StepStats<PHASES>& stats, int threads)
-      : solo_(solo), stats_(stats), size_(solo.team_for_step(std::max(1, threads))), barrier_(size_) {}
+  StepTeam(SoloSchedule& solo, StepStats<PHASES>& stats, ThreadSplit& split, int threads)
+      : solo_(solo), stats_(stats), split_(split), size_(solo.team_for_step(std::max(1, threads))), barrier_(size_),
+        bounds_(split.bounds(size_)) {}
   int size() const { return size_; }
 
   template <typename Body>
-  void run(Body&& body) {
+  void run(Body&& body, uint32_t balanced_phases = 0) {
     std::atomic<bool> lost_core{false};
     std::atomic<int> granted{0};
+    std::vector<int64_t> busy_ns(size_, 0);  // per thread, in the balanced phases
+    const auto entered = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(size_)
     {
       // The runtime may grant fewer threads (nested call): then run everything on one.
@@ -226,22 +350,33 @@ class StepTeam {
       if (full_team || omp_get_thread_num() == 0) {
         const ThreadClock clock;
         StepThread<PHASES> thread(full_team ? omp_get_thread_num() : 0, full_team ? size_ : 1,
-                                  full_team && size_ > 1 ? &barrier_ : nullptr);
+                                  full_team && size_ > 1 ? &barrier_ : nullptr,
+                                  full_team && balanced_phases != 0 ? bounds_.data() : nullptr);
         body(thread);
         // Off its core for over a quarter of the step: a neighbour process (or the host) holds
         // that core, and the partner waited on this thread at every barrier meanwhile.
         if (size_ > 1 && clock.descheduled(0.75)) lost_core.store(true, std::memory_order_relaxed);
         if (thread.tid == 0) stats_.record(thread.phase_ns(), thread.nth);
+        stats_.record_thread(thread.tid, thread.nth,
+                             std::chrono::duration_cast<std::chrono::nanoseconds>(thread.started() - entered).count(),
+                             thread.phase_ns(), thread.wait_ns());
+        if (full_team)
+          for (int p = 0; p < PHASES; ++p)
+            if (balanced_phases >> p & 1u) busy_ns[thread.tid] += thread.phase_ns()[p] - thread.wait_ns()[p];
       }
     }
     solo_.after_step(size_, lost_core.load());
+    // A step with a thread off its core says nothing about the threads' own rates.
+    if (balanced_phases != 0 && granted.load() == size_ && !lost_core.load()) split_.observe(bounds_, busy_ns);
   }
 
  private:
   SoloSchedule& solo_;
   StepStats<PHASES>& stats_;
+  ThreadSplit& split_;
   const int size_;
   TeamBarrier barrier_;
+  const std::vector<double> bounds_;  // split_'s bounds when the step began
 };
 
 // What a fused stack keeps from one step to the next for its team (the base of each stack):
@@ -253,15 +388,21 @@ class StackTeam {
  public:
   static constexpr int NUM_PHASES = PHASES;
   std::vector<double> phase_seconds() const { return stats_.phase_seconds(); }
+  std::vector<std::tuple<double, std::vector<double>, std::vector<double>>> thread_seconds() const {
+    return stats_.thread_seconds();
+  }
   int last_team() const { return stats_.last_team(); }
+  // The balanced phases' part bounds a step on `threads` threads would take now (ThreadSplit).
+  std::vector<double> thread_parts(int64_t threads) const { return split_.bounds(static_cast<int>(threads)); }
 
  protected:
   // The team of a step on `threads` threads (at::get_num_threads()), or of one in a solo period.
-  StepTeam<PHASES> step_team(int threads) const { return StepTeam<PHASES>(solo_, stats_, threads); }
+  StepTeam<PHASES> step_team(int threads) const { return StepTeam<PHASES>(solo_, stats_, split_, threads); }
 
  private:
   mutable SoloSchedule solo_;
   mutable StepStats<PHASES> stats_;
+  mutable ThreadSplit split_;
 };
 
 // Bounds of a step's rows (slot, block-table row, context length, every block id they reach): a

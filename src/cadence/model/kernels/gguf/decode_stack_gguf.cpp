@@ -1,6 +1,8 @@
 // DecodeStackGGUF (see decode_stack_gguf.h): the whole decoder of a GGUF-native model for a small
 // float32 batch in one parallel region, phase for phase as DecodeStackF32 (a team barrier after
 // each phase whose output the next one reads across threads):
+// The GEMV phases (1, 4, 6, 7, 9) split their bytes by the team's ThreadSplit (team.h): parts
+// fitted to the rates the threads streamed at in earlier steps, equal at first.
 //   1. qkv = normed @ [Wq | Wk | Wv] (+ bias)   8-column groups split over threads by bytes
 //   2. (q/k norms,) rope q, k in place; store k, v in cache   rows split over threads
 //   3. attention partials; then their merge      (row, span) items, taken dynamically
@@ -44,6 +46,8 @@ using Matrix = DecodeStackGGUF::Matrix;
 
 constexpr int64_t COLS = 8;        // columns per unit of a GEMM's thread split (linear.cpp's)
 constexpr int64_t PAIR_COLS = 16;  // gate/up: whole 16-lane vectors of silu_mul_row per thread
+// The GEMV phases (qkv, o, gate_up, down, head), split by the stack's fitted ThreadSplit.
+constexpr uint32_t BALANCED_PHASES = 1u << 0 | 1u << 3 | 1u << 5 | 1u << 6 | 1u << 8;
 
 bool is_float_type(int type) { return type == gguf::F32 || type == gguf::F16 || type == gguf::BF16; }
 
@@ -168,12 +172,16 @@ void run_groups(const Matrix& w, const gguf::GemmArgs& g, int64_t begin, int64_t
 
 // This thread's share of weights that read one input, their outputs side by side in out [T, ldo]:
 // the 8-column groups whose first byte (counting every weight's groups in order) falls in the
-// thread's 1 / nth of all their bytes (linear.cpp's split).
+// thread's part of all their bytes (StepThread::part: 1 / nth each as linear.cpp's split, or the
+// stack's fitted ThreadSplit); the last thread takes every group to the end.
+template <typename Thread>
 void gemm_share(std::initializer_list<const Matrix*> weights, const Activations& acts, const float* x, int64_t T,
-                float* out, int64_t ldo, int tid, int nth) {
+                float* out, int64_t ldo, const Thread& thread) {
   double total = 0.0;
   for (const Matrix* w : weights) total += static_cast<double>(COLS * w->row_bytes) * ((w->N + COLS - 1) / COLS);
-  const double lo = total * tid / nth, hi = total * (tid + 1) / nth;
+  const auto [lo_part, hi_part] = thread.part();
+  const double lo = total * lo_part, hi = total * hi_part;
+  const bool last = thread.tid + 1 == thread.nth;
   double start = 0.0;
   int64_t col = 0;
   for (const Matrix* w : weights) {
@@ -183,7 +191,7 @@ void gemm_share(std::initializer_list<const Matrix*> weights, const Activations&
       const double g = std::ceil((bound - start) / group_bytes);
       return std::clamp<int64_t>(static_cast<int64_t>(g), 0, groups);
     };
-    const int64_t begin = first_at_or_after(lo), end = tid + 1 == nth ? groups : first_at_or_after(hi);
+    const int64_t begin = first_at_or_after(lo), end = last ? groups : first_at_or_after(hi);
     if (end > begin) run_groups(*w, acts.args(*w, x, T, out + col, ldo), begin, end);
     start += group_bytes * groups;
     col += w->N;
@@ -375,7 +383,7 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
       KV* vc = kc + rows.layer_stride / 2;
       // 1. q, k, v side by side.
       acts.prepare(normed.data(), T, H, {&w.q, &w.k, &w.v});
-      gemm_share({&w.q, &w.k, &w.v}, acts, normed.data(), T, buf.qkv.data(), buf.qkv_width, tid, nth);
+      gemm_share({&w.q, &w.k, &w.v}, acts, normed.data(), T, buf.qkv.data(), buf.qkv_width, thread);
       thread.sync();
       thread.lap(0);
       // 2. (q/k norms,) rope (a local layer's own) + cache write.
@@ -392,7 +400,7 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
       thread.lap(2);
       // 4. output projection; 5. residual + post-attention norm (own copy).
       acts.prepare(buf.attn.data(), T, Hq * D, {&w.o});
-      gemm_share({&w.o}, acts, buf.attn.data(), T, buf.o.data(), H, tid, nth);
+      gemm_share({&w.o}, acts, buf.attn.data(), T, buf.o.data(), H, thread);
       thread.sync();
       thread.lap(3);
       add_norm_rows<float>(residual.data(), sublayer(buf.o.data(), w.attn_out_norm), w.post_norm.data_ptr<float>(),
@@ -403,7 +411,7 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
       {
         acts.prepare(normed.data(), T, H, {&w.gate, &w.up});
         const int64_t units = (I + PAIR_COLS - 1) / PAIR_COLS, groups = (I + COLS - 1) / COLS;
-        const auto [u0, u1] = thread.share(units);
+        const auto [u0, u1] = thread.balanced_share(units);
         const int64_t g0 = u0 * (PAIR_COLS / COLS), g1 = std::min(groups, u1 * (PAIR_COLS / COLS));
         if (g1 > g0) {
           run_groups(w.gate, acts.args(w.gate, normed.data(), T, buf.gate_up.data(), 2 * I), g0, g1);
@@ -422,7 +430,7 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
       thread.lap(5);
       // 7. down projection; 8. residual + next layer's input norm (or the final norm).
       acts.prepare(buf.act.data(), T, I, {&w.down});
-      gemm_share({&w.down}, acts, buf.act.data(), T, buf.down.data(), H, tid, nth);
+      gemm_share({&w.down}, acts, buf.act.data(), T, buf.down.data(), H, thread);
       thread.sync();
       thread.lap(6);
       const at::Tensor& next_norm = l + 1 < L ? layers_[l + 1].input_norm : final_norm_;
@@ -433,7 +441,7 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
     if (logits != nullptr) {
       // 9. The LM head on every thread's own copy of the final-norm rows (the same bits on each).
       acts.prepare(normed.data(), T, H, {&head_});
-      gemm_share({&head_}, acts, normed.data(), T, logits, V, tid, nth);
+      gemm_share({&head_}, acts, normed.data(), T, logits, V, thread);
       thread.sync();
       if (argmax != nullptr) {
         // torch.argmax per row: each thread the first NaN or the first maximum of its span, then
@@ -463,7 +471,7 @@ at::Tensor DecodeStackGGUF::forward_kv(const at::Tensor& x, const at::Tensor& co
       thread.lap(8);
     }
     if (tid == 0) std::memcpy(out.data_ptr<float>(), normed.data(), sizeof(float) * T * H);
-  });
+  }, BALANCED_PHASES);
   return out;
 }
 #endif  // CADENCE_HAVE_AVX2
