@@ -152,8 +152,8 @@ class SoloSchedule {
 
 // Each thread's part of a step's GEMVs, fitted to the rates the threads streamed at (a stack's
 // feedback: StepTeam::run with balanced phases). Equal bytes do not finish together: on the test
-// host thread 1 wakes from its futex at each step's start and streams a little slower, and
-// thread 0 waited 0.6-1.1 ms a step at the barriers against 0.2-0.5 ms (docs/performance.md).
+// host either thread waited 0.5-1.1 ms a step at the barriers, which one moving between
+// processes, though both start within ~0.03 ms of each other (docs/performance.md).
 // After each clean team step, every thread's rate in the balanced phases (its part over its
 // busy time there, barrier waits left out) moves the parts a fifth of the way to the split that
 // would have finished together. Which thread computes a column never changes its bits.
