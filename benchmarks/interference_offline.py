@@ -137,6 +137,9 @@ def run_one(loaded, policy: str, budget: int, args) -> RunResult:
     stats = engine.scheduler.stats()
     target = stats.itl_target_s
     reachable = stats.itl_target_reachable_s if stats.itl_target_reachable_s else target
+    split = getattr(engine, "split_stepper", None)
+    if split is not None:  # interleave: its pace where the prompt slowdown bound set it
+        reachable = split.stats().get("itl_target_reachable_s", reachable)
     return RunResult(
         itl_target_ms=1e3 * target if target else float("nan"),
         itl_reachable_ms=1e3 * reachable if reachable else float("nan"),

@@ -4,20 +4,51 @@ from __future__ import annotations
 
 import pytest
 
-from cadence.core.interleave_pace import (DECODE_SHARE, MIN_ROW_BLOCK, PACE_CAP, ROW_BLOCK, SEGMENT_SHARE,
+from cadence.core.interleave_pace import (BOUND_SHARE, DECODE_SHARE, MIN_ROW_BLOCK, PACE_CAP, ROW_BLOCK, SEGMENT_SHARE,
                                           interleave_chunk_tokens, interleave_pace_s, interleave_row_block)
 
 
-def test_the_pace_keeps_decode_steps_to_their_share_of_the_prefill():
-    step = 0.006
-    pace = interleave_pace_s(step, target_itl_s=0.1)
-    # Between two steps' starts: one step, then the prefill's time for which it is the share.
-    assert pace - step == pytest.approx(step / DECODE_SHARE)
-    # A slower step, a longer pace; never past the cap of the ITL target.
-    assert interleave_pace_s(2 * step, 0.1) > pace
-    assert interleave_pace_s(1.0, 0.1) == pytest.approx(PACE_CAP * 0.1)
-    # Not measured yet: the cap.
-    assert interleave_pace_s(None, 0.1) == pytest.approx(PACE_CAP * 0.1)
+def _share(step: float, pace: float) -> float:
+    """Decode seconds per second of prefill at this pace."""
+    return step / (pace - step)
+
+
+def test_a_fast_step_takes_the_decode_share_the_bound_allows():
+    step = 0.006  # SmolLM2's 3-row step: the 80 ms target is met at any share here
+    pace = interleave_pace_s(step, target_itl_s=0.1, max_prefill_slowdown=1.15)
+    # The default bound's share (0.12) is below DECODE_SHARE: the bound sets it.
+    assert _share(step, pace) == pytest.approx(BOUND_SHARE * 0.15)
+    assert pace <= PACE_CAP * 0.1
+    # A looser bound: DECODE_SHARE, no more (the target needs less).
+    loose = interleave_pace_s(step, 0.1, max_prefill_slowdown=2.0)
+    assert _share(step, loose) == pytest.approx(DECODE_SHARE)
+    assert loose < pace
+    # A slower step, a longer pace.
+    assert interleave_pace_s(2 * step, 0.1, 2.0) > loose
+
+
+def test_the_target_shortens_the_pace_while_the_bound_holds():
+    step = 0.02  # at DECODE_SHARE the pace would be 153 ms, past the 80 ms cap
+    pace = interleave_pace_s(step, 0.1, max_prefill_slowdown=1.5)  # shares up to 0.4
+    assert pace == pytest.approx(PACE_CAP * 0.1)
+    assert DECODE_SHARE < _share(step, pace) <= BOUND_SHARE * 0.5
+
+
+def test_a_slow_step_keeps_the_bound_and_misses_the_target():
+    step = 0.027  # the 1B shape's 3-row step on 2 cores
+    pace = interleave_pace_s(step, 0.1, max_prefill_slowdown=1.15)
+    # The target's share would be 0.51 (a 1.5x slower document): the bound's share instead,
+    # a pace past the target (the reachable gap the engine reports).
+    assert _share(step, pace) == pytest.approx(BOUND_SHARE * 0.15)
+    assert pace > 0.1
+    # Never a share past the bound, however slow the step or tight the target.
+    for step_s in (0.001, 0.01, 0.05, 0.2, 1.0):
+        for target in (0.02, 0.1, 1.0):
+            for slowdown in (1.05, 1.15, 1.5):
+                pace = interleave_pace_s(step_s, target, slowdown)
+                assert _share(step_s, pace) <= BOUND_SHARE * (slowdown - 1) * (1 + 1e-9)
+    # Not measured yet: the target's cap.
+    assert interleave_pace_s(None, 0.1, 1.15) == pytest.approx(PACE_CAP * 0.1)
 
 
 def test_the_chunk_is_the_largest_whose_layer_segment_fits_the_pace():

@@ -380,6 +380,43 @@ def test_interleave_steps_decodes_between_the_layers_of_a_prompt_chunk():
     assert engine.split_stepper.interleave and fake.nested_decodes >= 3
 
 
+def test_interleave_reports_the_pace_as_the_reachable_target_where_the_bound_sets_it():
+    """A decode step too slow for the ITL target within --max-prefill-slowdown's share: the
+    pace keeps the bound (core/interleave_pace.py), and the gap it gives the streams is the
+    reachable target the engine reports; with a loose bound the target is met, none reported."""
+    import time
+
+    from cadence.core.interleave_pace import BOUND_SHARE
+
+    class SlowSteps(FakeExecutor):
+        can_pause = True
+
+        def execute(self, plan, between_layers=None):
+            if plan.num_prefill_tokens == 0:
+                time.sleep(0.004)  # a decode step: 4 ms against a 20 ms target
+            for _ in range(6 if plan.num_prefill_tokens > 16 else 0):
+                time.sleep(0.003)  # a layer
+                if between_layers is not None:
+                    between_layers()
+            return super().execute(plan)
+
+    def run(slowdown: float):
+        engine, _ = fake_engine(2, executor=SlowSteps(vocab_size=500), core_split="interleave",
+                                target_itl_ms=20.0, max_prefill_slowdown=slowdown)
+        drive(engine, WORKLOAD)
+        stepper = engine.split_stepper
+        engine.close()
+        return stepper
+
+    bound = run(1.15)
+    step = bound._paused_decode_s
+    assert step is not None and bound.pace_s() == pytest.approx(step * (1 + 1 / (BOUND_SHARE * 0.15)))
+    assert bound.stats()["itl_target_reachable_s"] == pytest.approx(bound.pace_s()) > 0.020
+    loose = run(3.0)  # shares up to 1.6: the target's (a 16 ms pace)
+    assert loose.pace_s() == pytest.approx(0.016)
+    assert "itl_target_reachable_s" not in loose.stats()
+
+
 def test_interleave_runs_decode_steps_between_row_blocks_of_a_layer(monkeypatch, tiny_llama_d64_dir):
     """--core-split interleave on a model whose layers compute each row alone (int8 packed
     GEMMs, the paged attention kernel): the prompt chunk's ops run over row blocks, decode steps
@@ -402,7 +439,7 @@ def test_interleave_runs_decode_steps_between_row_blocks_of_a_layer(monkeypatch,
     def engine_run(core_split: str):
         cfg = EngineConfig(scheduler=SchedulerConfig(
             policy="adaptive", max_model_len=1000, split_prefill_chunk=40, core_split=core_split,
-            target_itl_ms=0.5), cache=CacheConfig(block_size=16, num_blocks=200), startup_profile=False)
+            target_itl_ms=0.5, max_prefill_slowdown=100.0), cache=CacheConfig(block_size=16, num_blocks=200), startup_profile=False)
         engine = LLMEngine.from_loaded(loaded, cfg)
         engine._split_cores = 2
         tokens = drive(engine, workload)
@@ -411,7 +448,8 @@ def test_interleave_runs_decode_steps_between_row_blocks_of_a_layer(monkeypatch,
         return tokens, stepper
 
     colocated, _ = engine_run("off")
-    # Blocks of 16 rows; a pace of 0.4 ms: a decode step is due at nearly every pause point.
+    # Blocks of 16 rows; a pace of 0.4 ms (or a step's time: the loose prompt slowdown bound
+    # lets the target's share past 1): a decode step is due at nearly every pause point.
     monkeypatch.setattr(interleave_pace, "ROW_BLOCK", 16)
     monkeypatch.setattr(interleave_pace, "MIN_ROW_BLOCK", 16)
     # The decode steps that ran at a pause between two row blocks (the stepper counts them all).

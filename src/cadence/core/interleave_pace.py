@@ -6,9 +6,28 @@ two of its layers. Two numbers decide what that costs:
 - the pace, the time from one decode step's start to the next: the streams' gap while a prompt
   prefills is about one pace, and the prompt's prefill is slowed by the decode steps' time per
   pace. The pace is set from the measured decode step time so that the decode steps take
-  DECODE_SHARE of the prefill's time: pace = step x (1 + 1 / DECODE_SHARE), so a document's
-  TTFT grows by about that share while the streams get a token as often as it allows. It is
-  never longer than PACE_CAP x the ITL target (the target holds however slow the steps are).
+  a share s of the prefill's time: pace = step x (1 + 1 / s), so a document's TTFT grows by
+  about (1 + s) while the streams get a token as often as it allows. The share is
+      s = min(BOUND_SHARE x (max_prefill_slowdown - 1), max(DECODE_SHARE, s_target)),
+  s_target = step / (PACE_CAP x target - step), the share whose pace is PACE_CAP x the ITL
+  target. So the target shortens the pace (a share above DECODE_SHARE) only while the prompt
+  slowdown bound the slo policy keeps (--max-prefill-slowdown, 1.15) holds; where even the
+  bound's share leaves the pace past the target (a slow step: 27 ms for the 1B shape's three
+  rows, 2 cores, against 100 ms) the target is out of reach, the pace is the gap the streams
+  get, and it is reported as the reachable target (cadence:itl_target_reachable_seconds), as
+  slo reports its own. The bound wins over the target because a missed target is a longer gap
+  for a few streams for the document's prefill, a missed bound the document's TTFT and every
+  prompt queued behind it; capped at 0.8 x the target (80 ms), the 1B pace had a share of
+  0.3-0.5 and its document TTFT 1.22-1.33x eager's (issue 30's bound 1.15x). BOUND_SHARE
+  (0.8) leaves a margin, as PACE_CAP does for the target: the steps slow the prefill by more
+  than their own time (a step between two layers runs slower than alone, evicts the
+  prefill's cached activations, and steps start at the pause point nearest the pace, up to
+  half a piece early): on the 1B doc-burst a share of 0.15 measured TTFT 1.08-1.17x eager's,
+  0.12 1.05-1.08x (largest gap 0.30-0.36 s, eager's ~11 s), and with this rule at the
+  default flags 0.99-1.05x, gaps 0.34-0.45 s (0.03-0.04x eager's; docs/performance.md "Should
+  `adaptive` be the default?"). At the default flags the bound's
+  0.12 is below DECODE_SHARE, so 0.12 sets the pace (9.3 steps); DECODE_SHARE is the share
+  for a larger --max-prefill-slowdown (>= 1.19) while the target is met.
   A step runs at the pause point nearest to a pace after the last one's start, so steps
   start a pace apart on average and at most half a piece more (at the last boundary before
   the pace was up, they started 35-80 ms apart for a 75 ms pace: more steps than the share).
@@ -27,7 +46,8 @@ two of its layers. Two numbers decide what that costs:
   largest gap is the pace plus about half a block plus the steps' jitter, 0.15 gave 46-60 ms
   and 0.25 40-47 ms; over HTTP, with the blocks sized inside the forward, 0.15 and 0.2
   measured 0.093-0.185 s on the best tier (the code before: 0.060-0.183 s) and 0.060-0.091 s
-  on AVX2 (0.062-0.109 s) in one call each: no share steadier than another, 0.15 stays.)
+  on AVX2 (0.062-0.109 s) in one call each: no share steadier than another, 0.15 stays; the bound's 0.12
+  now caps it at the default flags.)
 - the chunk and its pause points: the pauses are at layer boundaries (between two layers and
   between a layer's attention and its MLP) and, where the model computes each row the same
   whatever rows share its ops (packed integer or GGUF GEMMs, every row's attention through the
@@ -56,13 +76,18 @@ two of its layers. Two numbers decide what that costs:
 
 from __future__ import annotations
 
+import math
 import os
 
 # Decode seconds per second of prefill while a prompt's chunk is paused for decode steps
 # (CADENCE_DECODE_SHARE sets it for A/B runs).
 DECODE_SHARE = float(os.environ.get("CADENCE_DECODE_SHARE", "0.15"))
-# The longest pace, as a share of the ITL target (a margin for the step's own variation).
+# The longest pace the ITL target asks for, as a share of the target (a margin for the
+# step's own variation).
 PACE_CAP = 0.8
+# The most decode share the prompt slowdown bound allows, as a share of the bound's
+# (max_prefill_slowdown - 1): a margin for what the steps cost the prefill beyond their own time.
+BOUND_SHARE = 0.8
 # The longest piece of a chunk between two pause points (a layer segment, or a row block of
 # one), as a share of the pace.
 SEGMENT_SHARE = 0.25
@@ -72,13 +97,20 @@ ROW_BLOCK = 256
 MIN_ROW_BLOCK = 64
 
 
-def interleave_pace_s(decode_step_s: float | None, target_itl_s: float) -> float:
+def interleave_pace_s(decode_step_s: float | None, target_itl_s: float,
+                      max_prefill_slowdown: float) -> float:
     """Seconds from one paused decode step's start to the next, given the measured decode
-    step time (None: not measured yet, the cap)."""
+    step time (None: not measured yet, PACE_CAP x the target): the decode steps' share of the
+    prefill is DECODE_SHARE, more where the ITL target needs it, never more than the prompt
+    slowdown bound allows (the module's docstring)."""
     cap = PACE_CAP * target_itl_s
     if decode_step_s is None or decode_step_s <= 0:
         return cap
-    return min(cap, decode_step_s * (1.0 + 1.0 / DECODE_SHARE))
+    most = BOUND_SHARE * (max_prefill_slowdown - 1.0)
+    # The target's share: the pace is the cap (none is enough where one step passes the cap).
+    needed = decode_step_s / (cap - decode_step_s) if cap > decode_step_s else math.inf
+    share = min(most, max(DECODE_SHARE, needed))
+    return decode_step_s * (1.0 + 1.0 / share)
 
 
 def interleave_chunk_tokens(segment_s_per_token: float | None, pace_s: float, first: int,

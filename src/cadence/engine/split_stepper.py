@@ -58,6 +58,11 @@ class SplitStepper:
                                allow_overlap=cfg.core_split in ("auto", "interleave"),
                                prior_contention=prior_contention)
         self.chunk_tokens = cfg.split_prefill_chunk
+        # The prompt slowdown bound the pace keeps (core/interleave_pace.py).
+        self._max_prefill_slowdown = cfg.max_prefill_slowdown
+        # The latest interleaved chunk's pace where it was past the ITL target (the bound's
+        # pace: the gap the streams get), reported as the reachable target; None while reachable.
+        self._reachable_pace_s: float | None = None
         # 'interleave': no second team; the prefill stream's chunk runs on every core and the
         # decode stream's steps run between two of its layers, a step every PACE x the target
         # (time-sliced at layer boundaries instead of cores shared by two teams: on a host
@@ -141,7 +146,8 @@ class SplitStepper:
 
     def pace_s(self) -> float:
         """Interleave: seconds from one paused decode step's start to the next."""
-        return interleave_pace_s(self._paused_decode_s, self.split.target_itl_s)
+        return interleave_pace_s(self._paused_decode_s, self.split.target_itl_s,
+                                 self._max_prefill_slowdown)
 
     def _interleave_chunk(self) -> int:
         return interleave_chunk_tokens(self._segment_s_per_token, self.pace_s(),
@@ -159,6 +165,7 @@ class SplitStepper:
         set_thread_count(cores)
         self._decode_threads = cores
         pace = self.pace_s()
+        self._reachable_pace_s = pace if pace > split.target_itl_s else None
         emitted: list[Any] = []
         # The chunk's own segments: when the latest one started (the hook's return) and the
         # longest one so far, interjections and decode steps left out.
@@ -311,7 +318,12 @@ class SplitStepper:
             self._wall_since = now
         current = self.split.current
         utilisation = getattr(self, "_utilisation", {"decode": 0.0, "prefill": 0.0})
+        reachable = {}
+        if self._reachable_pace_s is not None:  # the interleave pace's gap, or slo's if longer
+            colocated = getattr(self.scheduler.policy, "reachable_itl_s", None) or 0.0
+            reachable = {"itl_target_reachable_s": max(colocated, self._reachable_pace_s)}
         return {
+            **reachable,
             "split_decode_threads": current.decode_threads,
             "split_prefill_threads": current.prefill_threads,
             "decode_team_utilisation": utilisation["decode"],

@@ -107,7 +107,8 @@ def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostMod
                         seconds = duration(plan, num_cores, False)
                         if rows:  # the decode steps' share of each pace (the engine's rule)
                             step_s = split.predict_decode_s(num_cores, rows) or 0.0
-                            pace_s = interleave_pace_s(step_s or None, split.target_itl_s)
+                            pace_s = interleave_pace_s(step_s or None, split.target_itl_s,
+                                                       sched.max_prefill_slowdown)
                             seconds /= 1.0 - min(0.9, step_s / pace_s)
                     elif overlap and rows:
                         pace_s = PACE * split.target_itl_s
