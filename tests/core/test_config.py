@@ -15,7 +15,8 @@ def test_every_field_has_help_text(cls):
 
 def test_defaults_match_the_interface_map():
     s = SchedulerConfig()
-    assert (s.policy, s.max_num_batched_tokens, s.max_num_seqs) == ("slo", 2048, 64)
+    assert (s.policy, s.max_num_batched_tokens, s.max_num_seqs) == ("adaptive", 2048, 64)
+    assert s.core_split == "interleave"  # adaptive's split; other policies stay colocated
     # The budget's default follows the policy: chunks of other policies are sized by it.
     assert SchedulerConfig(policy="chunked").max_num_batched_tokens == 512
     assert SchedulerConfig(policy="eager", max_num_batched_tokens=64).max_num_batched_tokens == 64

@@ -49,6 +49,6 @@ def test_config_flags_round_trip():
                          "--num-gpu-blocks-override", "9", "--scheduling-policy", "priority"])
     sched = config_from_args(args, SchedulerConfig)
     cache = config_from_args(args, CacheConfig)
-    assert sched.max_num_batched_tokens == 128 and sched.policy == "slo"
+    assert sched.max_num_batched_tokens == 128 and sched.policy == "adaptive"
     assert cache.num_blocks == 9 and cache.enable_prefix_caching is False
     assert sched.scheduling == "priority"

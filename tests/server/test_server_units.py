@@ -119,7 +119,7 @@ def test_cli_flags_come_from_config_metadata():
     _, process = configs_from_args(args)
     sched = process.engine_config["scheduler"]
     assert (sched["policy"], sched["target_itl_ms"], sched["max_prefill_slowdown"]) == (
-        "slo", 250.0, 1.3)
+        "adaptive", 250.0, 1.3)
     assert (sched["max_num_partial_prefills"], sched["max_long_partial_prefills"],
             sched["long_prefill_token_threshold"]) == (4, 1, 256)
     assert process.engine_config["startup_profile"] is False

@@ -22,12 +22,14 @@ from cadence.sim.workload import doc_burst
 COST = RooflineCostModel(SMOLLM2_135M, get_profile("cpu-2core"))
 BURST = doc_burst(num_streams=3, stream_prompt_tokens=30, stream_output_tokens=160,
                   doc_prompt_tokens=1650, doc_output_tokens=8)
+# The colocated slo policy (the default before adaptive), pinned: what the split is measured against.
+SLO = SchedulerConfig(policy="slo")
 SPLIT = SchedulerConfig(core_split="auto")
 DISJOINT = SchedulerConfig(core_split="disjoint")
 
 
 def test_split_keeps_streams_steady_while_the_document_prefills_beside_them():
-    colocated = summarize(simulate(BURST, SchedulerConfig(), COST))
+    colocated = summarize(simulate(BURST, SLO, COST))
     eager = summarize(simulate(BURST, SchedulerConfig(policy="eager"), COST))
     result = simulate(BURST, DISJOINT, COST, num_cores=2, contention=1.2)
     disjoint = summarize(result)
@@ -52,7 +54,7 @@ def test_split_keeps_streams_steady_while_the_document_prefills_beside_them():
 
 
 def test_one_core_simulates_the_colocated_steps():
-    a = simulate(BURST, SchedulerConfig(), COST, executor=FakeExecutor(49152))
+    a = simulate(BURST, SLO, COST, executor=FakeExecutor(49152))
     b = simulate(BURST, SPLIT, COST, executor=FakeExecutor(49152), num_cores=1)
     assert [dataclasses.astuple(s) for s in a.steps] == [dataclasses.astuple(s) for s in b.steps]
 
@@ -77,7 +79,7 @@ def test_adaptive_policy_simulates_the_split_with_the_machines_measured_contenti
     # adaptive's default, interleave: one team, the decode steps between the chunk's layers
     # (no contention: nothing computes beside them). The streams keep their rhythm during the
     # document, which pays for the decode steps only.
-    colocated = summarize(simulate(BURST, SchedulerConfig(), COST))
+    colocated = summarize(simulate(BURST, SLO, COST))
     eager = summarize(simulate(BURST, SchedulerConfig(policy="eager"), COST))
     inter = summarize(simulate(BURST, adaptive, COST, num_cores=2))
     assert inter.stream_max_gap_during_doc_s < eager.stream_max_gap_during_doc_s / 10
@@ -86,5 +88,5 @@ def test_adaptive_policy_simulates_the_split_with_the_machines_measured_contenti
     assert eager.doc_ttft_s < inter.doc_ttft_s < 1.5 * eager.doc_ttft_s
     # One core: adaptive is the colocated slo policy, step for step.
     one = simulate(BURST, adaptive, COST, executor=FakeExecutor(49152), num_cores=1)
-    slo = simulate(BURST, SchedulerConfig(), COST, executor=FakeExecutor(49152))
+    slo = simulate(BURST, SLO, COST, executor=FakeExecutor(49152))
     assert [dataclasses.astuple(s) for s in one.steps] == [dataclasses.astuple(s) for s in slo.steps]

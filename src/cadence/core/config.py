@@ -21,16 +21,16 @@ class SchedulerConfig:
     """How the scheduler orders requests and caps each step."""
 
     policy: str = field(
-        default="slo",
+        default="adaptive",
         metadata={
             "help": "Batching policy. 'chunked': running decodes first, prompt chunks fill the "
             "rest of the token budget (stall-free). 'eager': whole prompts first, then decodes "
             "(the prefill/decode stall baseline; a prompt longer than the budget still runs "
-            "whole, alone in its step). 'slo' (default): decodes first, then prompt chunks "
+            "whole, alone in its step). 'slo': decodes first, then prompt chunks "
             "sized so the predicted step time stays within --target-itl-ms where the machine "
             "can reach it, but never so small that a prompt's prefill takes more than "
             "--max-prefill-slowdown times its unchunked time (the step-time model is learned "
-            "online from this machine's own steps). 'adaptive': colocated slo steps while no "
+            "online from this machine's own steps). 'adaptive' (default): colocated slo steps while no "
             "prompt waits beside running decodes, else prompt chunks on every core with the "
             "decode steps between their layers (--core-split interleave, the default with "
             "it; --core-split auto/disjoint: on split cores), paced to --target-itl-ms; behind "

@@ -69,12 +69,12 @@ def default_cases(scale: float = 1.0) -> list[Case]:
              SchedulerConfig(policy="eager", max_num_batched_tokens=2048)),
         Case("2 streams + 512 doc, chunked 128", burst(2, 512),
              SchedulerConfig(policy="chunked", max_num_batched_tokens=128)),
-        Case("3 streams + 1024 doc, slo default", burst(3, 1024), SchedulerConfig()),
+        Case("3 streams + 1024 doc, slo default", burst(3, 1024), SchedulerConfig(policy="slo")),
         Case("4 streams + 768 doc, chunked 256", burst(4, 768),
              SchedulerConfig(policy="chunked", max_num_batched_tokens=256)),
         Case("8 streams + 512 doc, slo 300 ms", burst(8, 512, out=64),
-             SchedulerConfig(target_itl_ms=300.0)),
-        Case("staggered chats + 512 doc, slo default", chats, SchedulerConfig()),
+             SchedulerConfig(policy="slo", target_itl_ms=300.0)),
+        Case("staggered chats + 512 doc, slo default", chats, SchedulerConfig(policy="slo")),
     ]
 
 
