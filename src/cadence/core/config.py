@@ -33,7 +33,8 @@ class SchedulerConfig:
             "online from this machine's own steps). 'adaptive' (default): colocated slo steps while no "
             "prompt waits beside running decodes, else prompt chunks on every core with the "
             "decode steps between their layers (--core-split interleave, the default with "
-            "it; --core-split auto/disjoint: on split cores), paced to --target-itl-ms; behind "
+            "it; --core-split auto/disjoint: on split cores), paced to --target-itl-ms within "
+            "--max-prefill-slowdown (else the reachable pace, reported); behind "
             "a --disagg router the router's 'auto' routing adds disaggregation per request. "
             "With one core: slo.",
             "choices": POLICIES,
@@ -85,7 +86,9 @@ class SchedulerConfig:
     max_prefill_slowdown: float = field(
         default=1.15,
         metadata={
-            "help": "slo policy: the most that chunking may slow a prompt's prefill relative "
+            "help": "slo policy (and adaptive's interleave pace: its decode steps take at most "
+            "0.8 x this minus 1 of the prefill's time): the most that chunking may slow a "
+            "prompt's prefill relative "
             "to running it whole in one step (1.15: 15 percent): the prompt's chunks are planned "
             "so that what chunking adds (each step's fixed cost: weights pass, decodes riding "
             "along; later chunks' attention against cached context) stays within 15 percent of "
