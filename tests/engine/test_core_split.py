@@ -411,7 +411,9 @@ def test_interleave_reports_the_pace_as_the_reachable_target_where_the_bound_set
     bound = run(1.15)
     step = bound._paused_decode_s
     assert step is not None and bound.pace_s() == pytest.approx(step * (1 + 1 / (BOUND_SHARE * 0.15)))
-    assert bound.stats()["itl_target_reachable_s"] == pytest.approx(bound.pace_s()) > 0.020
+    # The reported pace is the latest chunk's (the step's average moved by its own steps since).
+    reported = bound.stats()["itl_target_reachable_s"]
+    assert reported > 0.020 and reported == pytest.approx(bound.pace_s(), rel=0.25)
     loose = run(3.0)  # shares up to 1.6: the target's (a 16 ms pace)
     assert loose.pace_s() == pytest.approx(0.016)
     assert "itl_target_reachable_s" not in loose.stats()

@@ -127,6 +127,11 @@ class CoreSplit:
                     * (self.prior_contention or 1.0))
         return None
 
+    def predict_alone_decode_s(self, rows: int) -> float | None:
+        """Predicted decode step seconds on every core with nothing computing beside it (an
+        interleaved step between a prompt chunk's layers; None: no data)."""
+        return None if self._alone_per_row is None else self._alone_per_row * rows
+
     # -- the decision -------------------------------------------------------------------
     def decide(self, decode_rows: int, prompt_tokens_waiting: int) -> SplitDecision:
         """The split for the next interval (see the module docstring)."""

@@ -106,7 +106,9 @@ def simulate_split(workload: Workload, scheduler: Scheduler, cost_model: CostMod
                     if interleave:
                         seconds = duration(plan, num_cores, False)
                         if rows:  # the decode steps' share of each pace (the engine's rule)
-                            step_s = split.predict_decode_s(num_cores, rows) or 0.0
+                            # from the step alone on every core, as the engine measures it
+                            # paused (nothing computes beside it: no contention).
+                            step_s = split.predict_alone_decode_s(rows) or 0.0
                             pace_s = interleave_pace_s(step_s or None, split.target_itl_s,
                                                        sched.max_prefill_slowdown)
                             seconds /= 1.0 - min(0.9, step_s / pace_s)
