@@ -246,8 +246,8 @@ class LLMEngine:
         self._emit: Callable[[list[RequestOutput]], None] | None = None
         self._interjected_outputs: list[RequestOutput] = []
         self._interjected_s = 0.0
-        # The latest colocated step's plan and executor seconds (the split stepper learns the
-        # colocated decode step time from it).
+        # This step's plan and executor seconds, (None, 0.0) where it ran none (the split
+        # stepper learns the colocated decode step time from it; benchmarks read it).
         self.last_executed: tuple[StepPlan | None, float] = (None, 0.0)
         self._split_enabled = False
         self._split = None

@@ -106,6 +106,7 @@ class SplitStepper:
     # -- the turn -------------------------------------------------------------------------
     def step(self) -> list[Any]:
         engine, sched = self.engine, self.scheduler
+        engine.last_executed = (None, 0.0)  # this step's executor call, where it makes one
         outputs, engine._pending = engine._pending, []
         outputs += self._collect(0.0)
         if self._inflight is None:
@@ -131,8 +132,9 @@ class SplitStepper:
         except Exception as exc:  # fails the decode stream's requests, not the engine
             return outputs + engine._fail_plan(plan, exc)
         overlapped = self._inflight is not None and self._overlap
+        engine.last_executed = (plan, time.perf_counter() - t0)
         self.split.observe_decode(self._decode_threads, plan.num_decode_tokens,
-                                  time.perf_counter() - t0, contended=self._inflight is not None,
+                                  engine.last_executed[1], contended=self._inflight is not None,
                                   overlapped=overlapped)
         outputs += engine._finish_step(plan, out, t_start)
         if overlapped:
@@ -169,7 +171,7 @@ class SplitStepper:
         emitted: list[Any] = []
         # The chunk's own segments: when the latest one started (the hook's return) and the
         # longest one so far, interjections and decode steps left out.
-        segment = {"start": time.perf_counter(), "longest": 0.0}
+        segment = {"start": time.perf_counter(), "longest": 0.0, "paused": 0.0}
 
         def due_at() -> float:
             """When a row blocks' pause is due: a pace after the last decode step's start."""
@@ -182,6 +184,7 @@ class SplitStepper:
                 paused(t0, points.piece_s)
             finally:
                 segment["start"] = time.perf_counter()
+                segment["paused"] += segment["start"] - t0
                 points.due_at = due_at()
 
         def paused(t0: float, piece: float) -> None:
@@ -233,6 +236,8 @@ class SplitStepper:
             sched.drop_prefill(plan)
             return emitted + engine._fail_plan(plan, exc)
         split.observe_prefill(time.perf_counter() - t0)
+        # The chunk's own executor time (benchmarks read it), its pauses left out.
+        engine.last_executed = (plan, max(0.0, time.perf_counter() - t0 - segment["paused"]))
         self._rows_split = self._rows_split or points.split_rows
         if points.s_per_row:  # the next chunk's first blocks (later ones adapt in the forward)
             self._block_s_per_row = _ema(self._block_s_per_row, max(points.s_per_row.values()))
